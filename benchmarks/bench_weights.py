@@ -1,0 +1,506 @@
+"""Weight transfer benchmarks on loopback (issue 4). Every figure is a ratio against a baseline
+measured in the same run, and a median of several runs: this machine's 2 cores are shared.
+
+    .venv/bin/python benchmarks/bench_weights.py single --gib 1 4 --runs 3
+    .venv/bin/python benchmarks/bench_weights.py fanout --mib 32 --link-mbps 16 --workers 1 4 16
+    .venv/bin/python benchmarks/bench_weights.py delta --runs 3
+    .venv/bin/python benchmarks/bench_weights.py kill --mib 32 --link-mbps 16 --runs 3
+
+The trainer (publisher + tracker) and every worker are separate processes, as in a job. `fanout`
+and `kill` give every node (trainer included) a token-bucket link of --link-mbps each way, which
+is what a real network gives each machine; without it, all nodes share one loopback and two cores,
+so N pulls simply take N times as long (measured too: --link-mbps 0).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+MiB = 1 << 20
+
+
+# ---- child processes -----------------------------------------------------------------------------
+
+
+def synthetic_model(nbytes: int, dtype: str = "bfloat16", seed: int = 0) -> dict:
+    """Random bf16 tensors of 32 MiB (the last smaller): a model-shaped blob of `nbytes`."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    per = 32 * MiB
+    out, left, i = {}, nbytes, 0
+    while left > 0:
+        n = min(per, left) // 2
+        out[f"layers.{i}.weight"] = torch.randint(-(1 << 15), 1 << 15, (n,), dtype=torch.int16, generator=g).view(
+            getattr(torch, dtype)
+        )
+        left -= n * 2
+        i += 1
+    return out
+
+
+def mlp_steps(n_params: int, dtype: str) -> tuple[dict, dict]:
+    """A synthetic MLP of ~n_params trained for one real AdamW step (after a warm-up step)."""
+    import torch
+
+    torch.manual_seed(0)
+    width = 2048
+    layers = max(1, n_params // (width * width))
+    net = torch.nn.Sequential(*[torch.nn.Linear(width, width) for _ in range(layers)])
+    opt = torch.optim.AdamW(net.parameters(), lr=1e-5)
+
+    def step() -> None:
+        x = torch.randn(16, width)
+        loss = net(x).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+
+    step()
+    before = {k: v.detach().to(getattr(torch, dtype)).clone() for k, v in net.state_dict().items()}
+    step()
+    after = {k: v.detach().to(getattr(torch, dtype)).clone() for k, v in net.state_dict().items()}
+    return before, after
+
+
+def local_model_steps() -> tuple[dict, dict]:
+    """The default job's model (examples/local.yaml) before and after one real GRPO update."""
+    import torch
+
+    from rlboost_cli.spec import AlgorithmSpec, ModelSpec, TaskSpec
+    from trainer.grpo import Sample
+    from trainer.learner import Learner
+    from trainer.tasks import EOS
+
+    torch.set_num_threads(1)
+    learner = Learner(ModelSpec(), AlgorithmSpec(), TaskSpec(), seed=0)
+    learner.warm_start(5)
+    before = learner.state_dict()
+    prompt = [1, 14, 15, 3]
+    learner.train_step([Sample(prompt, [15, 14, EOS], 1.0, group=0), Sample(prompt, [16, 17, EOS], 0.0, group=0)])
+    return before, learner.state_dict()
+
+
+def serve_main(args: argparse.Namespace) -> None:
+    """The trainer: publish, then serve weights + a stats route until killed."""
+    from aiohttp import web
+
+    from trainer.weights import WeightPublisher, add_routes
+
+    pub = WeightPublisher(egress_bps=args.link_bps or None, keep=4)
+    timings = {}
+    if args.model == "synthetic":
+        t = synthetic_model(args.bytes)
+        t0 = time.monotonic()
+        fut = pub.stage(0, t)
+        timings["stage_s"] = time.monotonic() - t0
+        fut.result()
+        timings["stage_and_hash_s"] = time.monotonic() - t0
+        del t
+    else:
+        v0, v1 = local_model_steps() if args.model == "local" else mlp_steps(args.bytes, args.model.split("-")[1])
+        pub.publish(0, v0)
+        pub.publish(1, v1)
+        del v0, v1
+
+    async def stats(_: web.Request) -> web.Response:
+        return web.json_response({**pub.stats(), "timings": timings, "manifest0": pub.manifest(0).local_path})
+
+    async def main() -> None:
+        app = web.Application()
+        add_routes(app, pub)
+        app.router.add_get("/bench/stats", stats)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", 0).start()
+        host, port = runner.addresses[0][:2]
+        Path(args.ready).write_text(json.dumps({"url": f"http://{host}:{port}", "pid": os.getpid()}))
+        await asyncio.Event().wait()
+
+    asyncio.run(main())
+
+
+def node_main(args: argparse.Namespace) -> None:
+    """A worker: wait for the start time, pull, report, keep serving peers for --hold seconds."""
+    import aiohttp
+
+    from worker.peer_server import WeightNode
+
+    async def main() -> None:
+        link = args.link_bps or None
+        results = []
+        async with aiohttp.ClientSession() as s:
+            node = None
+            for r in range(args.runs):
+                if node is None or not args.reuse:  # --reuse: one worker pulling again (warm buffers)
+                    node = WeightNode(
+                        "bench",
+                        args.id,
+                        serve=bool(args.serve),
+                        egress_bps=link,
+                        ingress_bps=link,
+                        parallel=args.parallel,
+                    )
+                    await node.start()
+                if args.start_at and r == 0:
+                    print(json.dumps({"ready": True}), flush=True)
+                    await asyncio.sleep(max(0.0, args.start_at - time.time()))
+                from worker.weight_pull import PullStats, pull_weights
+
+                t0 = time.time()
+                if args.verify:
+                    for v in args.versions:
+                        await node.pull(args.url, v, s)
+                    st = node.last
+                else:  # transport-only ablation: same path, no sha256
+                    st = PullStats()
+                    await pull_weights(args.url, args.versions[-1], session=s, stats=st, verify=False, swarm=False)
+                t1 = time.time()
+                assert st is not None
+                results.append({"start": t0, "end": t1, "seconds": st.seconds, "stats": st.__dict__})
+                print(json.dumps(results[-1]), flush=True)
+                if args.hold:
+                    await asyncio.sleep(args.hold)
+                if not args.reuse:
+                    await node.close()
+
+    asyncio.run(main())
+
+
+# ---- orchestration -------------------------------------------------------------------------------
+
+
+class Trainer:
+    def __init__(self, nbytes: int, link_bps: float = 0, model: str = "synthetic") -> None:
+        self.tmp = tempfile.mkdtemp(prefix="bench-weights-")
+        ready = Path(self.tmp) / "ready.json"
+        cmd = [sys.executable, __file__, "_serve", "--bytes", str(nbytes), "--ready", str(ready)]
+        cmd += ["--link-bps", str(link_bps), "--model", model]
+        self.proc = subprocess.Popen(cmd)
+        while not ready.exists():
+            if self.proc.poll() is not None:
+                raise SystemExit("trainer process failed")
+            time.sleep(0.1)
+        time.sleep(0.05)
+        info = json.loads(ready.read_text())
+        self.url, self.pid = info["url"], info["pid"]
+
+    def stats(self) -> dict:
+        import urllib.request
+
+        with urllib.request.urlopen(f"{self.url}/bench/stats") as r:
+            return json.loads(r.read())
+
+    def close(self) -> None:
+        self.proc.kill()
+        self.proc.wait()
+
+
+def node_cmd(url: str, **kw: object) -> list[str]:
+    cmd = [sys.executable, __file__, "_node", "--url", url]
+    for k, v in kw.items():
+        if isinstance(v, list):
+            cmd += [f"--{k.replace('_', '-')}", *map(str, v)]
+        else:
+            cmd += [f"--{k.replace('_', '-')}", str(v)]
+    return cmd
+
+
+def run_node(url: str, **kw: object) -> list[dict]:
+    out = subprocess.run(node_cmd(url, **kw), capture_output=True, text=True, check=True).stdout
+    return [json.loads(line) for line in out.splitlines() if line.startswith("{") and "ready" not in line]
+
+
+def curl_rate(url: str, runs: int) -> list[float]:
+    rates = []
+    for _ in range(runs):
+        out = subprocess.run(
+            ["curl", "-s", "-o", "/dev/null", "-w", "%{speed_download}", url], capture_output=True, text=True
+        )
+        rates.append(float(out.stdout))
+    return rates
+
+
+def static_server(path: str) -> tuple[subprocess.Popen, str]:
+    """A plain static file server (aiohttp FileResponse: sendfile) over the same bytes."""
+    code = (
+        "import sys\nfrom aiohttp import web\napp=web.Application()\n"
+        "async def f(r): return web.FileResponse(sys.argv[1])\n"
+        "app.router.add_get('/blob', f)\nweb.run_app(app, host='127.0.0.1', port=int(sys.argv[2]), print=None)\n"
+    )
+    import socket
+
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    proc = subprocess.Popen([sys.executable, "-c", code, path, str(port)])
+    for _ in range(100):
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            break
+        except OSError:
+            time.sleep(0.1)
+    return proc, f"http://127.0.0.1:{port}/blob"
+
+
+def bench_single(args: argparse.Namespace) -> None:
+    for gib in args.gib:
+        nbytes = int(gib * (1 << 30))
+        tr = Trainer(nbytes)
+        try:
+            st = tr.stats()
+            static, blob_url = static_server(st["manifest0"])
+            try:
+                curl, ours, warm, transport = [], [], [], []
+                for _ in range(args.runs):  # interleave, so load changes hit all of them alike
+                    curl += curl_rate(blob_url, 1)
+                    ours += [nbytes / r["seconds"] for r in run_node(tr.url, versions=[0], runs=1, serve=0)]
+                    # a worker's third pull: its buffers are recycled, no first-touch page faults
+                    rec = run_node(tr.url, versions=[0], runs=3, serve=0, reuse=1)
+                    warm.append(nbytes / rec[-1]["seconds"])
+                    transport += [
+                        nbytes / r["seconds"] for r in run_node(tr.url, versions=[0], runs=1, serve=0, verify=0)
+                    ]
+            finally:
+                static.kill()
+            c, o, w, t = (statistics.median(x) for x in (curl, ours, warm, transport))
+            print(
+                json.dumps(
+                    {
+                        "bench": "single",
+                        "gib": gib,
+                        "curl_MBps": round(c / 1e6),
+                        "pull_MBps": round(o / 1e6),
+                        "ratio": round(o / c, 3),
+                        "warm_pull_MBps": round(w / 1e6),
+                        "warm_ratio": round(w / c, 3),
+                        "pull_no_verify_MBps": round(t / 1e6),
+                        "ratio_no_verify": round(t / c, 3),
+                        "publish_stage_s": round(st["timings"]["stage_s"], 3),
+                        "publish_stage_and_hash_s": round(st["timings"]["stage_and_hash_s"], 3),
+                        "runs_MBps": {
+                            k: [round(x / 1e6) for x in v]
+                            for k, v in (("curl", curl), ("pull", ours), ("warm", warm), ("no_verify", transport))
+                        },
+                    }
+                ),
+                flush=True,
+            )
+        finally:
+            tr.close()
+
+
+def fanout_once(url: str, n: int, link_bps: float, parallel: int) -> float:
+    """Start n worker processes, release them at one instant, return when all hold the version."""
+    start_at = time.time() + 3.0 + 0.4 * n  # time for the processes to import torch on 2 cores
+    procs = [
+        subprocess.Popen(
+            node_cmd(
+                url,
+                versions=[0],
+                runs=1,
+                serve=1,
+                id=f"w{i}",
+                link_bps=link_bps,
+                start_at=start_at,
+                hold=4,
+                parallel=parallel,
+            ),
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for i in range(n)
+    ]
+    ends = []
+    for p in procs:
+        out, _ = p.communicate(timeout=600)
+        rec = [json.loads(x) for x in out.splitlines() if x.startswith("{") and "ready" not in x]
+        ends.append(rec[0]["end"])
+    return max(ends) - start_at
+
+
+def bench_fanout(args: argparse.Namespace) -> None:
+    nbytes = args.mib * MiB
+    link = args.link_mbps * 1e6
+    tr = Trainer(nbytes, link)
+    try:
+        base = statistics.median(fanout_once(tr.url, 1, link, args.parallel) for _ in range(args.runs))
+        for n in args.workers:
+            times, egress = [], []
+            for _ in range(args.runs if n > 1 else 1):
+                before = tr.stats()["egress_full_bytes"]
+                times.append(fanout_once(tr.url, n, link, args.parallel))
+                egress.append(tr.stats()["egress_full_bytes"] - before)
+                time.sleep(9)  # let the tracker forget this round's seeders
+            print(
+                json.dumps(
+                    {
+                        "bench": "fanout",
+                        "mib": args.mib,
+                        "link_MBps": args.link_mbps,
+                        "workers": n,
+                        "single_s": round(base, 2),
+                        "all_hold_s": round(statistics.median(times), 2),
+                        "time_ratio": round(statistics.median(times) / base, 2),
+                        "egress_ratio": round(statistics.median(egress) / nbytes, 2),
+                        "runs_s": [round(t, 2) for t in times],
+                    }
+                ),
+                flush=True,
+            )
+    finally:
+        tr.close()
+
+
+def bench_delta(args: argparse.Namespace) -> None:
+    for model, nbytes in (("local", 0), ("mlp-float32", args.mlp_params), ("mlp-bfloat16", args.mlp_params)):
+        tr = Trainer(nbytes, 0, model)
+        try:
+            full, delta, wire_full, wire_delta = [], [], 0, 0
+            for _ in range(args.runs):
+                rec = run_node(tr.url, versions=[0, 1], runs=1, serve=0)[0]["stats"]  # v0 full, then v1 delta
+                assert rec["mode"] == "delta", rec
+                delta.append(rec["seconds"])
+                wire_delta = rec["bytes_received"]
+                rec = run_node(tr.url, versions=[1], runs=1, serve=0)[0]["stats"]
+                full.append(rec["seconds"])
+                wire_full = rec["bytes_received"]
+            print(
+                json.dumps(
+                    {
+                        "bench": "delta",
+                        "model": model,
+                        "model_MiB": round(wire_full / MiB, 2),
+                        "delta_wire_MiB": round(wire_delta / MiB, 3),
+                        "wire_ratio": round(wire_delta / wire_full, 3),
+                        "full_s": round(statistics.median(full), 3),
+                        "delta_s": round(statistics.median(delta), 3),
+                        "time_ratio": round(statistics.median(delta) / statistics.median(full), 3),
+                    }
+                ),
+                flush=True,
+            )
+        finally:
+            tr.close()
+
+
+def kill_once(url: str, link_bps: float, kill: bool) -> float:
+    """A seed worker holds the version; a newcomer pulls (from it: the tracker grants no origin
+    chunks that a peer holds). With `kill`, the seed is SIGKILLed halfway through."""
+    seed = subprocess.Popen(
+        node_cmd(url, versions=[0], runs=1, serve=1, id="seed", link_bps=link_bps, hold=120),
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert seed.stdout is not None
+    first = json.loads(seed.stdout.readline())
+    assert first["stats"]["mode"] == "full"
+    start_at = time.time() + 3.0
+    newcomer = subprocess.Popen(
+        node_cmd(url, versions=[0], runs=1, serve=1, id="new", link_bps=link_bps, start_at=start_at),
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    if kill:
+        time.sleep(max(0.0, start_at - time.time()) + first["seconds"] / 2)
+        seed.send_signal(signal.SIGKILL)
+    out, _ = newcomer.communicate(timeout=600)
+    seed.kill()
+    seed.wait()
+    rec = next(json.loads(x) for x in out.splitlines() if x.startswith("{") and "ready" not in x)
+    return rec["end"] - start_at, rec["stats"]
+
+
+def bench_kill(args: argparse.Namespace) -> None:
+    link = args.link_mbps * 1e6
+    tr = Trainer(args.mib * MiB, link)
+    try:
+        clean, killed, notes = [], [], []
+        for _ in range(args.runs):
+            t, st = kill_once(tr.url, link, False)
+            clean.append(t)
+            t, st = kill_once(tr.url, link, True)
+            killed.append(t)
+            notes.append({"from_peers_MiB": round(st["from_peers"] / MiB, 1), "bad": st["bad_peers"]})
+            time.sleep(9)
+        c, k = statistics.median(clean), statistics.median(killed)
+        print(
+            json.dumps(
+                {
+                    "bench": "kill",
+                    "mib": args.mib,
+                    "link_MBps": args.link_mbps,
+                    "clean_s": round(c, 2),
+                    "killed_s": round(k, 2),
+                    "extra_ratio": round((k - c) / c, 3),
+                    "runs": notes,
+                }
+            ),
+            flush=True,
+        )
+    finally:
+        tr.close()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    p = sub.add_parser("single")
+    p.add_argument("--gib", type=float, nargs="+", default=[1.0, 4.0])
+    p.add_argument("--runs", type=int, default=3)
+    p = sub.add_parser("fanout")
+    p.add_argument("--mib", type=int, default=32)
+    p.add_argument("--link-mbps", type=float, default=16)
+    p.add_argument("--workers", type=int, nargs="+", default=[1, 4, 16])
+    p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--parallel", type=int, default=4)
+    p = sub.add_parser("delta")
+    p.add_argument("--mlp-params", type=int, default=64 << 20)
+    p.add_argument("--runs", type=int, default=3)
+    p = sub.add_parser("kill")
+    p.add_argument("--mib", type=int, default=32)
+    p.add_argument("--link-mbps", type=float, default=16)
+    p.add_argument("--runs", type=int, default=3)
+    p = sub.add_parser("_serve")
+    p.add_argument("--bytes", type=int, required=True)
+    p.add_argument("--ready", required=True)
+    p.add_argument("--link-bps", type=float, default=0)
+    p.add_argument("--model", default="synthetic")
+    p = sub.add_parser("_node")
+    p.add_argument("--url", required=True)
+    p.add_argument("--versions", type=int, nargs="+", default=[0])
+    p.add_argument("--runs", type=int, default=1)
+    p.add_argument("--serve", type=int, default=0)
+    p.add_argument("--id", default="bench")
+    p.add_argument("--link-bps", type=float, default=0)
+    p.add_argument("--start-at", type=float, default=0)
+    p.add_argument("--hold", type=float, default=0)
+    p.add_argument("--verify", type=int, default=1)
+    p.add_argument("--parallel", type=int, default=4)
+    p.add_argument("--reuse", type=int, default=0)
+    args = ap.parse_args()
+    {
+        "single": bench_single,
+        "fanout": bench_fanout,
+        "delta": bench_delta,
+        "kill": bench_kill,
+        "_serve": serve_main,
+        "_node": node_main,
+    }[args.cmd](args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,198 @@
+"""Which provider runs a job, how its clouds are priced, and what must hold before anything launches.
+
+Cloud SDKs are imported lazily: `provider: local` needs none of them.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from providers.base import Provider
+    from rlboost_cli.spec import JobSpec
+
+# clouds each provider can launch on
+PROVIDER_CLOUDS = {
+    "local": ("local",),
+    "skypilot": ("aws", "gcp", "azure", "lambda", "runpod"),
+    "aws": ("aws",),
+    "gcp": ("gcp",),
+}
+INSTALL_HINT = {
+    "skypilot": "pip install 'rlboost[skypilot]'",
+    "aws": "pip install 'rlboost[aws]'",
+    "gcp": "pip install 'rlboost[gcp]'",
+}
+
+
+class PreflightError(Exception):
+    """The job cannot start; the message (one line per problem) says what to fix."""
+
+
+def job_clouds(spec: JobSpec) -> list[str]:
+    clouds = [spec.trainer.cloud]
+    for c in spec.rollout.candidates:
+        clouds.extend(c.clouds)
+    return sorted(set(clouds))
+
+
+def job_regions(spec: JobSpec, cloud: str) -> list[str]:
+    regions = [spec.trainer.region] if spec.trainer.cloud == cloud and spec.trainer.region else []
+    for c in spec.rollout.candidates:
+        if cloud in c.clouds:
+            regions.extend(c.regions)
+    return sorted(set(regions))
+
+
+# ---- credentials (checked from files and environment only: no network, no metadata server) ----
+def _aws_credentials(env: dict[str, str]) -> str | None:
+    if env.get("AWS_ACCESS_KEY_ID") and env.get("AWS_SECRET_ACCESS_KEY"):
+        return "environment (AWS_ACCESS_KEY_ID)"
+    for var in ("AWS_WEB_IDENTITY_TOKEN_FILE", "AWS_CONTAINER_CREDENTIALS_FULL_URI", "AWS_PROFILE"):
+        if env.get(var):
+            return f"environment ({var})"
+    home = Path(env.get("HOME") or Path.home())
+    for var, default in (("AWS_SHARED_CREDENTIALS_FILE", ".aws/credentials"), ("AWS_CONFIG_FILE", ".aws/config")):
+        path = Path(env[var]) if env.get(var) else home / default
+        if path.is_file() and any(
+            k in path.read_text(errors="replace")
+            for k in ("aws_access_key_id", "sso_", "credential_process", "role_arn")
+        ):
+            return str(path)
+    return None
+
+
+def _gcp_credentials(env: dict[str, str]) -> str | None:
+    if env.get("GOOGLE_APPLICATION_CREDENTIALS"):
+        p = Path(env["GOOGLE_APPLICATION_CREDENTIALS"])
+        return str(p) if p.is_file() else None
+    home = Path(env.get("HOME") or Path.home())
+    gcloud = Path(env["CLOUDSDK_CONFIG"]) if env.get("CLOUDSDK_CONFIG") else home / ".config" / "gcloud"
+    for name in ("application_default_credentials.json", "credentials.db"):
+        if (gcloud / name).is_file():
+            return str(gcloud / name)
+    return None
+
+
+def gcp_project(env: dict[str, str] | None = None) -> str | None:
+    """GOOGLE_CLOUD_PROJECT / CLOUDSDK_CORE_PROJECT, else gcloud's active configuration."""
+    env = dict(os.environ if env is None else env)
+    for var in ("GOOGLE_CLOUD_PROJECT", "CLOUDSDK_CORE_PROJECT", "GCLOUD_PROJECT"):
+        if env.get(var):
+            return env[var]
+    home = Path(env.get("HOME") or Path.home())
+    gcloud = Path(env["CLOUDSDK_CONFIG"]) if env.get("CLOUDSDK_CONFIG") else home / ".config" / "gcloud"
+    active = gcloud / "active_config"
+    name = active.read_text().strip() if active.is_file() else "default"
+    cfg = gcloud / "configurations" / f"config_{name}"
+    if cfg.is_file():
+        for line in cfg.read_text().splitlines():
+            key, _, value = line.partition("=")
+            if key.strip() == "project" and value.strip():
+                return value.strip()
+    return None
+
+
+CredentialCheck = Callable[[dict[str, str]], str | None]
+CREDENTIAL_CHECKS: dict[str, CredentialCheck] = {"aws": _aws_credentials, "gcp": _gcp_credentials}
+CREDENTIAL_HINTS = {
+    "aws": "run `aws configure` (or set AWS_PROFILE / AWS_ACCESS_KEY_ID)",
+    "gcp": "run `gcloud auth application-default login` (or set GOOGLE_APPLICATION_CREDENTIALS)",
+}
+
+
+def credentials(clouds: list[str], env: dict[str, str] | None = None) -> dict[str, str | None]:
+    """cloud -> where its credentials were found, or None. Clouds we cannot check are left out."""
+    env = dict(os.environ if env is None else env)
+    return {c: CREDENTIAL_CHECKS[c](env) for c in clouds if c in CREDENTIAL_CHECKS}
+
+
+# ---- preflight ------------------------------------------------------------------------------
+def preflight(spec: JobSpec, *, check_credentials: bool = True) -> None:
+    """Everything that can be known before launching; PreflightError lists each problem and its fix."""
+    if spec.provider == "local":
+        return
+    problems = []
+    allowed = PROVIDER_CLOUDS[spec.provider]
+    if spec.trainer.cloud not in allowed:
+        problems.append(
+            f"trainer.cloud: {spec.trainer.cloud!r} is not a cloud of provider {spec.provider!r} "
+            f"(allowed: {', '.join(allowed)})"
+        )
+    for i, c in enumerate(spec.rollout.candidates):
+        bad = [x for x in c.clouds if x not in allowed]
+        if bad:
+            problems.append(
+                f"rollout.candidates[{i}].clouds: {bad[0]!r} is not a cloud of provider {spec.provider!r} "
+                f"(allowed: {', '.join(allowed)})"
+            )
+        if spec.provider in ("aws", "gcp") and not c.regions:
+            problems.append(
+                f"rollout.candidates[{i}].regions: provider {spec.provider!r} launches into named regions; "
+                "list at least one (or use provider: skypilot, which picks regions itself)"
+            )
+    if spec.provider in ("aws", "gcp") and not spec.trainer.region:
+        problems.append(f"trainer.region: provider {spec.provider!r} needs the trainer's region")
+    if not spec.trainer.accelerators:
+        problems.append("trainer.accelerators: name the trainer's GPUs (e.g. 'A100:8') for a real cloud")
+    module = {"skypilot": "sky", "aws": "boto3", "gcp": "google.cloud.compute_v1"}[spec.provider]
+    try:
+        __import__(module)
+    except ImportError:
+        problems.append(f"provider: {spec.provider!r} needs {module}; install it with {INSTALL_HINT[spec.provider]}")
+    if check_credentials:
+        for cloud, found in credentials(job_clouds(spec)).items():
+            if found is None:
+                problems.append(f"credentials: none found for {cloud}; {CREDENTIAL_HINTS[cloud]}")
+        if spec.provider == "gcp" and gcp_project() is None:
+            problems.append("credentials: no GCP project; set GOOGLE_CLOUD_PROJECT or `gcloud config set project`")
+    if problems:
+        raise PreflightError("\n".join(problems))
+
+
+# ---- prices -----------------------------------------------------------------------------------
+def price_lookup(spec: JobSpec) -> Any:
+    """The price source for `rlboost_cli.pricing` (None: the local provider's built-in table).
+
+    It has a `sources` dict (cloud -> where its prices came from) for the plan."""
+    if spec.provider == "local":
+        return None
+    from providers.prices import CloudPrices
+
+    if spec.provider == "aws" and credentials(["aws"])["aws"]:
+        from providers.aws import AwsLivePrices
+
+        return AwsLivePrices()
+    return CloudPrices(use_skypilot=spec.provider == "skypilot")
+
+
+# ---- construction -------------------------------------------------------------------------------
+def make_provider(spec: JobSpec, run_dir: Path, *, job: str | None = None, market: Any = None) -> Provider:
+    """The provider for a job's run dir (`market`: the local provider's spot market)."""
+    name = job or spec.name
+    if spec.provider == "local":
+        from providers.local import LocalProvider
+        from providers.spot_market import BUILTIN_TRACE, SpotMarket
+
+        market = market or SpotMarket(BUILTIN_TRACE, notice_fraction=0, seed=0)
+        loc = spec.local
+        return LocalProvider(run_dir, market, time_scale=loc.time_scale, notice_seconds=loc.notice_seconds)
+    if spec.provider == "skypilot":
+        from providers.skypilot import SkyPilotProvider
+
+        return SkyPilotProvider(run_dir)
+    if spec.provider == "aws":
+        from providers.aws import AwsProvider
+
+        return AwsProvider(run_dir, name, job_regions(spec, "aws"), ami=os.environ.get("RLBOOST_AWS_AMI"))
+    if spec.provider == "gcp":
+        from providers.gcp import IMAGE, GcpProvider
+
+        project = gcp_project()
+        if project is None:
+            raise PreflightError("credentials: no GCP project; set GOOGLE_CLOUD_PROJECT or `gcloud config set project`")
+        return GcpProvider(run_dir, name, project, image=os.environ.get("RLBOOST_GCP_IMAGE", IMAGE))
+    raise PreflightError(f"provider: unknown provider {spec.provider!r}")

@@ -1,0 +1,92 @@
+"""What a cloud node needs at boot, shared by the SkyPilot, AWS and GCP providers.
+
+A node gets its role, the trainer URL (workers), the job token, its worker id, the engine and the
+source of preemption notices as environment variables, installs rlboost and starts the trainer or
+the worker. No cloud credentials are ever part of it: workers only dial home to the trainer.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import re
+import shlex
+from importlib import resources
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+
+import yaml
+
+from providers.base import LaunchRequest, Role
+
+TRAINER_PORT = 8787
+SOURCE_ROOT = Path(__file__).resolve().parents[1]
+
+# Which metadata service a worker watches for preemption notices (worker/notice.py).
+NOTICE_BY_CLOUD = {"aws": "aws", "gcp": "gcp"}
+
+
+def template(name: str) -> str:
+    return resources.files("templates").joinpath(name).read_text()
+
+
+def instance_name_re(job: str) -> re.Pattern[str]:
+    """Names rlboost gives a job's instances: `{job}-{job id}-trainer` / `{job}-{job id}-w001`.
+
+    Anchored, so job `demo` never claims the instances of job `demo-2`.
+    """
+    return re.compile(rf"^{re.escape(job)}-\d+-(trainer|w\d+)$")
+
+
+def is_source_checkout() -> bool:
+    return (SOURCE_ROOT / "pyproject.toml").is_file() and (SOURCE_ROOT / "worker").is_dir()
+
+
+def pip_spec(engine: str, *, from_workdir: bool) -> str:
+    """What a node pip-installs: `$RLBOOST_PIP_SPEC`, else this checkout (synced as the SkyPilot
+    workdir), else the released package of this version."""
+    if os.environ.get("RLBOOST_PIP_SPEC"):
+        return os.environ["RLBOOST_PIP_SPEC"]
+    extra = "vllm" if engine == "vllm" else "local"
+    if from_workdir:
+        return f".[{extra}]"
+    try:
+        ver = version("rlboost")
+    except PackageNotFoundError:
+        ver = "0.1.0"
+    return f"rlboost[{extra}]=={ver}"
+
+
+def node_env(req: LaunchRequest, *, port: int, from_workdir: bool) -> dict[str, str]:
+    """The node's environment, secrets included (callers keep RLBOOST_JOB_TOKEN out of logs)."""
+    env = {
+        "RLBOOST_ROLE": req.role.value,
+        "RLBOOST_INSTANCE_ID": req.instance_id,
+        "RLBOOST_JOB": req.job,
+        "RLBOOST_TRAINER_PORT": str(port),
+        "RLBOOST_PIP_SPEC": pip_spec(req.env.get("RLBOOST_ENGINE", "torch"), from_workdir=from_workdir),
+    }
+    # only what the worker/trainer read; never the controller's own environment
+    env.update({k: v for k, v in req.env.items() if k.startswith("RLBOOST_") and k != "RLBOOST_NOTICE_FILE"})
+    if req.role is Role.WORKER and req.cloud in NOTICE_BY_CLOUD:
+        env["RLBOOST_NOTICE"] = NOTICE_BY_CLOUD[req.cloud]
+    return env
+
+
+def cloud_spec_yaml(run_dir: Path) -> str:
+    """The job file as the trainer node sees it: local-only paths (trace, catalog) removed, since
+    they do not exist there and the trainer validates the file again."""
+    raw = yaml.safe_load((run_dir / "spec.yaml").read_text())
+    local = raw.get("local") or {}
+    local.update({"trace": None, "catalog": None})
+    raw["local"] = local
+    return yaml.safe_dump(raw, sort_keys=False)
+
+
+def boot_script(req: LaunchRequest, run_dir: Path, *, port: int = TRAINER_PORT) -> str:
+    """templates/node_boot.sh with the node's environment in place (AWS user-data, GCP startup-script)."""
+    env = node_env(req, port=port, from_workdir=False)
+    if req.role is Role.TRAINER:
+        env["RLBOOST_SPEC_B64"] = base64.b64encode(cloud_spec_yaml(run_dir).encode()).decode()
+    lines = "\n".join(f"export {k}={shlex.quote(v)}" for k, v in sorted(env.items()))
+    return template("node_boot.sh").replace("# @RLBOOST_ENV@", lines)

@@ -1,0 +1,85 @@
+"""Prices for real clouds: SkyPilot's catalog when it is on this machine, else a bundled snapshot.
+
+SkyPilot keeps its catalog under `$SKY_RUNTIME_DIR/.sky/catalogs/<version>/<cloud>/vms.csv` (fetched
+on its first use). rlboost reads it through `sky.catalog` so that the prices it ranks candidates by
+are the ones SkyPilot launches at. Where that file is missing it never fetches anything itself: it
+falls back to `providers/data/*_vms.csv` and says so in the plan.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from functools import cache
+from importlib import resources
+from pathlib import Path
+
+from providers.catalog import Catalog, Offer, load_catalog, parse_accelerator
+
+BUNDLED = {"aws": "aws_vms.csv", "gcp": "gcp_vms.csv"}
+
+
+@cache
+def bundled_catalog(cloud: str) -> Catalog | None:
+    name = BUNDLED.get(cloud)
+    if name is None:
+        return None
+    with resources.as_file(resources.files("providers").joinpath("data", name)) as path:
+        return load_catalog(Path(path), cloud=cloud)
+
+
+def sky_catalog_present(cloud: str) -> bool:
+    try:
+        from sky.catalog import common
+    except ImportError:
+        return False
+    return Path(common.get_catalog_path(f"{cloud}/vms.csv")).is_file()
+
+
+class CloudPrices:
+    """`prices(accelerator, cloud, region, spot) -> $/h or None` for `rlboost_cli.pricing`.
+
+    `region=None` means "any region": the cheapest one (SkyPilot picks and fails over itself).
+    `sources` records where each cloud's prices came from, for the plan.
+    """
+
+    def __init__(self, *, use_skypilot: bool = True) -> None:
+        self.use_skypilot = use_skypilot
+        self.sources: dict[str, str] = {}
+
+    def __call__(self, accelerator: str | None, cloud: str, region: str | None, spot: bool) -> float | None:
+        name, count = parse_accelerator(accelerator)
+        if self.use_skypilot and sky_catalog_present(cloud):
+            self.sources[cloud] = "SkyPilot catalog"
+            return _sky_price(name, count, cloud, region, spot)
+        cat = bundled_catalog(cloud)
+        if cat is None:
+            return None
+        self.sources[cloud] = "bundled snapshot (providers/data)"
+        return cat.price(name, count, cloud=cloud, region=region, spot=spot)
+
+
+def _sky_price(name: str, count: int, cloud: str, region: str | None, spot: bool) -> float | None:
+    from sky import catalog
+
+    found = catalog.list_accelerators(
+        gpus_only=False,  # the catalog's GpuInfo column may be empty
+        name_filter=f"^{re.escape(name)}$",
+        region_filter=f"^{re.escape(region)}$" if region else None,
+        quantity_filter=count,
+        clouds=cloud,
+        case_sensitive=False,
+        all_regions=True,
+    )
+    vals = [i.spot_price if spot else i.price for infos in found.values() for i in infos]
+    vals = [float(v) for v in vals if v is not None and not math.isnan(v)]
+    return min(vals) if vals else None
+
+
+def placements(accelerator: str | None, cloud: str, region: str | None, *, spot: bool) -> list[Offer]:
+    """Bundled catalog offers for direct providers (instance/machine type, zone), cheapest first."""
+    cat = bundled_catalog(cloud)
+    if cat is None:
+        return []
+    name, count = parse_accelerator(accelerator)
+    return cat.offers(name, count, cloud=cloud, region=region, spot=spot)

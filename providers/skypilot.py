@@ -1,0 +1,294 @@
+"""SkyPilot provider: the trainer is one on-demand cluster, every spot rollout worker its own small cluster.
+
+Every SkyPilot client call returns a request id at once; the result is fetched with `sky.get`, which
+blocks. So `launch`, `terminate` and the periodic status refresh only *submit* requests, and a small
+thread pool waits on `sky.get`: `poll()` collects what has finished and never blocks the controller,
+and many launches are in flight at once.
+
+- Capacity: `ResourcesUnavailableError` becomes a FAILED event with `capacity=True` (the controller
+  backs off that candidate), and the half-made cluster is downed.
+- Preemption: `sky.status(refresh=FORCE)` every `status_every_s`; a worker cluster that is gone,
+  INIT or STOPPED was preempted (or its worker exited and powered the node off) and is downed.
+- Teardown: `sky.down`, always; a down that fails is retried.
+- Orphans: `list_owned(job)` lists clusters by rlboost's anchored names and `rlboost-job` label.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from providers.base import InstanceEvent, InstanceState, LaunchRequest, ProviderError, Role
+from providers.bootstrap import (
+    SOURCE_ROOT,
+    TRAINER_PORT,
+    cloud_spec_yaml,
+    instance_name_re,
+    is_source_checkout,
+    node_env,
+    template,
+)
+
+log = logging.getLogger("rlboost.skypilot")
+
+# Worker nodes get no cloud identity at all (task YAML cannot override this key, so it is set as a
+# client-side config override for the worker launch request).
+WORKER_IDENTITY = {"aws": {"remote_identity": "NO_UPLOAD"}, "gcp": {"remote_identity": "NO_UPLOAD"}}
+SECRET_KEYS = ("RLBOOST_JOB_TOKEN",)
+GONE_STATES = ("INIT", "STOPPED")
+
+
+@dataclass
+class _Req:
+    kind: str  # launch | endpoints | down | cleanup | status
+    iid: str | None
+    rid: str
+    future: Future
+    names: tuple[str, ...] = ()  # status: the clusters it was asked about
+
+
+def _status_name(x: Any) -> str:
+    v = getattr(x, "status", None)
+    if v is None and isinstance(x, dict):
+        v = x.get("status")
+    return str(getattr(v, "value", v))
+
+
+def _field(x: Any, name: str) -> Any:
+    return x.get(name) if isinstance(x, dict) else getattr(x, name, None)
+
+
+class SkyPilotProvider:
+    name = "skypilot"
+
+    def __init__(
+        self,
+        run_dir: Path,
+        *,
+        sdk: Any = None,
+        trainer_port: int = TRAINER_PORT,
+        status_every_s: float = 30.0,
+        trainer_autostop_min: int = 30,
+        redown_after_s: float = 30.0,
+        threads: int = 32,
+        sync_workdir: bool | None = None,
+    ) -> None:
+        import sky  # the real SDK is needed for Task/schema validation even when `sdk` is a fake
+
+        self._sky = sky
+        self.sdk = sdk if sdk is not None else sky
+        self.run_dir = run_dir
+        self.port = trainer_port
+        self.status_every_s = status_every_s
+        self.trainer_autostop_min = trainer_autostop_min
+        self.redown_after_s = redown_after_s
+        self.sync_workdir = is_source_checkout() if sync_workdir is None else sync_workdir
+        self.pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="sky-get")
+        self.lock = threading.Lock()
+        self.reqs: dict[str, LaunchRequest] = {}
+        self.inflight: list[_Req] = []
+        self.launching: dict[str, str] = {}  # iid -> launch request id
+        self.up: set[str] = set()  # launched, not known to be gone
+        self.terminating: set[str] = set()
+        self.gone: set[str] = set()  # downed (confirmed)
+        self.redown: dict[str, float] = {}  # iid -> when to retry a failed down
+        self.next_status = time.monotonic() + status_every_s
+        self.events: list[InstanceEvent] = []
+        self.tasks: dict[str, str] = {}  # iid -> the task YAML it was launched with (secrets redacted)
+
+    # ---- task YAML ---------------------------------------------------------------------
+    def task_config(self, req: LaunchRequest) -> dict[str, Any]:
+        """The SkyPilot task for this request: the template plus what the request decides."""
+        trainer = req.role is Role.TRAINER
+        cfg = yaml.safe_load(template("trainer.sky.yaml" if trainer else "worker.sky.yaml"))
+        env = node_env(req, port=self.port, from_workdir=self.sync_workdir)
+        res: dict[str, Any] = {
+            "cloud": req.cloud,
+            "use_spot": not trainer,
+            "labels": {"rlboost-job": req.job, "rlboost-instance": req.instance_id, "rlboost-role": req.role.value},
+        }
+        if req.region:
+            res["region"] = req.region
+        if req.accelerator and req.accelerator.lower() != "cpu":
+            res["accelerators"] = req.accelerator
+        if trainer:
+            res["ports"] = [self.port]
+            # safety net if the controller dies: the cluster downs itself once idle
+            res["autostop"] = {"idle_minutes": self.trainer_autostop_min, "down": True}
+            spec = self.run_dir / "spec.cloud.yaml"
+            spec.write_text(cloud_spec_yaml(self.run_dir))
+            cfg["file_mounts"] = {"~/.rlboost/spec.yaml": str(spec)}
+            cfg["num_nodes"] = int((yaml.safe_load(spec.read_text()).get("trainer") or {}).get("nodes", 1))
+        cfg["name"] = req.instance_id
+        cfg["resources"] = res
+        cfg["envs"] = {k: v for k, v in env.items() if k not in SECRET_KEYS}
+        cfg["secrets"] = {k: v for k, v in env.items() if k in SECRET_KEYS}  # redacted by SkyPilot
+        if self.sync_workdir:
+            cfg["workdir"] = str(SOURCE_ROOT)
+        return cfg
+
+    # ---- Provider protocol -------------------------------------------------------------
+    def clock(self) -> float:
+        return time.time()
+
+    def launch(self, req: LaunchRequest) -> None:
+        cfg = self.task_config(req)
+        try:
+            task = self._sky.Task.from_yaml_str(yaml.safe_dump(cfg, sort_keys=False))  # schema check
+        except Exception as e:
+            raise ProviderError(f"{req.instance_id}: invalid SkyPilot task ({e})") from e
+        identity = WORKER_IDENTITY if req.role is Role.WORKER else None
+        with self._sky.skypilot_config.override_skypilot_config(identity):
+            try:
+                rid = self.sdk.launch(
+                    task,
+                    cluster_name=req.instance_id,
+                    retry_until_up=False,
+                    # the trainer autostops (down) when idle; workers are downed by us, or power off
+                    idle_minutes_to_autostop=self.trainer_autostop_min if req.role is Role.TRAINER else None,
+                    down=req.role is Role.TRAINER,
+                )
+            except self._sky.exceptions.ResourcesUnavailableError as e:
+                from providers.base import CapacityError
+
+                raise CapacityError(str(e)) from e
+        self.reqs[req.instance_id] = req
+        self.tasks[req.instance_id] = yaml.safe_dump({**cfg, "secrets": dict.fromkeys(cfg["secrets"], "<redacted>")})
+        self.launching[req.instance_id] = rid
+        self._submit("launch", req.instance_id, rid)
+        self._emit(req.instance_id, InstanceState.PENDING, f"sky.launch request {rid}")
+
+    def poll(self) -> list[InstanceEvent]:
+        for r in [r for r in self.inflight if r.future.done()]:
+            self.inflight.remove(r)
+            self._resolve(r)
+        now = time.monotonic()
+        for iid, when in list(self.redown.items()):
+            if now >= when:
+                del self.redown[iid]
+                self._submit("down", iid, self.sdk.down(iid))
+        if now >= self.next_status and not any(r.kind == "status" for r in self.inflight):
+            self.next_status = now + self.status_every_s
+            names = tuple(sorted(self.up - self.terminating))
+            if names:
+                rid = self.sdk.status(cluster_names=list(names), refresh=self._sky.StatusRefreshMode.FORCE)
+                self._submit("status", None, rid, names)
+        with self.lock:
+            out, self.events = self.events, []
+        return out
+
+    def terminate(self, instance_id: str) -> None:
+        if instance_id in self.terminating or instance_id in self.gone:
+            return
+        rid = self.launching.pop(instance_id, None)
+        if rid is not None:  # stop provisioning first; the down below removes what it made
+            with contextlib.suppress(Exception):
+                self.sdk.api_cancel(rid, silent=True)
+        self.terminating.add(instance_id)
+        self._submit("down", instance_id, self.sdk.down(instance_id))
+
+    def list_owned(self, job: str) -> list[str]:
+        records = self.sdk.get(self.sdk.status(cluster_names=None, refresh=self._sky.StatusRefreshMode.NONE))
+        pat = instance_name_re(job)
+        out = []
+        for rec in records or []:
+            name = str(_field(rec, "name"))
+            labels = _field(rec, "labels") or {}
+            if (pat.match(name) or labels.get("rlboost-job") == job) and name not in self.gone:
+                out.append(name)
+        return sorted(out)
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=False, cancel_futures=True)
+
+    # ---- request bookkeeping -----------------------------------------------------------
+    def _submit(self, kind: str, iid: str | None, rid: str, names: tuple[str, ...] = ()) -> None:
+        self.inflight.append(_Req(kind, iid, rid, self.pool.submit(self.sdk.get, rid), names))
+
+    def _resolve(self, r: _Req) -> None:
+        exc = r.future.exception()
+        if r.kind == "launch":
+            self._launched(r, exc)
+        elif r.kind == "endpoints":
+            self._endpoint(r, exc)
+        elif r.kind in ("down", "cleanup"):
+            self._downed(r, exc)
+        elif r.kind == "status":
+            self._statuses(r, exc)
+
+    def _launched(self, r: _Req, exc: BaseException | None) -> None:
+        iid = r.iid or ""
+        if self.launching.get(iid) == r.rid:
+            del self.launching[iid]
+        if iid in self.terminating or iid in self.gone:
+            return  # cancelled by terminate(); its down reports the end
+        if exc is not None:
+            capacity = isinstance(exc, self._sky.exceptions.ResourcesUnavailableError)
+            what = "no capacity" if capacity else f"launch failed ({type(exc).__name__})"
+            self._emit(iid, InstanceState.FAILED, f"{what}: {exc}", capacity=capacity)
+            self._submit("cleanup", iid, self.sdk.down(iid))  # never leave a half-made cluster
+            return
+        self.up.add(iid)
+        if self.reqs[iid].role is Role.TRAINER:
+            self._submit("endpoints", iid, self.sdk.endpoints(iid, self.port))
+        else:
+            self._emit(iid, InstanceState.RUNNING, "cluster up; worker started")
+
+    def _endpoint(self, r: _Req, exc: BaseException | None) -> None:
+        iid = r.iid or ""
+        if iid in self.terminating:
+            return
+        if exc is not None:
+            self._emit(iid, InstanceState.FAILED, f"trainer port {self.port} not exposed: {exc}")
+            return
+        eps = r.future.result() or {}
+        ep = eps.get(self.port) or eps.get(str(self.port)) or next(iter(eps.values()), None)
+        if not ep:
+            self._emit(iid, InstanceState.FAILED, f"sky.endpoints returned no endpoint for port {self.port}")
+            return
+        url = ep if "://" in ep else f"http://{ep}"
+        self._emit(iid, InstanceState.RUNNING, "trainer cluster up", endpoint=url)
+
+    def _downed(self, r: _Req, exc: BaseException | None) -> None:
+        iid = r.iid or ""
+        if exc is not None and not isinstance(exc, (self._sky.exceptions.ClusterDoesNotExist, ValueError)):
+            log.warning("sky.down %s failed (%s); retrying in %.0fs", iid, exc, self.redown_after_s)
+            self.redown[iid] = time.monotonic() + self.redown_after_s
+            return
+        self.up.discard(iid)
+        if r.kind == "cleanup":
+            return
+        self.gone.add(iid)
+        self.terminating.discard(iid)
+        self._emit(iid, InstanceState.TERMINATED, "sky.down done")
+
+    def _statuses(self, r: _Req, exc: BaseException | None) -> None:
+        if exc is not None:
+            log.warning("sky.status refresh failed: %s", exc)
+            return
+        seen = {str(_field(rec, "name")): _status_name(rec) for rec in r.future.result() or []}
+        for iid in r.names:
+            if iid not in self.up or iid in self.terminating:
+                continue
+            st = seen.get(iid)
+            if st is not None and st not in GONE_STATES:
+                continue
+            self.up.discard(iid)
+            why = "cluster gone" if st is None else f"cluster {st}"
+            self._emit(iid, InstanceState.PREEMPTED, f"{why} (spot preemption or the node powered off)")
+            self.terminating.add(iid)
+            self._submit("down", iid, self.sdk.down(iid))
+
+    def _emit(
+        self, iid: str, state: InstanceState, detail: str = "", endpoint: str | None = None, capacity: bool = False
+    ) -> None:
+        with self.lock:
+            self.events.append(InstanceEvent(iid, state, self.clock(), detail, endpoint, capacity))

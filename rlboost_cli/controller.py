@@ -1,0 +1,356 @@
+"""The job controller: launch the trainer, keep the desired spot workers alive, record every dollar.
+
+Runs in the `rlboost launch` process. Every launch is written to the state store before the provider
+is asked, and every state change the provider reports is written as it arrives, so the ledger is
+derived from durable records and a crash never leaves a paid instance untracked.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import signal
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+from rich.console import Console
+
+from providers.base import (
+    CapacityError,
+    InstanceKind,
+    InstanceState,
+    LaunchRequest,
+    Provider,
+    ProviderError,
+    Role,
+)
+from rlboost_cli.ledger import summarize
+from rlboost_cli.pricing import Offer
+from rlboost_cli.progress import JobProgress
+from rlboost_cli.spec import JobSpec
+from rlboost_cli.state import StateStore, UnknownInstanceError
+
+
+class Stop(Exception):
+    """Raised by the SIGTERM handler (`rlboost down`) to unwind into teardown."""
+
+
+@dataclass
+class Backoff:
+    """Per-candidate capacity backoff with jitter; a candidate that keeps failing cools down."""
+
+    failures: int = 0
+    until: float = 0.0
+
+    def fail(self, now: float, base: float = 1.0, cap: float = 30.0) -> None:
+        self.failures += 1
+        delay = min(cap, base * 2 ** min(self.failures - 1, 6))
+        self.until = now + delay * random.uniform(0.5, 1.0)
+
+    def ok(self) -> None:
+        self.failures = 0
+        self.until = 0.0
+
+
+@dataclass
+class Controller:
+    spec: JobSpec
+    store: StateStore
+    job_id: int
+    run_dir: Path
+    provider: Provider
+    token: str
+    trainer_offer: Offer
+    spot_offers: list[Offer]
+    console: Console = field(default_factory=Console)
+    record_rollouts: bool = False
+    trainer_boot_timeout_s: float = 300.0
+    poll_s: float = 0.25
+    backoff_cap_s: float = 30.0  # a candidate that keeps failing cools down up to this long
+    teardown_wait_s: float = 60.0  # how long teardown waits for the provider to confirm terminations
+
+    def __post_init__(self) -> None:
+        # ids are global in the store; the job id keeps a reused job name from clashing
+        self.prefix = f"{self.spec.name}-{self.job_id}"
+        self.trainer_id = f"{self.prefix}-trainer"
+        self.trainer_url: str | None = None
+        self.worker_seq = 0
+        self.backoff = {o.key: Backoff() for o in self.spot_offers}
+        self.worker_offer: dict[str, str] = {}  # worker id -> offer key (async capacity errors back off it)
+        from trainer.scheduling import placement_tracker
+
+        # which candidate to bid for next: price, observed preemptions/capacity, measured tokens/s
+        self.placement = placement_tracker(self.spec, self.spot_offers)
+        self.steps_recorded = 0
+        self.snapshot: dict = {}
+        self.http = httpx.Client(timeout=5.0, headers={"Authorization": f"Bearer {self.token}"})
+        self.trainer_exit: str | None = None
+
+    # ---- main --------------------------------------------------------------------------
+    def run(self) -> str:
+        """Run the job to the end; returns the final job status."""
+        prev = signal.signal(signal.SIGTERM, _raise_stop)
+        status, error = "failed", None
+        progress = JobProgress(self.console, self.spec.algorithm.steps)
+        try:
+            self.store.update_job(self.job_id, status="running", started_at=time.time())
+            with progress:
+                self._reconcile_on_start()
+                self._launch_trainer(progress)
+                status, error = self._supervise(progress)
+        except KeyboardInterrupt:
+            status, error = "stopped", "interrupted (Ctrl-C)"
+        except Stop:
+            status, error = "stopped", "stopped by `rlboost down`"
+        except (ProviderError, TrainerFailed) as e:
+            status, error = "failed", str(e)
+        finally:
+            signal.signal(signal.SIGTERM, _raise_stop)  # a second `down` during teardown is harmless
+            with contextlib.suppress(Stop, KeyboardInterrupt):
+                self.teardown()
+            signal.signal(signal.SIGTERM, prev)
+            self.store.update_job(
+                self.job_id, status=status, ended_at=time.time(), error=error, clock=self.provider.clock()
+            )
+            self.http.close()
+        return status
+
+    def _launch_trainer(self, progress: JobProgress) -> None:
+        o = self.trainer_offer
+        cmd = [sys.executable, "-m", "trainer", "--spec", str(self.run_dir / "spec.yaml"), "--linger", "30"]
+        if self.record_rollouts:
+            cmd.append("--record-rollouts")
+        req = LaunchRequest(
+            instance_id=self.trainer_id,
+            job=self.spec.name,
+            role=Role.TRAINER,
+            kind=InstanceKind.ON_DEMAND,
+            cloud=o.cloud,
+            region=o.region,
+            accelerator=o.accelerator,
+            hourly_price=o.hourly_price,
+            env={"RLBOOST_JOB_TOKEN": self.token, "RLBOOST_ENGINE": self.spec.rollout.engine},
+            command=cmd,
+        )
+        self._launch(req, o.on_demand_price)
+        progress.provisioning(f"trainer {self.trainer_id} ({o.describe()})")
+        deadline = time.monotonic() + self.trainer_boot_timeout_s
+        while self.trainer_url is None:
+            self._apply_events()
+            if self.trainer_exit:
+                raise TrainerFailed(f"trainer exited while starting ({self.trainer_exit}); {self._log_hint()}")
+            if time.monotonic() > deadline:
+                raise TrainerFailed(
+                    f"trainer did not come up in {self.trainer_boot_timeout_s:.0f}s; {self._log_hint()}"
+                )
+            time.sleep(self.poll_s)
+        self.store.update_job(self.job_id, trainer_url=self.trainer_url)
+        progress.provisioned(f"trainer up at {self.trainer_url}")
+
+    def _supervise(self, progress: JobProgress) -> tuple[str, str | None]:
+        last_ok = time.monotonic()
+        while True:
+            self._apply_events()
+            snap = self._fetch_status()
+            if snap is not None:
+                last_ok = time.monotonic()
+                self._record_snapshot(snap, progress)
+                if snap.get("phase") == "done":
+                    with contextlib.suppress(httpx.HTTPError):
+                        self.http.post(f"{self.trainer_url}/v1/shutdown")
+                    return "succeeded", None
+            if self.trainer_exit:
+                return "failed", f"trainer exited before the job finished ({self.trainer_exit}); {self._log_hint()}"
+            if time.monotonic() - last_ok > 60:
+                return "failed", "trainer status unreachable for 60s"
+            if self._over_budget():
+                return "stopped", f"budget cap ${self.spec.budget_usd:.2f} reached"
+            self._reconcile_workers(progress)
+            progress.update(self.snapshot, self._live_workers(), self._preemptions())
+            time.sleep(self.poll_s)
+
+    # ---- instances ---------------------------------------------------------------------
+    def _launch(self, req: LaunchRequest, on_demand_price: float | None) -> None:
+        # durable first: a crash between these two lines leaves a record to reconcile, not a leak
+        self.store.record_launch(self.job_id, req, self.provider.name, on_demand_price)
+        try:
+            self.provider.launch(req)
+        except CapacityError as e:
+            self.store.update_instance(req.instance_id, InstanceState.FAILED, self.provider.clock(), str(e))
+            raise
+        except Exception as e:
+            self.store.update_instance(req.instance_id, InstanceState.FAILED, self.provider.clock(), str(e))
+            raise ProviderError(f"could not launch {req.instance_id}: {e}") from e
+
+    def _reconcile_on_start(self) -> None:
+        """Terminate what the provider still holds under this job's name from earlier runs (a crashed
+        controller's leftovers) before launching anything."""
+        from rlboost_cli.reconcile import reconcile
+
+        res = reconcile(self.store, self.provider, self.store.job_by_id(self.job_id), wait_s=self.teardown_wait_s)
+        if res.terminated or res.unconfirmed:
+            self.store.add_event(
+                self.job_id, "reconciled", f"terminated leftovers {res.terminated}; unconfirmed {res.unconfirmed}"
+            )
+
+    def _apply_events(self) -> None:
+        for ev in self.provider.poll():
+            try:
+                self.store.update_instance(ev.instance_id, ev.state, ev.at, ev.detail)
+            except UnknownInstanceError:
+                continue  # a leftover of an earlier run that reconciliation terminated
+            key = self.worker_offer.get(ev.instance_id)
+            if key is not None and ev.state is InstanceState.RUNNING:
+                self.backoff[key].ok()
+            elif key is not None and ev.capacity:  # capacity refused after the request was accepted
+                self.placement.capacity_failure(key)
+                self.backoff[key].fail(time.monotonic(), cap=self.backoff_cap_s)
+            if key is not None and ev.state.terminal:
+                self.placement.ended(ev.instance_id, ev.at, preempted=ev.state is InstanceState.PREEMPTED)
+                self.store.add_event(self.job_id, "capacity-unavailable", ev.detail, ev.instance_id, ev.at)
+            if ev.instance_id == self.trainer_id:
+                if ev.endpoint:
+                    self.trainer_url = ev.endpoint
+                if ev.state.terminal:
+                    self.trainer_exit = f"{ev.state.value}: {ev.detail}"
+
+    def _live_workers(self) -> list:
+        return [i for i in self.store.live_instances(self.job_id) if i.role == Role.WORKER.value]
+
+    def _preemptions(self) -> int:
+        return sum(1 for i in self.store.instances(self.job_id) if i.state == InstanceState.PREEMPTED.value)
+
+    def _reconcile_workers(self, progress: JobProgress) -> None:
+        """Keep up to max_workers spot workers, cheapest expected $/token first."""
+        live = [i for i in self._live_workers() if i.state != InstanceState.NOTICE.value]
+        want = self.spec.rollout.max_workers - len(live)
+        now = time.monotonic()
+        for offer in self.placement.order(self.spot_offers, self.provider.clock()):
+            if want <= 0:
+                return
+            bo = self.backoff[offer.key]
+            if now < bo.until:
+                continue
+            self.worker_seq += 1
+            iid = f"{self.prefix}-w{self.worker_seq:03d}"
+            req = LaunchRequest(
+                instance_id=iid,
+                job=self.spec.name,
+                role=Role.WORKER,
+                kind=InstanceKind.SPOT,
+                cloud=offer.cloud,
+                region=offer.region,
+                accelerator=offer.accelerator,
+                hourly_price=offer.hourly_price,
+                env={
+                    "RLBOOST_TRAINER_URL": self.trainer_url or "",
+                    "RLBOOST_JOB_TOKEN": self.token,
+                    "RLBOOST_WORKER_ID": iid,
+                    "RLBOOST_WORKER_KIND": "spot",
+                    "RLBOOST_ENGINE": self.spec.rollout.engine,
+                    "RLBOOST_ACCELERATOR": offer.accelerator or "",  # synthetic engines model it
+                },
+                command=[sys.executable, "-m", "worker"],
+            )
+            self.worker_offer[iid] = offer.key
+            try:
+                self._launch(req, offer.on_demand_price)
+            except CapacityError as e:
+                self.placement.capacity_failure(offer.key)
+                bo.fail(now, cap=self.backoff_cap_s)
+                self.store.add_event(
+                    self.job_id, "capacity-unavailable", str(e), instance_id=iid, clock=self.provider.clock()
+                )
+                continue
+            self.placement.launched(iid, offer.key, self.provider.clock())
+            progress.note(f"launched spot worker {iid} ({offer.describe()})")
+            want -= 1
+
+    def _over_budget(self) -> bool:
+        if self.spec.budget_usd is None:
+            return False
+        self.store.update_job(self.job_id, clock=self.provider.clock())
+        return summarize(self.store, self.job_id).total_dollars >= self.spec.budget_usd
+
+    # ---- trainer status ----------------------------------------------------------------
+    def _fetch_status(self) -> dict | None:
+        if not self.trainer_url:
+            return None
+        try:
+            r = self.http.get(f"{self.trainer_url}/v1/status")
+            r.raise_for_status()
+            return r.json()
+        except (httpx.HTTPError, ValueError):
+            return None
+
+    def _record_snapshot(self, snap: dict, progress: JobProgress) -> None:
+        history = snap.pop("history", [])
+        clock = self.provider.clock()
+        for rec in history[self.steps_recorded :]:
+            self.store.record_step(
+                self.job_id,
+                step=rec["step"],
+                version=rec["version"],
+                reward=rec["reward"],
+                tokens=rec["tokens"],
+                responses=rec["responses"],
+                migrated=rec["migrated"],
+                seconds=rec["seconds"],
+                clock=clock,
+            )
+            progress.step(rec)
+        self.steps_recorded = max(self.steps_recorded, len(history))
+        self.placement.on_workers(snap.get("workers", []))
+        self.snapshot = snap
+        self.store.update_job(
+            self.job_id,
+            snapshot=snap,
+            step=snap.get("step", 0),
+            version=snap.get("version", -1),
+            reward=snap.get("reward"),
+            tokens_total=snap.get("tokens_total", 0),
+            clock=clock,
+        )
+
+    # ---- teardown ----------------------------------------------------------------------
+    def teardown(self) -> None:
+        """Terminate every instance this job owns: what the store knows and what the provider lists."""
+        live = {i.id for i in self.store.live_instances(self.job_id)}
+        owned = set(self.provider.list_owned(self.spec.name))
+        # workers first, the trainer last (it may still be serving its final status)
+        order = sorted(live | owned, key=lambda i: (i == self.trainer_id, i))
+        for iid in order:
+            self.provider.terminate(iid)
+        # a cloud confirms asynchronously: wait until the provider no longer lists them
+        remaining, deadline = set(order), time.monotonic() + self.teardown_wait_s
+        while True:
+            self._apply_events()
+            try:
+                remaining &= set(self.provider.list_owned(self.spec.name))
+            except Exception as e:  # unreachable: keep them as unconfirmed rather than crash teardown
+                self.store.add_event(self.job_id, "teardown-check-failed", str(e))
+            if not remaining or time.monotonic() > deadline:
+                break
+            time.sleep(max(self.poll_s, 1.0))
+        clock = self.provider.clock()
+        for inst in self.store.live_instances(self.job_id):
+            if inst.id in remaining:  # left live in the store, so `rlboost gc` finds it
+                self.store.add_event(
+                    self.job_id, "termination-unconfirmed", "still listed; run `rlboost gc`", inst.id, clock
+                )
+            else:
+                self.store.update_instance(inst.id, InstanceState.TERMINATED, clock, "torn down")
+
+    def _log_hint(self) -> str:
+        return f"see {self.run_dir / 'instances' / self.trainer_id / 'log'}"
+
+
+class TrainerFailed(Exception):
+    pass
+
+
+def _raise_stop(signum: int, frame: object) -> None:
+    raise Stop()

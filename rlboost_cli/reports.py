@@ -1,0 +1,328 @@
+"""What `rlboost status` and `rlboost cost-report` print (rich tables) or emit (`--json`).
+
+Everything is read from the state store: job rows, instance rows, the steps table, and the live
+snapshot the controller stores on the job. Only chosen fields are copied out (never a raw row or
+the whole snapshot), so nothing secret can slip into the output.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any
+
+import yaml
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from rlboost_cli.ledger import CostSummary, summarize, summarize_all
+from rlboost_cli.state import InstanceRow, JobRow, StateStore
+
+_SPARK = "▁▂▃▄▅▆▇█"
+_LIVE_STATES = ("running", "notice")
+_RECENT_STEPS = 10
+_ENDED_SHOWN = 5  # ended instances listed per job in the table (JSON lists all)
+
+
+# ---- small formatters --------------------------------------------------------------------
+
+
+def sparkline(values: list[float]) -> str:
+    if not values:
+        return ""
+    lo, hi = min(values), max(values)
+    span = hi - lo
+    if span <= 0:
+        return _SPARK[len(_SPARK) // 2] * len(values)
+    return "".join(_SPARK[min(len(_SPARK) - 1, int((v - lo) / span * len(_SPARK)))] for v in values)
+
+
+def fmt_duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    s = int(max(0.0, seconds))
+    return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
+
+
+def fmt_money(x: float | None) -> str:
+    if x is None:
+        return "-"
+    return f"${x:,.4f}"  # local runs cost cents: keep four decimals, one format per column
+
+
+def _fmt(x: Any, spec: str = "") -> str:
+    return "-" if x is None else format(x, spec)
+
+
+# ---- status ------------------------------------------------------------------------------
+
+
+def _spec_steps(job: JobRow) -> int | None:
+    try:
+        spec = yaml.safe_load(job.spec_yaml) or {}
+        steps = spec.get("algorithm", {}).get("steps")
+    except (yaml.YAMLError, AttributeError):
+        return None
+    return steps if isinstance(steps, int) else None
+
+
+def _worker_row(inst: InstanceRow | None, snap: dict[str, Any] | None, wid: str) -> dict[str, Any]:
+    snap = snap or {}
+    return {
+        "instance_id": wid,
+        "recorded": inst is not None,  # False: an engine known only to the coordinator
+        "role": inst.role if inst else None,
+        "kind": inst.kind if inst else snap.get("kind"),
+        "provider": inst.provider if inst else None,
+        "cloud": inst.cloud if inst else None,
+        "region": inst.region if inst else None,
+        "accelerator": inst.accelerator if inst else None,
+        "hourly_price": inst.hourly_price if inst else None,
+        "state": inst.state if inst else snap.get("state"),
+        "end_reason": inst.end_reason if inst else None,
+        "version": snap.get("version"),
+        "tokens_per_s": snap.get("tokens_per_s"),
+        "tokens": snap.get("tokens"),
+        "active": snap.get("active"),
+    }
+
+
+def _job_status(store: StateStore, job: JobRow, now: float) -> dict[str, Any]:
+    snap = job.snapshot or {}
+    by_id = {
+        str(w.get("worker_id")): w
+        for w in snap.get("workers", [])
+        if isinstance(w, dict) and w.get("worker_id") is not None
+    }
+    insts = store.instances(job.id)
+    workers = [_worker_row(i, by_id.get(i.instance_id), i.instance_id) for i in insts]
+    known = {i.instance_id for i in insts}
+    workers += [_worker_row(None, w, wid) for wid, w in by_id.items() if wid not in known]
+    steps = store.steps(job.id)
+    start = job.started_at if job.started_at is not None else job.created_at
+    end = job.ended_at if job.ended_at is not None else (now if job.active else None)
+    return {
+        "id": job.id,
+        "name": job.name,
+        "status": job.status,
+        "provider": job.provider,
+        "phase": snap.get("phase"),
+        "step": job.step if job.step is not None else snap.get("step"),
+        "steps": snap.get("steps") or _spec_steps(job),
+        "reward": job.reward if job.reward is not None else snap.get("reward"),
+        "version": job.version if job.version is not None else snap.get("version"),
+        "created_at": job.created_at,
+        "started_at": job.started_at,
+        "ended_at": job.ended_at,
+        "elapsed_s": (end - start) if end is not None else None,
+        "clock": job.clock,
+        "workers_live": sum(1 for i in insts if i.role == "worker" and i.state in _LIVE_STATES),
+        "preemptions": sum(1 for i in insts if "preempted" in (i.state, i.end_reason)),
+        "migrated": snap.get("migrated", 0),
+        "tokens_total": job.tokens_total if job.tokens_total is not None else snap.get("tokens_total"),
+        "trainer_url": job.trainer_url,
+        "error": job.error,
+        "workers": workers,
+        "recent_steps": [
+            {
+                "step": s.step,
+                "version": s.version,
+                "reward": s.reward,
+                "tokens": s.tokens,
+                "responses": s.responses,
+                "migrated": s.migrated,
+                "seconds": s.seconds,
+            }
+            for s in steps[-_RECENT_STEPS:]
+        ],
+        "reward_history": [s.reward for s in steps],
+    }
+
+
+def status_json(store: StateStore, job: str | None, *, now: float | None = None) -> dict[str, Any]:
+    """{"jobs": [...]}: one job (newest of that name) or all jobs, oldest first."""
+    t = time.time() if now is None else now
+    jobs = [store.get_job(job)] if job else store.list_jobs()
+    return {"jobs": [_job_status(store, j, t) for j in jobs]}
+
+
+def _workers_table(js: dict[str, Any]) -> Table:
+    table = Table(title=f"{js['name']} — workers", title_justify="left")
+    table.add_column("instance", no_wrap=True)
+    table.add_column("kind", no_wrap=True)
+    table.add_column("provider/region/accel")
+    table.add_column("state", no_wrap=True)
+    table.add_column("ver", justify="right")
+    table.add_column("tok/s", justify="right")
+    done = ("preempted", "exited", "terminated", "failed")
+    live = [w for w in js["workers"] if w["state"] not in done]
+    # launches refused for capacity never ran: count them, don't list them
+    refused = sum(1 for w in js["workers"] if w["state"] == "failed")
+    ended = [w for w in js["workers"] if w["state"] in done and w["state"] != "failed"]
+    for w in live + ended[-_ENDED_SHOWN:]:
+        where = "/".join(str(x) for x in (w["provider"], w["region"], w["accelerator"]) if x) or "-"
+        kind = (w["kind"] or "-") + (" trainer" if w["role"] == "trainer" else "")
+        state = w["state"] or "-"
+        style = {"running": "green", "notice": "yellow", "preempted": "red", "pending": "cyan"}.get(state, "")
+        table.add_row(
+            w["instance_id"],
+            kind,
+            where,
+            Text(state, style=style),
+            _fmt(w["version"], "d") if isinstance(w["version"], int) else "-",
+            _fmt(w["tokens_per_s"], ".1f") if isinstance(w["tokens_per_s"], (int, float)) else "-",
+        )
+    hidden = len(ended) - _ENDED_SHOWN
+    notes = []
+    if hidden > 0:
+        notes.append(f"{hidden} older ended instance(s) not shown")
+    if refused:
+        notes.append(f"{refused} launch(es) refused for lack of capacity")
+    if notes:
+        table.caption = "; ".join(notes) + " (see --json)"
+    return table
+
+
+def _steps_table(js: dict[str, Any]) -> Table:
+    table = Table(title=f"{js['name']} — recent steps", title_justify="left")
+    for col in ("step", "weights", "reward", "tokens", "responses", "migrated", "seconds"):
+        table.add_column(col, justify="right")
+    for s in js["recent_steps"]:
+        table.add_row(
+            str(s["step"]),
+            str(s["version"]),
+            f"{s['reward']:.3f}",
+            str(s["tokens"]),
+            str(s["responses"]),
+            str(s["migrated"]),
+            f"{s['seconds']:.1f}",
+        )
+    return table
+
+
+def render_status(store: StateStore, job: str | None, console: Console, *, now: float | None = None) -> None:
+    data = status_json(store, job, now=now)
+    if not data["jobs"]:
+        console.print("No jobs yet. Start one with `rlboost launch job.yaml`.")
+        return
+    table = Table(title="rlboost jobs", title_justify="left")
+    # short headers so the table fits an 80-column terminal
+    table.add_column("job", no_wrap=True)
+    table.add_column("status", no_wrap=True)
+    for col in ("step", "reward", "ver", "elapsed", "workers", "preempt", "migr"):
+        table.add_column(col, justify="right", no_wrap=True)
+    for js in data["jobs"]:
+        steps = f"{_fmt(js['step'])}/{_fmt(js['steps'])}"
+        style = {"running": "green", "failed": "red", "pending": "cyan", "stopped": "yellow"}.get(js["status"], "")
+        table.add_row(
+            js["name"],
+            Text(js["status"], style=style),
+            steps,
+            _fmt(js["reward"], ".3f"),
+            _fmt(js["version"]),
+            fmt_duration(js["elapsed_s"]),
+            str(js["workers_live"]),
+            str(js["preemptions"]),
+            str(js["migrated"]),
+        )
+    console.print(table)
+    # Details for the named job, or for every job still pending/running.
+    for js in data["jobs"]:
+        if job is None and js["status"] not in ("pending", "running"):
+            continue
+        if js["error"]:
+            console.print(Text(f"{js['name']}: {js['error']}", style="red"))
+        if js["workers"]:
+            console.print(_workers_table(js))
+        if js["reward_history"]:
+            hist = js["reward_history"][-40:]
+            console.print(f"{js['name']} reward (last {len(hist)} steps): {sparkline(hist)}  {hist[-1]:.3f}")
+        if job is not None and js["recent_steps"]:
+            console.print(_steps_table(js))
+
+
+# ---- cost --------------------------------------------------------------------------------
+
+
+def _summary_json(s: CostSummary) -> dict[str, Any]:
+    d = dataclasses.asdict(s)
+    d["lines"] = [dataclasses.asdict(line) for line in s.lines]
+    d["instances"] = [dataclasses.asdict(i) for i in s.instances]
+    d["notes"] = list(s.notes)
+    return d
+
+
+def cost_json(store: StateStore, job: str | None) -> dict[str, Any]:
+    """The ledger for one job (newest of that name) or all jobs, with a per-job breakdown."""
+    if job:
+        row = store.get_job(job)
+        out = {"scope": "job", "job": row.name, "job_id": row.id, **_summary_json(summarize(store, row.id))}
+        return out
+    out = {"scope": "all", **_summary_json(summarize_all(store))}
+    per_job = []
+    for row in store.list_jobs():
+        s = summarize(store, row.id)
+        per_job.append(
+            {
+                "job": row.name,
+                "job_id": row.id,
+                "status": row.status,
+                "dollars": s.dollars,
+                "on_demand_equivalent_dollars": s.on_demand_equivalent_dollars,
+                "instance_hours": s.instance_hours,
+                "steps": s.steps,
+                "dollars_per_step": s.dollars_per_step,
+            }
+        )
+    out["jobs"] = per_job
+    return out
+
+
+def render_cost(store: StateStore, job: str | None, console: Console) -> None:
+    data = cost_json(store, job)
+    if job is None and not data["jobs"]:
+        console.print("No jobs yet, so no spend. Start one with `rlboost launch job.yaml`.")
+        return
+    title = f"cost — {data['job']} (id {data['job_id']})" if job else "cost — all jobs"
+    table = Table(title=title, title_justify="left", show_footer=True)
+    table.add_column("kind", footer="total")
+    table.add_column("cloud")
+    table.add_column("accel")
+    table.add_column("inst", justify="right", footer=str(sum(ln["instances"] for ln in data["lines"])))
+    table.add_column("inst-hours", justify="right", footer=f"{data['instance_hours']:.3f}")
+    table.add_column("cost", justify="right", footer=fmt_money(data["dollars"]))
+    table.add_column("all on-demand", justify="right", footer=fmt_money(data["on_demand_equivalent_dollars"]))
+    for ln in data["lines"]:
+        table.add_row(
+            ln["kind"],
+            ln["cloud"],
+            ln["accelerator"],
+            str(ln["instances"]),
+            f"{ln['instance_hours']:.3f}",
+            fmt_money(ln["dollars"]),
+            fmt_money(ln["on_demand_equivalent_dollars"]),
+        )
+    console.print(table)
+    frac = data["savings_fraction"]
+    pct = f" ({frac:.0%})" if frac is not None else ""
+    console.print(f"savings vs all on-demand: {fmt_money(data['savings_dollars'])}{pct}")
+    console.print(f"$ per step: {fmt_money(data['dollars_per_step'])} over {data['steps']} step(s)")
+    console.print(f"$ per 1M tokens: {fmt_money(data['dollars_per_million_tokens'])} over {data['tokens']:,} token(s)")
+    for note in data["notes"]:
+        console.print(Text(f"note: {note}", style="yellow"))
+    if job is None and len(data["jobs"]) > 1:
+        jt = Table(title="per job", title_justify="left")
+        for col in ("job", "id", "status", "instance-h", "cost", "steps", "$ / step"):
+            jt.add_column(col, justify="left" if col in ("job", "status") else "right")
+        for j in data["jobs"]:
+            jt.add_row(
+                j["job"],
+                str(j["job_id"]),
+                j["status"],
+                f"{j['instance_hours']:.3f}",
+                fmt_money(j["dollars"]),
+                str(j["steps"]),
+                fmt_money(j["dollars_per_step"]),
+            )
+        console.print(jt)

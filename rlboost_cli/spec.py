@@ -1,0 +1,380 @@
+"""The job file (`job.yaml`): a pydantic model, strict about unknown keys and contradictions.
+
+Every error is reported as `<field.path>: <problem> (<allowed values or fix>)` so a user can fix the
+file without reading this module.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Annotated, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+PROVIDERS = ("local", "skypilot", "aws", "gcp")
+ENGINES = ("torch", "vllm", "synthetic")
+TASKS = ("reverse", "copy", "add", "sort")
+CLOUDS = ("aws", "gcp", "azure", "lambda", "runpod", "local")
+
+_NAME_RE = re.compile(r"^[a-z][a-z0-9-]{0,38}[a-z0-9]$")
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ModelSpec(Strict):
+    """The policy model. `tiny-gpt` is defined in trainer/model.py and trains on CPU. `synthetic` has
+    no weights to speak of: the trainer takes `train_tokens_per_s` to "train" (drives the control
+    plane at scale with synthetic engines, no torch work)."""
+
+    kind: Literal["tiny-gpt", "synthetic"] = "tiny-gpt"
+    n_layer: Annotated[int, Field(ge=1, le=48)] = 2
+    n_head: Annotated[int, Field(ge=1, le=64)] = 4
+    n_embd: Annotated[int, Field(ge=8, le=8192)] = 64
+    block_size: Annotated[int, Field(ge=8, le=32768)] = 64
+    # synthetic only: training throughput of the whole trainer cluster (tokens/s); None = from `perf`
+    # for trainer.accelerators x trainer.nodes
+    train_tokens_per_s: Annotated[float, Field(gt=0)] | None = None
+
+    @model_validator(mode="after")
+    def _heads_divide(self) -> ModelSpec:
+        if self.n_embd % self.n_head:
+            raise ValueError(f"n_embd ({self.n_embd}) must be a multiple of n_head ({self.n_head})")
+        if self.kind != "synthetic" and self.train_tokens_per_s is not None:
+            raise ValueError("train_tokens_per_s applies to kind: synthetic only (remove it, or set kind: synthetic)")
+        return self
+
+
+class AlgorithmSpec(Strict):
+    name: Literal["grpo"] = "grpo"
+    prompts_per_step: Annotated[int, Field(ge=1, le=100_000)] = 32
+    group_size: Annotated[int, Field(ge=2, le=1024)] = 8
+    max_new_tokens: Annotated[int, Field(ge=1, le=1_000_000)] = 12
+    learning_rate: Annotated[float, Field(gt=0, le=1.0)] = 3e-3
+    steps: Annotated[int, Field(ge=1, le=10_000_000)] = 30
+    seed: int = 0
+    temperature: Annotated[float, Field(gt=0, le=10)] = 1.0
+    # Supervised steps on task demonstrations before RL starts ("brief warm start").
+    warm_start_steps: Annotated[int, Field(ge=0, le=1_000_000)] = 100
+    checkpoint_every: Annotated[int, Field(ge=0)] = 0
+
+
+class TaskSpec(Strict):
+    """A verifiable task with an exact-match reward."""
+
+    name: Literal["reverse", "copy", "add", "sort"] = "reverse"
+    reward: Literal["exact_match"] = "exact_match"
+    min_len: Annotated[int, Field(ge=1, le=64)] = 3
+    max_len: Annotated[int, Field(ge=1, le=64)] = 6
+
+    @model_validator(mode="after")
+    def _lens(self) -> TaskSpec:
+        if self.min_len > self.max_len:
+            raise ValueError(f"min_len ({self.min_len}) must be <= max_len ({self.max_len})")
+        return self
+
+
+def _parse_accelerator(value: str | None) -> str | None:
+    if value is None:
+        return None
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*(:[1-9][0-9]*)?", value):
+        raise ValueError(f"{value!r} is not NAME or NAME:COUNT (e.g. 'A100:8', 'H100', 'cpu')")
+    return value
+
+
+class TrainerSpec(Strict):
+    """The reserved, on-demand trainer cluster."""
+
+    cloud: str = "local"
+    region: str | None = None
+    accelerators: str | None = None
+    nodes: Annotated[int, Field(ge=1, le=1024)] = 1
+    # Price per node-hour. Defaults to the provider's catalog when omitted.
+    hourly_price: Annotated[float, Field(ge=0)] | None = None
+
+    _acc = field_validator("accelerators")(classmethod(lambda cls, v: _parse_accelerator(v)))
+
+
+class SpotCandidate(Strict):
+    """One accelerator type to bid for, on any of the listed clouds/regions."""
+
+    accelerator: str
+    clouds: list[str] = Field(default_factory=lambda: ["local"])
+    regions: list[str] = Field(default_factory=list)
+    # Relative generation throughput of one such node (1.0 = the reference accelerator).
+    throughput: Annotated[float, Field(gt=0)] = 1.0
+    spot_price: Annotated[float, Field(ge=0)] | None = None
+    on_demand_price: Annotated[float, Field(ge=0)] | None = None
+
+    _acc = field_validator("accelerator")(classmethod(lambda cls, v: _parse_accelerator(v)))
+
+    @field_validator("clouds")
+    @classmethod
+    def _clouds(cls, v: list[str]) -> list[str]:
+        bad = [c for c in v if c not in CLOUDS]
+        if bad:
+            raise ValueError(f"unknown cloud {bad[0]!r} (allowed: {', '.join(CLOUDS)})")
+        if not v:
+            raise ValueError("list at least one cloud")
+        return v
+
+
+class LengthSpec(Strict):
+    """Response lengths of the synthetic workload (and of `rlboost simulate`): log-normal with a long
+    tail and a per-prompt factor shared by a GRPO group, or sampled from a recorded run."""
+
+    median_tokens: Annotated[float, Field(gt=0)] | None = None  # None: algorithm.max_new_tokens / 8
+    sigma: Annotated[float, Field(ge=0, le=5)] = 0.8  # per-response spread (log space)
+    prompt_sigma: Annotated[float, Field(ge=0, le=5)] = 0.5  # per-prompt spread (log space)
+    # rollouts.jsonl of a run launched with --record-rollouts, or a JSON list of lengths
+    recorded: Path | None = None
+
+
+class SyntheticSpec(Strict):
+    lengths: LengthSpec = LengthSpec()
+
+
+class RolloutSpec(Strict):
+    engine: Literal["torch", "vllm", "synthetic"] = "torch"
+    candidates: list[SpotCandidate] = Field(default_factory=list)
+    max_workers: Annotated[int, Field(ge=0, le=100_000)] = 2
+    max_hourly_price: Annotated[float, Field(gt=0)] | None = None
+    # Concurrent sequences per engine (the engine's batch size).
+    engine_batch: Annotated[int, Field(ge=1, le=100_000)] = 64
+    # Tokens per streamed chunk: small chunks mean little is lost when a worker dies.
+    stream_chunk_tokens: Annotated[int, Field(ge=1, le=4096)] = 4
+    heartbeat_timeout_s: Annotated[float, Field(gt=0, le=600)] = 6.0
+    # The trainer cluster also generates (the reserved-cluster share of rollout).
+    trainer_engine: bool = True
+    # float64 makes sampling reproducible across batch shapes and migration (tiny models only).
+    engine_dtype: Literal["float32", "float64"] = "float32"
+    # ---- scheduling policies (trainer/policies/) ----
+    # When the trainer's own engine stops generating and goes back to training (README: offload).
+    offload_policy: Literal["none", "rlboost", "predictive"] = "predictive"
+    offload_min_box_s: Annotated[float, Field(ge=0)] = 5.0  # `rlboost` rule's floor
+    # `rate`: by measured engine speed and load; `spread`: in proportion to free slots.
+    dispatch_policy: Literal["rate", "spread"] = "rate"
+    # Move long partial responses from slow or crowded engines to idle ones at a step's tail.
+    migration: bool = True
+    migration_min_gain_s: Annotated[float, Field(ge=0)] = 0.5
+    # RollPacker-style tail batching: over-launch prompts, keep the first groups to finish, gather
+    # the long ones into long rounds.
+    tail_batching: bool = False
+    tail_over_launch: Annotated[float, Field(gt=0, le=4)] = 0.25
+    # How often workers send generated tokens (seconds); larger = fewer frames at scale.
+    flush_s: Annotated[float, Field(gt=0, le=10)] = 0.02
+    synthetic: SyntheticSpec = SyntheticSpec()
+
+
+class LocalSpec(Strict):
+    """The embedded local provider: real processes, a replayed spot market."""
+
+    # An availability trace: Bamboo-style `t_ms,add|remove,nodeK` CSV, GCP `date, time, N` lines,
+    # or JSON `{"metadata": {"gap_seconds": G}, "data": [n0, n1, ...]}`. None = the built-in trace.
+    trace: Path | None = None
+    # Trace seconds that pass per wall-clock second.
+    time_scale: Annotated[float, Field(gt=0)] = 60.0
+    # Preemption notice lead time, in wall seconds; 0 = killed without notice.
+    notice_seconds: Annotated[float, Field(ge=0)] = 1.0
+    # Fraction of preemptions that come with a notice (the rest are abrupt SIGKILLs).
+    notice_fraction: Annotated[float, Field(ge=0, le=1)] = 0.5
+    # Scale the trace's node counts down to this machine (e.g. 32 nodes -> 3 workers).
+    capacity_scale: Annotated[float, Field(gt=0)] = 1.0
+    # Optional SkyPilot-style catalog CSV for prices (vms.csv columns).
+    catalog: Path | None = None
+
+
+class PerfSpec(Strict):
+    """One accelerator's performance (per GPU); unset fields keep the built-in value (see README)."""
+
+    tokens_per_s: Annotated[float, Field(gt=0)] | None = None  # decode, aggregate at ref_batch
+    seq_tokens_per_s: Annotated[float, Field(gt=0)] | None = None  # decode, one sequence alone
+    prefill_tokens_per_s: Annotated[float, Field(gt=0)] | None = None
+    train_tokens_per_s: Annotated[float, Field(gt=0)] | None = None
+    ref_batch: Annotated[int, Field(ge=1, le=100_000)] | None = None
+
+
+class SimulateSpec(Strict):
+    """`rlboost simulate`: platform timings the replay needs beyond `perf` (defaults: a 7B model on a cloud)."""
+
+    boot_s: Annotated[float, Field(ge=0)] = 120.0  # spot launch -> worker dialled in with weights
+    pull_s: Annotated[float, Field(ge=0)] = 5.0  # a worker pulls each new weight version
+    reserved_pull_s: Annotated[float, Field(ge=0)] = 1.0  # the trainer's own engine reloads weights
+    step_overhead_s: Annotated[float, Field(ge=0)] = 2.0  # optimizer step + publish, after the last group
+    hours: Annotated[float, Field(gt=0)] | None = None  # how long to replay (default: the trace's length)
+    poll_s: Annotated[float, Field(gt=0)] = 0.25  # controller loop period (as `rlboost launch`)
+
+
+class JobSpec(Strict):
+    name: str
+    provider: Literal["local", "skypilot", "aws", "gcp"] = "local"
+    model: ModelSpec = ModelSpec()
+    algorithm: AlgorithmSpec = AlgorithmSpec()
+    task: TaskSpec = TaskSpec()
+    trainer: TrainerSpec = TrainerSpec()
+    rollout: RolloutSpec = RolloutSpec()
+    local: LocalSpec = LocalSpec()
+    budget_usd: Annotated[float, Field(gt=0)] | None = None
+    # Performance per accelerator name (e.g. A100), for synthetic engines and `rlboost simulate`.
+    perf: dict[str, PerfSpec] = Field(default_factory=dict)
+    simulate: SimulateSpec = SimulateSpec()
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not _NAME_RE.match(v):
+            raise ValueError(
+                f"{v!r} is not a valid job name (2-40 chars: lowercase letters, digits, '-'; "
+                "start with a letter, end with a letter or digit)"
+            )
+        return v
+
+    @model_validator(mode="after")
+    def _coherent(self) -> JobSpec:
+        a, m, t = self.algorithm, self.model, self.task
+        # prompt = BOS + up to max_len symbols + separator; response = max_new_tokens
+        need = t.max_len * (2 if t.name == "add" else 1) + 3 + a.max_new_tokens
+        if m.kind == "tiny-gpt" and need > m.block_size:
+            raise ValueError(
+                f"model.block_size ({m.block_size}) is shorter than the longest prompt + "
+                f"algorithm.max_new_tokens ({need}); raise model.block_size or lower max_new_tokens"
+            )
+        if self.provider == "local":
+            for i, c in enumerate(self.rollout.candidates):
+                if c.clouds != ["local"]:
+                    raise ValueError(
+                        f"rollout.candidates[{i}].clouds is {c.clouds} but provider is 'local' "
+                        "(use clouds: [local], or provider: skypilot/aws/gcp)"
+                    )
+        if self.rollout.max_workers > 0 and not self.rollout.candidates:
+            raise ValueError(
+                "rollout.max_workers > 0 but rollout.candidates is empty "
+                "(list at least one spot candidate, or set max_workers: 0)"
+            )
+        if not self.rollout.trainer_engine and self.rollout.max_workers == 0:
+            raise ValueError(
+                "rollout.trainer_engine is false and rollout.max_workers is 0: nothing would generate "
+                "(enable the trainer's engine or allow spot workers)"
+            )
+        if (self.rollout.engine == "synthetic") != (m.kind == "synthetic"):
+            raise ValueError(
+                f"rollout.engine is {self.rollout.engine!r} but model.kind is {m.kind!r}: synthetic engines "
+                "go with model.kind: synthetic (and only they do); set both or neither"
+            )
+        self._check_perf()
+        return self
+
+    def _check_perf(self) -> None:
+        from trainer.policies.perf import DEFAULT_PERF
+
+        for name, p in self.perf.items():
+            base = next((v for k, v in DEFAULT_PERF.items() if k.lower() == name.lower()), None)
+            if base is None and None in (p.tokens_per_s, p.seq_tokens_per_s, p.prefill_tokens_per_s, p.train_tokens_per_s):
+                raise ValueError(
+                    f"perf.{name}: no built-in model for this accelerator; set tokens_per_s, seq_tokens_per_s, "
+                    f"prefill_tokens_per_s and train_tokens_per_s (built-in: {', '.join(DEFAULT_PERF)})"
+                )
+            tps = p.tokens_per_s or (base.tokens_per_s if base else 0)
+            seq = p.seq_tokens_per_s or (base.seq_tokens_per_s if base else 0)
+            if tps < seq:
+                raise ValueError(
+                    f"perf.{name}: tokens_per_s ({tps:g}, a full batch) is below seq_tokens_per_s ({seq:g}, one "
+                    "sequence); a batch cannot be slower than one sequence"
+                )
+
+    def perf_table(self):
+        """The performance table: built-in models with this job's overrides (name -> AcceleratorPerf)."""
+        from dataclasses import replace
+
+        from trainer.policies.perf import DEFAULT_PERF, AcceleratorPerf
+
+        table = dict(DEFAULT_PERF)
+        for name, p in self.perf.items():
+            key = next((k for k in table if k.lower() == name.lower()), name)
+            over = {k: v for k, v in p.model_dump().items() if v is not None}
+            table[key] = replace(table[key], **over) if key in table else AcceleratorPerf(**over)
+        return table
+
+
+class SpecError(Exception):
+    """A job file problem, already phrased for the user (one line per problem)."""
+
+
+def _loc(loc: tuple[int | str, ...]) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += ("." if out else "") + str(part)
+    return out or "(top level)"
+
+
+def format_validation_error(err: ValidationError) -> str:
+    lines = []
+    for e in err.errors():
+        loc = _loc(tuple(p for p in e["loc"] if not str(p).startswith("function-")))
+        msg = e["msg"].removeprefix("Value error, ")
+        if e["type"] == "extra_forbidden":
+            msg = "unknown key (remove it, or check its spelling against README's job-file reference)"
+        elif e["type"] == "literal_error":
+            msg = f"invalid value {e.get('input')!r}; {msg.lower()}"
+        lines.append(f"{loc}: {msg}")
+    return "\n".join(lines)
+
+
+def load_spec(path: str | Path) -> JobSpec:
+    """Read and validate a job file; raise SpecError with user-facing lines."""
+    p = Path(path)
+    if not p.is_file():
+        raise SpecError(f"{p}: job file not found (check the path)")
+    try:
+        raw = yaml.safe_load(p.read_text())
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise SpecError(f"{p}: not valid YAML{where} ({getattr(e, 'problem', e)})") from None
+    if not isinstance(raw, dict):
+        raise SpecError(f"{p}: the job file must be a YAML mapping with at least `name:`")
+    spec = parse_spec(raw, source=str(p))
+    return resolve_paths(spec, p.parent)
+
+
+def parse_spec(raw: dict, source: str = "job") -> JobSpec:
+    try:
+        return JobSpec.model_validate(raw)
+    except ValidationError as e:
+        raise SpecError(f"{source}: invalid job file\n{format_validation_error(e)}") from None
+
+
+def resolve_paths(spec: JobSpec, base: Path) -> JobSpec:
+    """Make relative paths in the spec relative to the job file, and check that they exist."""
+    local = spec.local
+    updates = {}
+    for field in ("trace", "catalog"):
+        val = getattr(local, field)
+        if val is None:
+            continue
+        full = val if val.is_absolute() else (base / val).resolve()
+        if not full.is_file():
+            raise SpecError(f"local.{field}: file {val} not found (resolved to {full}); fix the path")
+        updates[field] = full
+    if updates:
+        spec = spec.model_copy(update={"local": local.model_copy(update=updates)})
+    lens = spec.rollout.synthetic.lengths
+    if lens.recorded is not None:
+        full = lens.recorded if lens.recorded.is_absolute() else (base / lens.recorded).resolve()
+        if not full.is_file():
+            raise SpecError(
+                f"rollout.synthetic.lengths.recorded: file {lens.recorded} not found (resolved to {full}); fix the path"
+            )
+        syn = spec.rollout.synthetic.model_copy(update={"lengths": lens.model_copy(update={"recorded": full})})
+        spec = spec.model_copy(update={"rollout": spec.rollout.model_copy(update={"synthetic": syn})})
+    return spec
+
+
+def spec_to_yaml(spec: JobSpec) -> str:
+    return yaml.safe_dump(spec.model_dump(mode="json"), sort_keys=False)

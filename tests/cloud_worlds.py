@@ -1,0 +1,267 @@
+"""One "world" per provider for the contract suite: the provider plus the cloud behind it.
+
+- local: real processes, a scripted spot market.
+- skypilot: SkyPilotProvider over FakeSky (the `sky` SDK boundary: request ids, real exceptions).
+- aws: AwsProvider over moto (EC2 emulated in-process); capacity errors injected as real botocore
+  ClientErrors through botocore's own `before-call` event.
+- gcp: GcpProvider over the real google-cloud-compute client talking REST to FakeGce.
+
+A world can: make a (fresh) provider, build requests, refuse capacity, preempt an instance, and
+let the cloud make progress (`settle`).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import tests.sky_fake  # noqa: F401  (offline SkyPilot environment before anything imports sky)
+from providers.base import InstanceEvent, InstanceKind, LaunchRequest, Provider, Role
+
+SLEEP = [sys.executable, "-c", "import time; time.sleep(120)"]
+TRAINER = [
+    sys.executable,
+    "-c",
+    "import os, time; open(os.environ['RLBOOST_RUN_DIR'] + '/endpoint', 'w').write('http://127.0.0.1:9'); "
+    "time.sleep(120)",
+]
+
+
+@dataclass
+class World:
+    name: str
+    job: str
+    region: str | None
+    make: Callable[[], Provider]
+    refuse: Callable[[], None]
+    preempt: Callable[[str], None]
+    settle: Callable[[], None] = lambda: None
+    providers: list[Provider] = field(default_factory=list)
+    cloud: str = "local"
+    accelerator: str = "A100"
+
+    def provider(self) -> Provider:
+        p = self.make()
+        self.providers.append(p)
+        return p
+
+    def request(self, n: int | str, role: Role = Role.WORKER) -> LaunchRequest:
+        trainer = role is Role.TRAINER
+        iid = f"{self.job}-1-trainer" if trainer else f"{self.job}-1-w{int(n):03d}"
+        return LaunchRequest(
+            instance_id=iid,
+            job=self.job,
+            role=role,
+            kind=InstanceKind.ON_DEMAND if trainer else InstanceKind.SPOT,
+            cloud=self.cloud,
+            region=self.region,
+            accelerator=("A100:8" if trainer else self.accelerator),
+            hourly_price=1.0,
+            env={"RLBOOST_JOB_TOKEN": "tok", "RLBOOST_ENGINE": "torch", "RLBOOST_TRAINER_URL": "http://t:1"}
+            | ({} if trainer else {"RLBOOST_WORKER_ID": iid, "RLBOOST_WORKER_KIND": "spot"}),
+            command=TRAINER if trainer else SLEEP,
+        )
+
+    def wait(
+        self, p: Provider, done: Callable[[list[InstanceEvent]], bool], timeout: float = 15.0
+    ) -> list[InstanceEvent]:
+        """Poll (letting the cloud progress) until `done(all events so far)`; returns the events."""
+        seen: list[InstanceEvent] = []
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            self.settle()
+            seen.extend(p.poll())
+            if done(seen):
+                return seen
+            time.sleep(0.05)
+        raise AssertionError(f"{self.name}: condition not reached in {timeout}s; events: {seen}")
+
+    def wait_unlisted(self, p: Provider, iid: str, timeout: float = 15.0) -> None:
+        deadline = time.monotonic() + timeout
+        while iid in p.list_owned(self.job):
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{self.name}: {iid} still listed after {timeout}s")
+            self.settle()
+            p.poll()
+            time.sleep(0.05)
+
+
+def write_spec(run_dir: Path, job: str) -> None:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "spec.yaml").write_text(f"name: {job}\ntrainer:\n  nodes: 1\n")
+
+
+class ScriptedMarket:
+    """The local provider's market, driven by the test: capacity and victims on demand."""
+
+    def __init__(self) -> None:
+        self.cap = 100
+        self.victims: list[tuple[str, bool]] = []
+
+    def capacity(self, t: float) -> int:
+        return self.cap
+
+    def choose_victims(self, t: float, running: list[str]) -> list[tuple[str, bool]]:
+        out = [(i, n) for i, n in self.victims if i in running]
+        self.victims = [v for v in self.victims if v[0] not in running]
+        return out
+
+
+@contextmanager
+def local_world(tmp: Path, job: str) -> Iterator[World]:
+    from providers.local import LocalProvider
+
+    market = ScriptedMarket()
+    run_dir = tmp / "run"
+    write_spec(run_dir, job)
+
+    def refuse() -> None:
+        market.cap = 0
+
+    def preempt(iid: str) -> None:
+        market.victims.append((iid, False))
+
+    w = World("local", job, None, lambda: LocalProvider(run_dir, market, term_grace_s=1.0), refuse, preempt)
+    try:
+        yield w
+    finally:
+        for p in w.providers:
+            for iid in p.list_owned(job):
+                p.terminate(iid)
+
+
+@contextmanager
+def skypilot_world(tmp: Path, job: str) -> Iterator[World]:
+    from providers.skypilot import SkyPilotProvider
+    from tests.sky_fake import FakeSky
+
+    fake = FakeSky()
+    run_dir = tmp / "run"
+    write_spec(run_dir, job)
+    w = World(
+        "skypilot",
+        job,
+        None,
+        lambda: SkyPilotProvider(run_dir, sdk=fake, status_every_s=0.05, redown_after_s=0.05),
+        lambda: fake.refuse(),
+        lambda iid: fake.preempt(iid),
+        cloud="gcp",
+    )
+    w.fake = fake  # type: ignore[attr-defined]
+    try:
+        yield w
+    finally:
+        for p in w.providers:
+            p.close()
+
+
+AWS_ENV = {
+    "AWS_ACCESS_KEY_ID": "testing",
+    "AWS_SECRET_ACCESS_KEY": "testing",
+    "AWS_SESSION_TOKEN": "testing",
+    "AWS_DEFAULT_REGION": "us-east-1",
+    "AWS_EC2_METADATA_DISABLED": "true",
+}
+
+
+def client_error(code: str, message: str) -> Callable[..., Any]:
+    """A botocore `before-call` handler: the call fails with this error code, as the real API would."""
+
+    def handler(**kwargs: Any) -> tuple[Any, dict[str, Any]]:
+        return SimpleNamespace(status_code=500), {"Error": {"Code": code, "Message": message}, "ResponseMetadata": {}}
+
+    return handler
+
+
+def _restore_env(old: dict[str, str | None]) -> None:
+    for k, v in old.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+
+
+@contextmanager
+def aws_world(tmp: Path, job: str) -> Iterator[World]:
+    import boto3
+    from moto import mock_aws
+    from moto.core import DEFAULT_ACCOUNT_ID
+    from moto.ec2.models import ec2_backends
+    from moto.ec2.models.instances import StateReason
+
+    from providers.aws import AwsProvider
+
+    run_dir = tmp / "run"
+    write_spec(run_dir, job)
+    with ExitStack() as stack:
+        old = {k: os.environ.get(k) for k in AWS_ENV}
+        os.environ.update(AWS_ENV)
+        stack.callback(_restore_env, old)
+        stack.enter_context(mock_aws())
+        session = boto3.Session(region_name="us-east-1")
+        ami = session.client("ec2").describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
+        state = {"refuse": False}
+
+        def maybe_refuse(**kwargs: Any) -> Any:
+            if state["refuse"]:
+                return client_error("InsufficientInstanceCapacity", "We currently do not have sufficient capacity")()
+            return None
+
+        session.events.register("before-call.ec2.RunInstances", maybe_refuse)
+
+        def preempt(iid: str) -> None:
+            """EC2 reclaims the spot instance (as AWS reports it: Server.SpotInstanceTermination)."""
+            flt = [{"Name": "tag:rlboost-instance", "Values": [iid]}]
+            res = session.client("ec2").describe_instances(Filters=flt)["Reservations"]
+            backend = ec2_backends[DEFAULT_ACCOUNT_ID]["us-east-1"]
+            for r in res:
+                for i in r["Instances"]:
+                    inst = backend.get_instance(i["InstanceId"])
+                    inst.terminate()
+                    code = "Server.SpotInstanceTermination"
+                    inst.state_reason = StateReason(f"{code}: Spot instance termination", code)
+
+        def make() -> AwsProvider:
+            return AwsProvider(run_dir, job, ["us-east-1"], session=session, ami=ami, describe_every_s=0)
+
+        w = World("aws", job, "us-east-1", make, lambda: state.update(refuse=True), preempt, cloud="aws",
+                  accelerator="V100")
+        w.session = session  # type: ignore[attr-defined]
+        yield w
+
+
+@contextmanager
+def gcp_world(tmp: Path, job: str) -> Iterator[World]:
+    from google.auth.credentials import AnonymousCredentials
+
+    from providers.gcp import GcpProvider
+    from tests.gce_fake import FakeGce
+
+    fake = FakeGce()
+    run_dir = tmp / "run"
+    write_spec(run_dir, job)
+
+    def make() -> GcpProvider:
+        return GcpProvider(
+            run_dir, job, "proj", credentials=AnonymousCredentials(), api_endpoint=fake.endpoint, list_every_s=0
+        )
+
+    def refuse() -> None:
+        fake.exhausted.update({"us-central1-a", "us-central1-b", "us-central1-c", "us-central1-f"})
+
+    w = World("gcp", job, "us-central1", make, refuse, fake.preempt, fake.boot_all, cloud="gcp")
+    w.fake = fake  # type: ignore[attr-defined]
+    try:
+        yield w
+    finally:
+        fake.close()
+
+
+WORLDS = {"local": local_world, "skypilot": skypilot_world, "aws": aws_world, "gcp": gcp_world}

@@ -1,0 +1,55 @@
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED = ROOT.parent / "shared"
+
+
+@pytest.fixture
+def home(tmp_path, monkeypatch) -> Path:
+    """An isolated RLBOOST_HOME for this test."""
+    h = tmp_path / "rlboost-home"
+    monkeypatch.setenv("RLBOOST_HOME", str(h))
+    return h
+
+
+def run_cli(*args: str, home: Path, timeout: float = 300, check: bool = False) -> subprocess.CompletedProcess:
+    """Run the real CLI in a subprocess, as a user would."""
+    env = {**os.environ, "RLBOOST_HOME": str(home), "COLUMNS": "200", "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "rlboost_cli.main", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    if check and proc.returncode != 0:
+        raise AssertionError(f"rlboost {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
+    return proc
+
+
+def run_json(*args: str, home: Path) -> dict:
+    return json.loads(run_cli(*args, "--json", home=home, check=True).stdout)
+
+
+def rlboost_pids(marker: str) -> list[int]:
+    """Live processes whose environment names an instance of this test's jobs."""
+    out = []
+    for p in Path("/proc").iterdir():
+        if not p.name.isdigit():
+            continue
+        try:
+            env = (p / "environ").read_bytes()
+            stat = (p / "stat").read_text().split()
+        except OSError:
+            continue
+        if stat[2] != "Z" and marker.encode() in env:
+            out.append(int(p.name))
+    return out

@@ -1,0 +1,199 @@
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from providers.base import InstanceKind, InstanceState, LaunchRequest, Role
+from rlboost_cli.reports import cost_json, render_cost, render_status, sparkline, status_json
+from rlboost_cli.state import StateStore, UnknownJobError
+
+TOKEN = "job-token-0d9e8f7a6b5c4d3e"
+SPEC = "name: demo\nalgorithm:\n  steps: 30\n"
+
+
+@pytest.fixture
+def store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> StateStore:
+    monkeypatch.setenv("RLBOOST_HOME", str(tmp_path / "home"))
+    s = StateStore()
+    yield s
+    s.close()
+
+
+def _launch(store: StateStore, job: int, iid: str, kind: InstanceKind, price: float, od: float | None) -> None:
+    req = LaunchRequest(
+        instance_id=iid,
+        job="demo",
+        role=Role.TRAINER if kind is InstanceKind.ON_DEMAND else Role.WORKER,
+        kind=kind,
+        cloud="local",
+        region="here",
+        accelerator="cpu",
+        hourly_price=price,
+        env={"RLBOOST_JOB_TOKEN": TOKEN},
+        command=["worker", TOKEN],
+    )
+    store.record_launch(job, req, "local", od)
+
+
+def _populate(store: StateStore) -> int:
+    job = store.create_job("demo", SPEC, "local")
+    store.update_job(job, status="running", started_at=1000.0, trainer_url="http://127.0.0.1:8123")
+    _launch(store, job, "demo-trainer", InstanceKind.ON_DEMAND, 0.74, None)
+    for w in ("demo-w001", "demo-w002", "demo-w003"):
+        _launch(store, job, w, InstanceKind.SPOT, 0.30, 0.74)
+    store.update_instance("demo-trainer", InstanceState.RUNNING, 0.0)
+    store.update_instance("demo-w001", InstanceState.RUNNING, 60.0)
+    store.update_instance("demo-w002", InstanceState.RUNNING, 60.0)
+    store.update_instance("demo-w002", InstanceState.PREEMPTED, 1800.0)
+    store.update_instance("demo-w003", InstanceState.RUNNING, 1900.0)
+    for i in range(1, 6):
+        store.record_step(job, i, i, 0.1 * i, 1000, 32, i % 2, 2.0, 600.0 * i)
+    snap = {
+        "step": 5,
+        "steps": 30,
+        "version": 5,
+        "reward": 0.5,
+        "phase": "rollout",
+        "tokens_total": 5000,
+        "responses_total": 160,
+        "migrated": 3,
+        "token": TOKEN,  # a careless controller; reports must copy fields, not the snapshot
+        "workers": [
+            {
+                "worker_id": "demo-w001",
+                "kind": "spot",
+                "state": "busy",
+                "version": 5,
+                "tokens_per_s": 321.5,
+                "tokens": 4000,
+                "active": 12,
+            },
+            {
+                "worker_id": "trainer-local",
+                "kind": "reserved",
+                "state": "idle",
+                "version": 5,
+                "tokens_per_s": 99.0,
+                "tokens": 1000,
+                "active": 0,
+            },
+        ],
+    }
+    store.update_job(job, step=5, version=5, reward=0.5, clock=3600.0, snapshot=snap, tokens_total=5000)
+    return job
+
+
+def test_status_json_joins_snapshot_and_instances(store: StateStore) -> None:
+    _populate(store)
+    data = status_json(store, "demo", now=1100.0)
+    [js] = data["jobs"]
+    assert (js["name"], js["status"], js["step"], js["steps"], js["version"]) == ("demo", "running", 5, 30, 5)
+    assert js["reward"] == 0.5 and js["elapsed_s"] == 100.0
+    assert js["workers_live"] == 2  # w001, w003 (the trainer is not a worker; w002 was preempted)
+    assert js["preemptions"] == 1 and js["migrated"] == 3
+    w = {x["instance_id"]: x for x in js["workers"]}
+    assert w["demo-w001"]["tokens_per_s"] == 321.5 and w["demo-w001"]["version"] == 5
+    assert w["demo-w001"]["kind"] == "spot" and w["demo-w001"]["state"] == "running"
+    assert w["demo-w003"]["tokens_per_s"] is None  # no snapshot entry
+    assert w["demo-w002"]["end_reason"] == "preempted"
+    assert w["trainer-local"]["recorded"] is False and w["trainer-local"]["kind"] == "reserved"
+    assert [s["step"] for s in js["recent_steps"]] == [1, 2, 3, 4, 5]
+    assert js["reward_history"] == pytest.approx([0.1, 0.2, 0.3, 0.4, 0.5])
+
+
+def test_steps_fall_back_to_spec_and_all_jobs_listed(store: StateStore) -> None:
+    job = store.create_job("fresh", "name: fresh\nalgorithm:\n  steps: 12\n", "local")
+    store.update_job(job, status="succeeded", started_at=10.0, ended_at=70.0)
+    _populate(store)
+    data = status_json(store, None, now=5000.0)
+    assert [j["name"] for j in data["jobs"]] == ["fresh", "demo"]
+    fresh = data["jobs"][0]
+    assert fresh["steps"] == 12 and fresh["step"] is None and fresh["elapsed_s"] == 60.0
+    assert fresh["workers"] == [] and fresh["preemptions"] == 0
+
+
+def test_json_never_contains_the_token(store: StateStore) -> None:
+    _populate(store)
+    for blob in (
+        status_json(store, None),
+        status_json(store, "demo"),
+        cost_json(store, None),
+        cost_json(store, "demo"),
+    ):
+        text = json.dumps(blob, default=str)
+        assert "demo-w001" in text or "dollars" in text  # the output is real
+        assert TOKEN not in text
+
+
+def test_render_status(store: StateStore) -> None:
+    console = Console(record=True, width=200)
+    render_status(store, None, console)
+    assert "No jobs yet" in console.export_text()
+    _populate(store)
+    console = Console(record=True, width=200)
+    render_status(store, "demo", console, now=1100.0)
+    out = console.export_text()
+    for needle in (
+        "demo",
+        "running",
+        "5/30",
+        "0.500",
+        "0:01:40",
+        "demo-w001",
+        "321.5",
+        "demo-w003",
+        "local/here/cpu",
+        "preempted",
+        "recent steps",
+        "reward (last 5 steps)",
+    ):
+        assert needle in out, needle
+    assert TOKEN not in out
+
+
+def test_unknown_job(store: StateStore) -> None:
+    with pytest.raises(UnknownJobError, match="rlboost status"):
+        status_json(store, "ghost")
+    with pytest.raises(UnknownJobError):
+        cost_json(store, "ghost")
+
+
+def test_cost_json_and_render(store: StateStore) -> None:
+    console = Console(record=True, width=200)
+    render_cost(store, None, console)
+    assert "No jobs yet" in console.export_text()
+    job = _populate(store)
+    data = cost_json(store, "demo")
+    assert data["scope"] == "job" and data["job_id"] == job
+    # trainer 1 h at 0.74; w001 3540 s, w002 1740 s, w003 1700 s at 0.30
+    spot_h = (3540 + 1740 + 1700) / 3600
+    assert data["dollars"] == pytest.approx(0.74 + spot_h * 0.30)
+    assert data["on_demand_equivalent_dollars"] == pytest.approx(0.74 + spot_h * 0.74)
+    assert data["dollars"] == pytest.approx(sum(ln["dollars"] for ln in data["lines"]))
+    assert data["steps"] == 5 and data["dollars_per_step"] == pytest.approx(data["dollars"] / 5)
+    other = store.create_job("other", SPEC, "local")
+    _launch(store, other, "other-w1", InstanceKind.SPOT, 1.0, 2.0)
+    all_ = cost_json(store, None)
+    assert all_["scope"] == "all" and [j["job"] for j in all_["jobs"]] == ["demo", "other"]
+    console = Console(record=True, width=200)
+    render_cost(store, None, console)
+    out = console.export_text()
+    for needle in (
+        "on-demand",
+        "spot",
+        "total",
+        "savings vs all on-demand",
+        "$ per step",
+        "per job",
+        "other",
+    ):
+        assert needle in out, needle
+
+
+def test_sparkline() -> None:
+    assert sparkline([]) == ""
+    assert sparkline([0.0, 0.5, 1.0]) == "▁▅█"
+    assert len(set(sparkline([2.0, 2.0]))) == 1

@@ -1,0 +1,79 @@
+"""Job-file validation: every error names the field path and how to fix it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from rlboost_cli.spec import SpecError, load_spec, parse_spec
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_examples_validate():
+    spec = load_spec(ROOT / "examples" / "local.yaml")
+    assert spec.provider == "local" and spec.rollout.max_workers >= 1
+
+
+def test_minimal_job_gets_defaults():
+    spec = parse_spec({"name": "tiny", "rollout": {"max_workers": 0}})
+    assert spec.algorithm.name == "grpo" and spec.provider == "local"
+
+
+@pytest.mark.parametrize(
+    "raw, needle",
+    [
+        ({"name": "x1", "algoritm": {}}, "algoritm: unknown key"),
+        ({"name": "x1", "algorithm": {"group_size": 1}}, "algorithm.group_size"),
+        ({"name": "x1", "algorithm": {"steps": "many"}}, "algorithm.steps"),
+        ({"name": "x1", "provider": "azure-ml"}, "provider: invalid value 'azure-ml'"),
+        ({"name": "x1", "rollout": {"engine": "tgi"}}, "'torch', 'vllm' or 'synthetic'"),
+        ({"name": "Bad_Name"}, "not a valid job name"),
+        ({"name": "x1", "task": {"min_len": 5, "max_len": 2}}, "min_len (5) must be <= max_len (2)"),
+        ({"name": "x1", "model": {"n_embd": 30, "n_head": 4}}, "multiple of n_head"),
+        ({"name": "x1", "algorithm": {"max_new_tokens": 500}}, "raise model.block_size"),
+        (
+            {"name": "x1", "rollout": {"candidates": [{"accelerator": "A100", "clouds": ["aws"]}]}},
+            "provider is 'local'",
+        ),
+        ({"name": "x1", "rollout": {"max_workers": 2}}, "rollout.candidates is empty"),
+        (
+            {"name": "x1", "rollout": {"candidates": [{"accelerator": "A100", "clouds": ["ibm"]}]}},
+            "rollout.candidates[0].clouds: unknown cloud 'ibm'",
+        ),
+        ({"name": "x1", "rollout": {"candidates": [{"accelerator": "A100:x"}]}}, "NAME:COUNT"),
+        ({"name": "x1", "rollout": {"max_workers": 0, "trainer_engine": False}}, "nothing would generate"),
+        ({}, "name: Field required"),
+    ],
+)
+def test_bad_specs_name_the_field(raw, needle):
+    with pytest.raises(SpecError) as e:
+        parse_spec(raw)
+    assert needle in str(e.value), str(e.value)
+
+
+def test_yaml_syntax_error_names_the_line(tmp_path):
+    p = tmp_path / "job.yaml"
+    p.write_text("name: x1\nalgorithm: [unclosed\n")
+    with pytest.raises(SpecError, match=r"not valid YAML at line \d+"):
+        load_spec(p)
+
+
+def test_missing_trace_file_is_named(tmp_path):
+    p = tmp_path / "job.yaml"
+    p.write_text("name: x1\nrollout: {max_workers: 0}\nlocal: {trace: nope.csv}\n")
+    with pytest.raises(SpecError, match=r"local.trace: file nope.csv not found"):
+        load_spec(p)
+
+
+def test_missing_job_file():
+    with pytest.raises(SpecError, match="job file not found"):
+        load_spec("/nonexistent/job.yaml")
+
+
+def test_non_mapping_file(tmp_path):
+    p = tmp_path / "job.yaml"
+    p.write_text("- a\n- b\n")
+    with pytest.raises(SpecError, match="must be a YAML mapping"):
+        load_spec(p)

@@ -1,0 +1,254 @@
+from __future__ import annotations
+
+import sqlite3
+import stat
+import threading
+from pathlib import Path
+
+import pytest
+
+from providers.base import InstanceKind, InstanceState, LaunchRequest, Role
+from rlboost_cli.state import (
+    JobExistsError,
+    StateError,
+    StateStore,
+    UnknownInstanceError,
+    UnknownJobError,
+    rlboost_home,
+)
+
+SECRET = "tok-7f3a9c1e5b2d4e6f8a0b"
+
+
+def _req(iid: str, kind: InstanceKind = InstanceKind.SPOT, price: float = 1.0) -> LaunchRequest:
+    return LaunchRequest(
+        instance_id=iid,
+        job="demo",
+        role=Role.WORKER if kind is InstanceKind.SPOT else Role.TRAINER,
+        kind=kind,
+        cloud="local",
+        region=None,
+        accelerator="cpu",
+        hourly_price=price,
+        env={"RLBOOST_JOB_TOKEN": SECRET},
+        command=["python", "-m", "worker", f"--token={SECRET}"],
+    )
+
+
+@pytest.fixture
+def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    h = tmp_path / "rlhome"
+    monkeypatch.setenv("RLBOOST_HOME", str(h))
+    return h
+
+
+@pytest.fixture
+def store(home: Path) -> StateStore:
+    s = StateStore()
+    yield s
+    s.close()
+
+
+def _mode(p: Path) -> int:
+    return stat.S_IMODE(p.stat().st_mode)
+
+
+def test_home_and_file_permissions(home: Path, store: StateStore) -> None:
+    assert rlboost_home() == home
+    assert store.path == home / "state.db"
+    assert _mode(home) == 0o700
+    assert _mode(store.path) == 0o600
+    job = store.create_job("demo", "name: demo\n", "local")
+    store.record_launch(job, _req("demo-w1"), "local", 2.0)
+    wal = Path(str(store.path) + "-wal")
+    assert wal.exists()
+    assert _mode(wal) == 0o600
+
+
+def test_home_is_tightened_when_it_exists_loose(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    h = tmp_path / "loose"
+    h.mkdir(mode=0o755)
+    h.chmod(0o755)
+    monkeypatch.setenv("RLBOOST_HOME", str(h))
+    assert _mode(rlboost_home()) == 0o700
+
+
+def test_name_reuse_rules(store: StateStore) -> None:
+    first = store.create_job("demo", "a", "local")
+    assert store.get_job("demo").status == "pending"
+    with pytest.raises(JobExistsError, match="demo"):
+        store.create_job("demo", "b", "local")
+    store.update_job(first, status="running")
+    with pytest.raises(JobExistsError):
+        store.create_job("demo", "b", "local")
+    store.create_job("other", "c", "local")  # other names are unaffected
+    store.update_job(first, status="failed", error="boom")
+    second = store.create_job("demo", "b", "local")
+    assert second != first
+    assert store.get_job("demo").id == second  # newest wins
+    assert store.job_by_id(first).status == "failed"
+    assert [j.name for j in store.list_jobs()] == ["demo", "other", "demo"]
+    # the old job cannot come back to life beside the new active one
+    with pytest.raises(JobExistsError):
+        store.update_job(first, status="running")
+
+
+def test_create_job_is_atomic_across_connections(store: StateStore) -> None:
+    stores = [StateStore(store.path) for _ in range(8)]
+    results: list[object] = []
+    barrier = threading.Barrier(len(stores))
+
+    def go(s: StateStore) -> None:
+        barrier.wait()
+        try:
+            results.append(s.create_job("race", "x", "local"))
+        except JobExistsError as e:
+            results.append(e)
+
+    threads = [threading.Thread(target=go, args=(s,)) for s in stores]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sum(isinstance(r, int) for r in results) == 1
+    assert sum(isinstance(r, JobExistsError) for r in results) == 7
+    for s in stores:
+        s.close()
+
+
+def test_unknown_job_message(store: StateStore) -> None:
+    with pytest.raises(UnknownJobError) as e:
+        store.get_job("nope")
+    assert "nope" in str(e.value) and "rlboost status" in str(e.value)
+    with pytest.raises(UnknownJobError):
+        store.job_by_id(42)
+    with pytest.raises(UnknownJobError):
+        store.update_job(42, status="running")
+
+
+def test_update_job_fields(store: StateStore) -> None:
+    job = store.create_job("demo", "spec", "local")
+    snap = {"step": 3, "workers": [{"worker_id": "w1", "tokens_per_s": 12.5}]}
+    store.update_job(
+        job,
+        status="running",
+        controller_pid=123,
+        trainer_url="http://127.0.0.1:9",
+        started_at=10.0,
+        step=3,
+        version=2,
+        reward=0.25,
+        clock=360.0,
+        snapshot=snap,
+        tokens_total=999,
+    )
+    row = store.job_by_id(job)
+    assert (row.status, row.controller_pid, row.step, row.version, row.reward) == ("running", 123, 3, 2, 0.25)
+    assert row.snapshot == snap and row.clock == 360.0 and row.tokens_total == 999
+    assert row.active
+    with pytest.raises(ValueError, match="unknown field"):
+        store.update_job(job, colour="red")
+    with pytest.raises(ValueError, match="status"):
+        store.update_job(job, status="exploded")
+
+
+def test_instance_lifecycle_and_terminal_immutability(store: StateStore) -> None:
+    job = store.create_job("demo", "spec", "local")
+    store.record_launch(job, _req("demo-w1", price=0.5), "local", 2.0)
+    inst = store.instances(job)[0]
+    assert (inst.state, inst.started_clock, inst.hourly_price, inst.on_demand_price) == (
+        "pending",
+        None,
+        0.5,
+        2.0,
+    )
+    assert inst.id == "demo-w1" and inst.kind == "spot" and inst.role == "worker"
+
+    store.update_instance("demo-w1", InstanceState.RUNNING, 100.0)
+    store.update_instance("demo-w1", "notice", 150.0, "cloud notice")
+    store.update_instance("demo-w1", InstanceState.RUNNING, 160.0)  # still running: start unchanged
+    store.update_instance("demo-w1", InstanceState.PREEMPTED, 200.0, "reclaimed")
+    # terminal is final: these are ignored
+    store.update_instance("demo-w1", InstanceState.RUNNING, 300.0)
+    store.update_instance("demo-w1", InstanceState.TERMINATED, 400.0, "teardown")
+    inst = store.instance("demo-w1")
+    assert inst.state == "preempted" and inst.terminal
+    assert (inst.started_clock, inst.ended_clock, inst.end_reason) == (100.0, 200.0, "preempted")
+    assert inst.detail == "reclaimed"
+    types = [e.type for e in store.events(job) if e.instance_id == "demo-w1"]
+    assert types == ["launch", "running", "notice", "running", "preempted"]
+    assert store.live_instances(job) == []
+
+
+def test_notice_before_running_starts_billing(store: StateStore) -> None:
+    job = store.create_job("demo", "spec", "local")
+    store.record_launch(job, _req("a"), "local", None)
+    store.record_launch(job, _req("b"), "local", None)
+    store.update_instance("a", InstanceState.NOTICE, 50.0)
+    store.update_instance("b", InstanceState.FAILED, 60.0, "no capacity")
+    a, b = store.instance("a"), store.instance("b")
+    assert a.started_clock == 50.0 and not a.terminal
+    assert b.started_clock is None and b.ended_clock == 60.0 and b.end_reason == "failed"
+    assert [i.instance_id for i in store.live_instances(job)] == ["a"]
+
+
+def test_instance_errors_and_handle(store: StateStore) -> None:
+    job = store.create_job("demo", "spec", "local")
+    store.record_launch(job, _req("w1"), "local", None)
+    with pytest.raises(ValueError, match="w1"):
+        store.record_launch(job, _req("w1"), "local", None)
+    with pytest.raises(UnknownInstanceError):
+        store.update_instance("ghost", InstanceState.RUNNING, 1.0)
+    with pytest.raises(ValueError):
+        store.update_instance("w1", "sleeping", 1.0)
+    store.set_instance_handle("w1", "pid:4242")
+    assert store.instance("w1").handle == "pid:4242"
+    with pytest.raises(UnknownInstanceError):
+        store.set_instance_handle("ghost", "x")
+
+
+def test_events_and_steps(store: StateStore) -> None:
+    job = store.create_job("demo", "spec", "local")
+    store.add_event(job, "capacity-unavailable", "none left", instance_id="w9", clock=12.0)
+    ev = store.events(job)[-1]
+    assert (ev.type, ev.detail, ev.instance_id, ev.clock) == ("capacity-unavailable", "none left", "w9", 12.0)
+    store.record_step(job, 2, 2, 0.5, 100, 8, 1, 3.0, 20.0)
+    store.record_step(job, 1, 1, 0.25, 90, 8, 0, 2.5, 10.0)
+    store.record_step(job, 2, 2, 0.75, 110, 8, 2, 3.5, 21.0)  # re-recorded after a restart: replaces
+    steps = store.steps(job)
+    assert [(s.step, s.reward, s.tokens, s.migrated) for s in steps] == [(1, 0.25, 90, 0), (2, 0.75, 110, 2)]
+
+
+def test_persistence_and_no_secrets_on_disk(home: Path) -> None:
+    s = StateStore()
+    job = s.create_job("demo", "name: demo\n", "local")
+    s.record_launch(job, _req("w1"), "local", 1.0)
+    s.update_instance("w1", InstanceState.RUNNING, 5.0)
+    s.close()
+    s2 = StateStore()
+    assert s2.instance("w1").started_clock == 5.0
+    s2.close()
+    # after a clean close the WAL is checkpointed into the main file; scan every file anyway
+    blob = b"".join(p.read_bytes() for p in home.iterdir() if p.is_file())
+    assert b"w1" in blob  # the scan does see the data
+    assert SECRET.encode() not in blob
+
+
+def test_schema_version(home: Path) -> None:
+    s = StateStore()
+    path = s.path
+    s.close()
+    db = sqlite3.connect(path)
+    assert db.execute("PRAGMA user_version").fetchone()[0] == 1
+    db.execute("PRAGMA user_version = 99")
+    db.commit()
+    db.close()
+    with pytest.raises(StateError, match="newer rlboost"):
+        StateStore(path)
+
+
+def test_explicit_path_creates_private_parent(tmp_path: Path) -> None:
+    p = tmp_path / "deep" / "dir" / "s.db"
+    s = StateStore(p)
+    assert _mode(p) == 0o600 and _mode(p.parent) == 0o700
+    s.close()

@@ -1,0 +1,278 @@
+"""Peer fan-out, lying and dying sources, garbage collection under pulls, same-machine transfer."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+
+import aiohttp
+import pytest
+import torch
+from aiohttp import web
+
+from trainer.local_weights import open_local
+from trainer.weight_tracker import Announce, SwarmTracker, decode_bits, encode_bits
+from trainer.weights import WeightPublisher, add_routes
+from worker.peer_server import PeerServer, WeightNode, WeightStore
+from worker.weight_pull import PullStats, pull_weights
+
+TOKEN = "tok"
+
+
+def model(seed: int = 0, n: int = 96 * 1024) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return {
+        "a.weight": torch.randn(n, generator=g),
+        "b.weight": torch.randn(n // 2, generator=g).to(torch.bfloat16),
+        "c.bias": torch.randn(7, generator=g, dtype=torch.float64),
+    }
+
+
+def assert_same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
+    assert a.keys() == b.keys()
+    for k in a:
+        assert a[k].dtype == b[k].dtype and a[k].shape == b[k].shape and torch.equal(a[k], b[k]), k
+
+
+def auth() -> web.middleware:
+    @web.middleware
+    async def check(request: web.Request, handler):  # the trainer's real middleware does the same
+        if request.headers.get("Authorization") != f"Bearer {TOKEN}":
+            return web.json_response({"error": "token"}, status=401)
+        return await handler(request)
+
+    return check
+
+
+@contextlib.asynccontextmanager
+async def serve(pub: WeightPublisher, port: int = 0) -> AsyncIterator[tuple[str, web.AppRunner]]:
+    app = web.Application(middlewares=[auth()])
+    add_routes(app, pub)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    host, bound = runner.addresses[0][:2]
+    try:
+        yield f"http://{host}:{bound}", runner
+    finally:
+        await runner.cleanup()
+
+
+def run(coro) -> object:
+    return asyncio.run(asyncio.wait_for(coro, 90))
+
+
+def test_fanout_peers_carry_the_load_and_origin_sends_about_one_copy() -> None:
+    pub = WeightPublisher(chunk_bytes=16 * 1024, egress_bps=4e6)  # a slow trainer uplink
+    want = model()
+    m = pub.publish(1, want)
+    assert len(m.chunks) > 20
+
+    async def go() -> list[tuple[dict, PullStats, int]]:
+        async with serve(pub) as (url, _), aiohttp.ClientSession() as s:
+            nodes = [WeightNode(TOKEN, f"w{i}", parallel=2, egress_bps=4e6) for i in range(4)]
+            for n in nodes:
+                await n.start()
+            try:
+                got = await asyncio.gather(*(n.pull(url, 1, s) for n in nodes))
+                return [(g, n.last, n.server.counters.total) for g, n in zip(got, nodes)]
+            finally:
+                for n in nodes:
+                    await n.close()
+
+    out = run(go())
+    for tensors, _, _ in out:
+        assert_same(want, tensors)
+    served_by_peers = sum(served for _, _, served in out)
+    assert served_by_peers > 0
+    assert sum(st.from_peers for _, st, _ in out) == served_by_peers
+    # Each chunk leaves the trainer about once, though four workers pulled it.
+    assert pub.counters.full_bytes <= 1.5 * m.total_bytes, (pub.counters.full_bytes, m.total_bytes)
+    assert pub.stats()["egress_bytes"] == pub.counters.full_bytes
+
+
+class LyingPeer:
+    """Claims to hold every chunk and serves wrong bytes of the right length."""
+
+    def __init__(self, pub: WeightPublisher) -> None:
+        self.pub, self.hits = pub, 0
+
+    async def chunk(self, request: web.Request) -> web.Response:
+        self.hits += 1
+        data = bytearray(self.pub.chunk(int(request.match_info["v"]), int(request.match_info["i"])))
+        data[0] ^= 1
+        return web.Response(body=bytes(data), content_type="application/octet-stream")
+
+
+def test_lying_peer_is_dropped_and_reported() -> None:
+    pub = WeightPublisher(chunk_bytes=16 * 1024)
+    want = model(2)
+    m = pub.publish(3, want)
+    liar = LyingPeer(pub)
+    n = len(m.chunks)
+
+    async def go() -> tuple[dict, PullStats, dict]:
+        app = web.Application()
+        app.router.add_get("/v1/weights/{v}/chunks/{i}", liar.chunk)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", 0).start()
+        liar_url = "http://{}:{}".format(*runner.addresses[0][:2])
+        pub.tracker.announce(3, Announce(peer_id="liar", url=liar_url, n_chunks=n, have=encode_bits(range(n), n)))
+        try:
+            async with serve(pub) as (url, _):
+                st = PullStats()
+                got = await pull_weights(url, 3, token=TOKEN, stats=st, peer_id="honest")
+                view = pub.tracker.announce(3, Announce(peer_id="late", n_chunks=n))
+                return got, st, {"view": view, "liar": liar_url}
+        finally:
+            await runner.cleanup()
+
+    got, st, info = run(go())
+    assert_same(want, got)
+    assert liar.hits >= 1 and st.bad_peers == [info["liar"]]
+    assert st.from_peers == 0 and st.from_origin >= m.total_bytes
+    assert all(p["url"] != info["liar"] for p in info["view"]["peers"])  # the tracker dropped it too
+
+
+def test_transfer_survives_its_peer_source_being_killed() -> None:
+    pub = WeightPublisher(chunk_bytes=32 * 1024)
+    want = model(4, n=256 * 1024)  # ~1.5 MB
+    m = pub.publish(1, want)
+
+    async def go() -> tuple[dict, PullStats, int]:
+        async with serve(pub) as (url, _), aiohttp.ClientSession() as s:
+            seed = WeightNode(TOKEN, "seed", egress_bps=1.5e6)  # slow enough to kill mid-transfer
+            await seed.pull(url, 1, s)
+            egress0 = pub.counters.full_bytes
+            st = PullStats()
+            task = asyncio.create_task(
+                pull_weights(url, 1, token=TOKEN, session=s, stats=st, peer_id="newcomer", parallel=2)
+            )
+            while st.from_peers < 64 * 1024 and not task.done():
+                await asyncio.sleep(0.02)
+            await seed.close()  # the source dies mid-transfer
+            got = await task
+            return got, st, pub.counters.full_bytes - egress0
+
+    got, st, origin_bytes = run(go())
+    assert_same(want, got)
+    assert st.from_peers > 0 and st.bad_peers and 0 < origin_bytes < m.total_bytes
+    assert st.from_origin == origin_bytes
+
+
+def test_transfer_survives_origin_restart() -> None:
+    pub = WeightPublisher(chunk_bytes=32 * 1024, egress_bps=3e6)
+    want = model(5, n=256 * 1024)
+    pub.publish(2, want)
+
+    async def go() -> tuple[dict, PullStats]:
+        async with serve(pub) as (url, runner):
+            port = int(url.rsplit(":", 1)[1])
+            st = PullStats()
+            task = asyncio.create_task(pull_weights(url, 2, token=TOKEN, stats=st, swarm=False, retries=8))
+            while st.bytes_received < 200 * 1024:
+                await asyncio.sleep(0.02)
+            await runner.cleanup()  # the trainer's server dies mid-transfer ...
+            await asyncio.sleep(0.3)
+            async with serve(pub, port):  # ... and comes back on the same port
+                return await task, st
+
+    got, st = run(go())
+    assert_same(want, got)
+    assert st.retries >= 1
+
+
+def test_gc_never_removes_a_version_being_pulled() -> None:
+    pub = WeightPublisher(chunk_bytes=32 * 1024, keep=1, delta=False)
+    want = model(6, n=128 * 1024)
+    pub.publish(1, want)
+
+    async def go() -> tuple[dict, list[int], list[int]]:
+        async with serve(pub) as (url, _):
+            task = asyncio.create_task(pull_weights(url, 1, token=TOKEN, peer_id="slow", ingress_bps=2e6, parallel=1))
+            while 1 not in pub.tracker.versions_in_use():
+                await asyncio.sleep(0.01)
+            for v in range(2, 6):  # training races ahead while the worker still pulls version 1
+                await asyncio.to_thread(pub.publish, v, model(v, n=128 * 1024))
+            during = pub.versions()
+            got = await task
+            pub.collect()
+            return got, during, pub.versions()
+
+    got, during, after = run(go())
+    assert_same(want, got)
+    assert during == [1, 5] and after == [5]
+
+
+def test_tracker_grants_each_chunk_once_and_expires_dead_pullers() -> None:
+    now = [0.0]
+    tr = SwarmTracker(lease_s=3.0, peer_ttl_s=8.0, clock=lambda: now[0])
+    a = tr.announce(1, Announce(peer_id="a", url="http://a", n_chunks=10, want=4))
+    b = tr.announce(1, Announce(peer_id="b", url="http://b", n_chunks=10, want=4))
+    assert a["origin"] == [0, 1, 2, 3] and b["origin"] == [4, 5, 6, 7]
+    a = tr.announce(1, Announce(peer_id="a", url="http://a", n_chunks=10, have=encode_bits([0, 1], 10), want=4))
+    assert a["origin"] == [2, 3, 8, 9] and a["peers"] == []  # b holds nothing yet
+    b = tr.announce(1, Announce(peer_id="b", url="http://b", n_chunks=10, want=4))
+    assert b["origin"] == [4, 5, 6, 7]
+    assert [decode_bits(p["have"], 10) for p in b["peers"]] == [{0, 1}]
+    assert tr.versions_in_use() == {1}
+    now[0] = 5.0  # b stops announcing: its grants lapse and go to a; then b is forgotten
+    a = tr.announce(1, Announce(peer_id="a", url="http://a", n_chunks=10, have=encode_bits(range(4), 10), want=8))
+    assert a["origin"] == [4, 5, 6, 7, 8, 9]
+    now[0] = 20.0
+    tr.announce(1, Announce(peer_id="a", url="http://a", n_chunks=10, have=encode_bits(range(10), 10), done=True))
+    assert tr.versions_in_use() == set()
+    with pytest.raises(ValueError):
+        decode_bits(encode_bits(range(16), 16), 3)
+
+
+def test_peer_server_needs_the_job_token_and_serves_only_verified_chunks() -> None:
+    pub = WeightPublisher(chunk_bytes=16 * 1024)
+    m = pub.publish(1, model())
+
+    async def go() -> None:
+        store = WeightStore()
+        from trainer.weights import HostBuffer
+
+        buf = HostBuffer(m.total_bytes)
+        mark = store.begin(m, buf)
+        buf.view[: m.chunks[0].size] = pub.chunk(1, 0)
+        mark(0)
+        server = PeerServer(store, TOKEN)
+        url = await server.start()
+        try:
+            async with aiohttp.ClientSession() as s:
+                async with s.get(f"{url}/v1/weights/1/chunks/0") as r:
+                    assert r.status == 401
+                h = {"Authorization": f"Bearer {TOKEN}"}
+                async with s.get(f"{url}/v1/weights/1/chunks/0", headers=h) as r:
+                    assert r.status == 200 and await r.read() == bytes(pub.chunk(1, 0))
+                async with s.get(f"{url}/v1/weights/1/chunks/1", headers=h) as r:
+                    assert r.status == 404  # not fetched yet
+            assert server.counters.full_bytes == m.chunks[0].size
+        finally:
+            await server.close()
+
+    run(go())
+
+
+def test_same_machine_engine_maps_the_publisher_buffer() -> None:
+    pub = WeightPublisher(chunk_bytes=16 * 1024)
+    want = model(7)
+    m = pub.publish(1, want)
+    if m.local_path is None:
+        pytest.skip("no memfd on this platform")
+    assert open_local(m) is not None
+    bad = m.model_copy(update={"local_path": "/proc/self/fd/999999"})
+    assert open_local(bad) is None
+
+    async def go() -> tuple[dict, PullStats]:
+        async with serve(pub) as (url, _):
+            st = PullStats()
+            return await pull_weights(url, 1, token=TOKEN, stats=st, local=True), st
+
+    got, st = run(go())
+    assert_same(want, got)
+    assert st.mode == "local" and st.bytes_received == 0 and pub.counters.total == 0

@@ -1,0 +1,46 @@
+"""`python -m trainer --run-dir DIR`: the trainer process (the job token comes from RLBOOST_JOB_TOKEN)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import sys
+from pathlib import Path
+
+from rlboost_cli.spec import SpecError, load_spec
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m trainer")
+    ap.add_argument("--spec", type=Path, required=True, help="the job file (validated again here)")
+    ap.add_argument(
+        "--run-dir",
+        type=Path,
+        default=Path(os.environ.get("RLBOOST_RUN_DIR", ".")),
+        help="endpoint, logs and recorded rollouts go here (default: $RLBOOST_RUN_DIR)",
+    )
+    ap.add_argument("--host", default="127.0.0.1")
+    ap.add_argument("--port", type=int, default=0)
+    ap.add_argument("--record-rollouts", action="store_true", help="write rollouts.jsonl + final weights")
+    ap.add_argument("--linger", type=float, default=60.0, help="seconds to keep serving status when done")
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    token = os.environ.get("RLBOOST_JOB_TOKEN")
+    if not token:
+        print("error: RLBOOST_JOB_TOKEN is not set (the controller passes the job token)", file=sys.stderr)
+        return 2
+    try:
+        spec = load_spec(args.spec)
+    except SpecError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    from trainer.runtime import main_async
+
+    args.run_dir.mkdir(parents=True, exist_ok=True)
+    return asyncio.run(main_async(spec, token, args.host, args.port, args.run_dir, args.record_rollouts, args.linger))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,183 @@
+"""Adaptive offload: how long the reserved (trainer) cluster generates before it goes back to training.
+
+Each step, the trainer cluster's engines generate with everyone else; when the policy says so, they
+abort, their partial responses continue on remote (spot) engines, and the trainer trains on finished
+groups while the remotes finish the tail. Two idle times measure the balance:
+
+    T_b  trainer idle: after the switch, time the trainer waits for finished groups to train on
+    R_b  remote idle:  step time - generation time (remotes wait for the next weights)
+
+Policies (pure; the coordinator and the simulator feed them the same numbers):
+
+- `none`       never offload (the trainer's engines generate until the step's last response).
+- `rlboost`    RLBoost's published rule: a time box b adjusted after each step, shrink by
+               (R_b - T_b)/3 when T_b < R_b, else grow by (T_b - R_b)/3, floor 5 s, and remember the
+               best box per number of remote workers (resumed when that number comes back).
+- `predictive` rlboost's own: decide online, during the step, from measured rates. Switch at the
+               first moment the remotes alone are predicted to finish the remaining tokens
+               (E[remaining | generated so far] from the learned length distribution; the aggregate
+               remote rate and, for the tail, the per-sequence rate) no later than the trainer would
+               finish training the whole step. That equalises both sides' finish times for this very
+               step, reacts to workers joining or leaving mid-step, and needs no warm-up.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+
+@dataclass(frozen=True)
+class StepProgress:
+    """What the coordinator knows mid-step (seconds and tokens)."""
+
+    elapsed: float
+    remote_engines: int  # ready remote engines holding the step's version
+    remote_rate: float  # their aggregate decode tokens/s when full
+    remote_seq_rate: float  # tokens/s of one sequence on a lightly loaded remote engine
+    remaining_tokens: float  # expected tokens still to generate, all unfinished responses
+    max_remaining: float  # expected remaining tokens of the longest unfinished response
+    total_tokens: float  # expected tokens of the whole step (held + remaining)
+    unfinished: int
+
+
+@dataclass(frozen=True)
+class StepOutcome:
+    n_remote: int  # remote engines at the step's start
+    step_s: float  # step start -> next weights published
+    gen_s: float  # step start -> last response finished
+    box_s: float | None  # step start -> offload (None: never offloaded)
+    trainer_idle_s: float  # T_b
+    train_tokens: int = 0
+    train_busy_s: float = 0.0  # time the trainer spent training (for the rate estimate)
+
+    @property
+    def remote_idle_s(self) -> float:  # R_b
+        return max(0.0, self.step_s - self.gen_s)
+
+
+class OffloadPolicy(Protocol):
+    name: str
+
+    def start_step(self, n_remote: int) -> float | None:
+        """The planned box for this step (None: no box planned)."""
+
+    def should_offload(self, p: StepProgress) -> bool:
+        """Called periodically until it says yes (or the step's generation ends)."""
+
+    def end_step(self, o: StepOutcome) -> None:
+        """Learn from the finished step."""
+
+
+class NoOffload:
+    name = "none"
+
+    def start_step(self, n_remote: int) -> float | None:
+        return None
+
+    def should_offload(self, p: StepProgress) -> bool:
+        return False
+
+    def end_step(self, o: StepOutcome) -> None:
+        pass
+
+
+@dataclass
+class RLBoostOffload:
+    """The published rule (see module docstring). The first step for a worker count runs unboxed and
+    measures the generation time, which becomes the first box."""
+
+    min_box_s: float = 5.0
+    name: str = "rlboost"
+    box: float | None = None
+    current: dict[int, float] = field(default_factory=dict)  # box being tuned, per remote count
+    best: dict[int, tuple[float, float]] = field(default_factory=dict)  # n -> (step time, box)
+    _n: int = 0
+
+    def start_step(self, n_remote: int) -> float | None:
+        if n_remote != self._n or self.box is None:
+            # worker count changed: resume from the best box seen with this many workers
+            if n_remote in self.best:
+                self.box = self.best[n_remote][1]
+            elif n_remote in self.current:
+                self.box = self.current[n_remote]
+        self._n = n_remote
+        return self.box if n_remote > 0 else None
+
+    def should_offload(self, p: StepProgress) -> bool:
+        return p.remote_engines > 0 and self.box is not None and p.elapsed >= self.box
+
+    def end_step(self, o: StepOutcome) -> None:
+        if o.n_remote <= 0:
+            return
+        box = o.box_s if o.box_s is not None else o.gen_s
+        t_b, r_b = o.trainer_idle_s, o.remote_idle_s
+        if t_b < r_b:
+            box -= (r_b - t_b) / 3.0
+        else:
+            box += (t_b - r_b) / 3.0
+        self.box = max(self.min_box_s, box)
+        self.current[o.n_remote] = self.box
+        used = o.box_s if o.box_s is not None else o.gen_s
+        prev = self.best.get(o.n_remote)
+        if prev is None or o.step_s < prev[0]:
+            self.best[o.n_remote] = (o.step_s, max(self.min_box_s, used))
+
+
+@dataclass
+class PredictiveOffload:
+    """Switch when the remotes alone finish no later than the trainer's training would (module doc).
+
+    train_tokens_per_s: prior for the trainer's training rate (replaced by measurement after a step).
+    overhead_s: the step's fixed cost after the last group (optimizer step, publish).
+    overlap: whether the trainer can train on finished groups while the tail generates. Without
+    overlap (train only after the last response) offloading cannot shorten a step: never switch.
+    """
+
+    train_tokens_per_s: float
+    overhead_s: float = 0.0
+    overlap: bool = True
+    margin: float = 0.0  # fraction: switch a little later (>0) or earlier (<0) than the balance point
+    name: str = "predictive"
+    _rate_samples: list[float] = field(default_factory=list)
+
+    def start_step(self, n_remote: int) -> float | None:
+        return None  # decided online
+
+    def remote_finish_s(self, p: StepProgress) -> float:
+        if p.remote_rate <= 0:
+            return float("inf")
+        tail = p.max_remaining / p.remote_seq_rate if p.remote_seq_rate > 0 else 0.0
+        return max(p.remaining_tokens / p.remote_rate, tail)
+
+    def trainer_finish_s(self, p: StepProgress) -> float:
+        return p.total_tokens / self.train_tokens_per_s
+
+    def should_offload(self, p: StepProgress) -> bool:
+        if not self.overlap or p.remote_engines <= 0 or p.unfinished <= 0:
+            return False
+        return self.remote_finish_s(p) <= self.trainer_finish_s(p) * (1.0 + self.margin)
+
+    def end_step(self, o: StepOutcome) -> None:
+        if o.train_busy_s > 0 and o.train_tokens > 0:
+            self._rate_samples.append(o.train_tokens / o.train_busy_s)
+            del self._rate_samples[:-5]
+            self.train_tokens_per_s = sorted(self._rate_samples)[len(self._rate_samples) // 2]
+
+
+def make_offload(name: str, *, train_tokens_per_s: float, overlap: bool, min_box_s: float = 5.0) -> OffloadPolicy:
+    if name == "none":
+        return NoOffload()
+    if name == "rlboost":
+        return RLBoostOffload(min_box_s=min_box_s)
+    if name == "predictive":
+        return PredictiveOffload(train_tokens_per_s=train_tokens_per_s, overlap=overlap)
+    raise ValueError(f"unknown offload policy {name!r} (none, rlboost, predictive)")
+
+
+def trainer_idle(box_at: float | None, gen_end: float, busy_during_tail: float) -> float:
+    """T_b from marks on one clock: the time between the switch and the last response that the trainer
+    spent without a finished group to train on."""
+    if box_at is None:
+        return 0.0
+    return max(0.0, (gen_end - box_at) - busy_during_tail)

@@ -1,0 +1,109 @@
+"""From a job spec to the scheduling policies and models, one way for the live runtime and the simulator.
+
+Both build their coordinator options, offload policy, length model and engine/trainer performance
+models here, so a live run and `rlboost simulate` of the same job file make the same decisions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+
+from rlboost_cli.spec import JobSpec
+from trainer.policies.lengths import LengthModel
+from trainer.policies.migration import MigrationConfig
+from trainer.policies.offload import OffloadPolicy, make_offload
+from trainer.policies.perf import AcceleratorPerf, EngineModel, engine_model, split_accelerator, train_rate
+from trainer.policies.placement import PlacementTracker
+
+
+def perf_table(spec: JobSpec) -> dict[str, AcceleratorPerf]:
+    return spec.perf_table()
+
+
+def reserved_accelerator(spec: JobSpec) -> str:
+    """The whole trainer cluster as one accelerator string, e.g. 2 nodes of A100:8 -> 'A100:16'."""
+    name, count = split_accelerator(spec.trainer.accelerators)
+    return f"{name}:{count * spec.trainer.nodes}"
+
+
+def trainer_tokens_per_s(spec: JobSpec) -> float:
+    """Training throughput of the trainer cluster (tokens/s)."""
+    if spec.model.kind == "synthetic" and spec.model.train_tokens_per_s is not None:
+        return spec.model.train_tokens_per_s
+    return train_rate(spec.trainer.accelerators, perf_table(spec), spec.trainer.nodes)
+
+
+def trains_while_generating(spec: JobSpec) -> bool:
+    """Whether the trainer can train finished groups while the tail still generates (what makes an
+    offload pay). The synthetic trainer can; the tiny-gpt learner trains once per step."""
+    return spec.model.kind == "synthetic"
+
+
+def length_model(spec: JobSpec) -> LengthModel:
+    lens = spec.rollout.synthetic.lengths
+    if lens.recorded is not None:
+        return LengthModel.from_recorded(lens.recorded)
+    median = lens.median_tokens if lens.median_tokens is not None else max(1.0, spec.algorithm.max_new_tokens / 8)
+    return LengthModel(median=median, sigma=lens.sigma, prompt_sigma=lens.prompt_sigma)
+
+
+def engine_model_for(spec: JobSpec, accelerator: str | None, speed: float = 1.0) -> EngineModel:
+    return engine_model(accelerator, perf_table(spec), spec.rollout.engine_batch, speed=speed)
+
+
+def offload_policy(spec: JobSpec) -> OffloadPolicy:
+    return make_offload(
+        spec.rollout.offload_policy,
+        train_tokens_per_s=trainer_tokens_per_s(spec),
+        overlap=trains_while_generating(spec),
+        min_box_s=spec.rollout.offload_min_box_s,
+    )
+
+
+def migration_config(spec: JobSpec) -> MigrationConfig | None:
+    if not spec.rollout.migration:
+        return None
+    return MigrationConfig(min_gain_s=spec.rollout.migration_min_gain_s)
+
+
+def coordinator_options(spec: JobSpec) -> dict:
+    """Extra CoordinatorConfig fields (trainer/coordinator.py) for this job."""
+    return {
+        "dispatch_mode": spec.rollout.dispatch_policy,
+        "migration": migration_config(spec),
+        "max_new_tokens": spec.algorithm.max_new_tokens,
+        "perf": perf_table(spec),
+        "flush_s": spec.rollout.flush_s,
+    }
+
+
+def welcome_model(spec: JobSpec) -> dict:
+    """The `model` dict workers get in `welcome`: the ModelSpec, plus, for synthetic engines, the
+    performance table and the length model (the node picks its own accelerator's entry)."""
+    out = spec.model.model_dump(mode="json")
+    if spec.rollout.engine == "synthetic":
+        lm = length_model(spec)
+        out["synthetic"] = {
+            "perf": {k: asdict(v) for k, v in perf_table(spec).items()},
+            "lengths": {
+                "median": lm.median,
+                "sigma": lm.sigma,
+                "prompt_sigma": lm.prompt_sigma,
+                "recorded": list(lm.recorded),
+            },
+            "default_accelerator": "cpu",
+        }
+    return out
+
+
+def placement_tracker(spec: JobSpec, offers) -> PlacementTracker:
+    """The placement policy for these offers, with performance-model priors when every offer's
+    accelerator has a model (a partial table would mix units with relative throughputs)."""
+    priors: dict[str, float] = {}
+    for o in offers:
+        try:
+            priors[o.key] = engine_model_for(spec, o.accelerator).full_rate() * o.throughput
+        except (KeyError, ValueError):
+            priors = {}
+            break
+    return PlacementTracker(boot_s=spec.simulate.boot_s, prior_rate=priors)

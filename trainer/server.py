@@ -1,0 +1,56 @@
+"""The trainer's one open port: coordinator WebSocket, weights, status. Every route needs the job token."""
+
+from __future__ import annotations
+
+import hmac
+import json
+from collections.abc import Awaitable, Callable
+
+from aiohttp import web
+
+from trainer.coordinator import Coordinator
+from trainer.weights import WeightPublisher, add_routes
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def _error(status: int, message: str) -> web.Response:
+    return web.json_response({"error": message}, status=status)
+
+
+def auth_middleware(token: str):
+    expected = f"Bearer {token}".encode()
+
+    @web.middleware
+    async def check(request: web.Request, handler: Handler) -> web.StreamResponse:
+        got = request.headers.get("Authorization", "").encode()
+        # constant-time compare: the token is the only thing guarding the port
+        if not hmac.compare_digest(got, expected):
+            return _error(401, "missing or wrong job token (Authorization: Bearer <token>)")
+        return await handler(request)
+
+    return check
+
+
+def build_app(
+    token: str,
+    coordinator: Coordinator,
+    publisher: WeightPublisher,
+    status: Callable[[], dict],
+    on_shutdown_request: Callable[[], None] | None = None,
+) -> web.Application:
+    app = web.Application(middlewares=[auth_middleware(token)], client_max_size=1 << 20)
+    app.router.add_get("/v1/worker", coordinator.handle_ws)
+
+    async def get_status(_: web.Request) -> web.Response:
+        return web.Response(text=json.dumps(status()), content_type="application/json")
+
+    async def post_shutdown(_: web.Request) -> web.Response:
+        if on_shutdown_request:
+            on_shutdown_request()
+        return web.json_response({"ok": True})
+
+    app.router.add_get("/v1/status", get_status)
+    app.router.add_post("/v1/shutdown", post_shutdown)
+    add_routes(app, publisher)
+    return app

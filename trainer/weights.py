@@ -1,0 +1,618 @@
+"""Weight publisher: the trainer side of pull-based weight transfer.
+
+A published version is one contiguous host buffer (every tensor's raw bytes, 64-byte aligned) plus a
+manifest: the tensor table (name, dtype, shape, offset) and the chunk list with a sha256 each. The
+buffer lives in a memfd on Linux, so chunks go out with sendfile (no user-space copy) and the
+trainer's own engine can map the same pages (trainer/local_weights.py). Versions are immutable, so
+serving needs no locking beyond the version table.
+
+`stage` blocks only for the copy to host memory; hashing (and the optional delta from the previous
+version, trainer/weight_delta.py) run on a thread pool, and the manifest route waits for them.
+
+Routes (authentication is applied by the server's middleware, not here):
+    GET  /v1/weights/latest                                -> {"version": int | null}
+    GET  /v1/weights/{version}/manifest                    -> Manifest JSON
+    GET  /v1/weights/{version}/chunks/{index}              -> octet-stream, X-Sha256; Range: bytes=a-b -> 206
+    GET  /v1/weights/{version}/delta/{base}/manifest       -> DeltaManifest JSON (404: pull in full)
+    GET  /v1/weights/{version}/delta/{base}/chunks/{index} -> the compressed delta of chunk `index`
+    POST /v1/weights/{version}/swarm                       -> peer tracker (trainer/weight_tracker.py)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures as cf
+import hashlib
+import logging
+import mmap
+import os
+import re
+import threading
+import time
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import IO, Literal, Protocol
+
+import torch
+from aiohttp import web
+from pydantic import BaseModel, ConfigDict, Field
+
+from trainer import weight_delta
+from trainer.weight_tracker import SwarmTracker, add_swarm_route
+
+log = logging.getLogger("rlboost.weights")
+
+DEFAULT_CHUNK_BYTES = 4 * 1024 * 1024
+ALIGN = 64  # tensor offsets: lets a receiver view any dtype in place (torch.frombuffer + view)
+_MAX_PARAM = 1 << 62  # path ints above this are nonsense, not a lookup miss
+_INT_RE = re.compile(r"[0-9]{1,19}")
+_RANGE_RE = re.compile(r"bytes=([0-9]*)-([0-9]*)")
+_SEND_SLICE = 1 << 20  # bytes per sendfile/write call when a rate limit applies
+_DTYPES = {
+    name: getattr(torch, name)
+    for name in (
+        "float64",
+        "float32",
+        "float16",
+        "bfloat16",
+        "int64",
+        "int32",
+        "int16",
+        "int8",
+        "uint8",
+        "bool",
+        "float8_e4m3fn",
+        "float8_e5m2",
+    )
+    if hasattr(torch, name)
+}
+
+
+class TensorInfo(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(min_length=1, max_length=1024)
+    dtype: str
+    shape: list[int]
+    offset: int = Field(ge=0)
+    nbytes: int = Field(ge=0)
+
+
+class ChunkInfo(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    index: int = Field(ge=0)
+    offset: int = Field(ge=0)
+    size: int = Field(ge=1)
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+
+
+class Manifest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    version: int = Field(ge=0)
+    format: Literal["raw"] = "raw"
+    total_bytes: int = Field(ge=0)
+    chunk_bytes: int = Field(ge=1)
+    root_sha256: str = Field(pattern=r"^[0-9a-f]{64}$")  # sha256 of the chunk digests, in order
+    tensors: list[TensorInfo]
+    chunks: list[ChunkInfo]
+    local_path: str | None = None  # same-machine readers may map the buffer here (local_weights.py)
+
+
+class DeltaChunk(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    index: int = Field(ge=0)
+    size: int = Field(ge=0)  # compressed bytes on the wire; 0: the chunk did not change
+    sha256: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")  # of the compressed bytes
+    shuffle: int = Field(default=1, ge=1, le=8)
+
+
+class DeltaManifest(BaseModel):
+    """Version `version` as a difference from `base`; rebuilt chunks are checked against the full
+    manifest's sha256, so a delta can never produce weights other than the published ones."""
+
+    model_config = ConfigDict(extra="forbid")
+    version: int = Field(ge=0)
+    base: int = Field(ge=0)
+    codec: Literal["xor-shuffle-zstd"] = weight_delta.CODEC
+    total_bytes: int = Field(ge=0)  # compressed bytes of all changed chunks
+    chunks: list[DeltaChunk]
+
+
+def sha256_hex(data: memoryview | bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def root_of(chunks: list[ChunkInfo]) -> str:
+    return hashlib.sha256(b"".join(bytes.fromhex(c.sha256) for c in chunks)).hexdigest()
+
+
+def dtype_of(name: str) -> torch.dtype:
+    if name not in _DTYPES:
+        raise ValueError(f"unsupported weight dtype {name!r}")
+    return _DTYPES[name]
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    name = str(dtype).removeprefix("torch.")
+    dtype_of(name)  # rejects what a receiver could not rebuild
+    return name
+
+
+def layout(tensors: Mapping[str, torch.Tensor]) -> tuple[list[TensorInfo], int]:
+    """Where each tensor goes in the buffer (sorted by name, so two versions of one model align)."""
+    infos, off = [], 0
+    for name in sorted(tensors):
+        t = tensors[name]
+        nbytes = t.numel() * t.element_size()
+        infos.append(TensorInfo(name=name, dtype=dtype_name(t.dtype), shape=list(t.shape), offset=off, nbytes=nbytes))
+        off += -(-nbytes // ALIGN) * ALIGN
+    return infos, off
+
+
+def tensor_views(buf: object, infos: list[TensorInfo]) -> dict[str, torch.Tensor]:
+    """Tensors that are views into `buf` (no copy); they keep `buf` alive."""
+    flat = torch.frombuffer(buf, dtype=torch.uint8) if len(memoryview(buf)) else torch.empty(0, dtype=torch.uint8)
+    out = {}
+    for ti in infos:
+        dt = dtype_of(ti.dtype)
+        if ti.nbytes == 0:
+            out[ti.name] = torch.empty(ti.shape, dtype=dt)
+        else:
+            out[ti.name] = flat[ti.offset : ti.offset + ti.nbytes].view(dt).view(ti.shape)
+    return out
+
+
+class HostBuffer:
+    """A writable contiguous byte buffer; memfd-backed on Linux so it can be sendfile'd and shared."""
+
+    def __init__(self, size: int, name: str = "rlboost-weights") -> None:
+        self.size = size
+        self.file: IO[bytes] | None = None
+        self.path: str | None = None
+        self.sending = 0  # responses still sending from it: it must not be reused before they end
+        n = max(size, 1)  # mmap refuses length 0
+        if hasattr(os, "memfd_create"):
+            fd = os.memfd_create(name, os.MFD_CLOEXEC)
+            os.ftruncate(fd, n)
+            self.file = open(fd, "rb", buffering=0)  # noqa: SIM115 - lives as long as the buffer
+            self._mm = mmap.mmap(fd, n)
+            self.path = f"/proc/{os.getpid()}/fd/{fd}"
+        else:
+            self._mm = mmap.mmap(-1, n)
+        self.view = memoryview(self._mm)[:size]
+
+    def __len__(self) -> int:
+        return self.size
+
+
+class RateLimit:
+    """Token bucket shared by the threads or tasks of one node: models a NIC in benchmarks."""
+
+    def __init__(self, bytes_per_s: float, burst: int = 1 << 20) -> None:
+        self.rate, self.burst = float(bytes_per_s), burst
+        self._lock = threading.Lock()
+        self._t = time.monotonic()
+        self._tokens = float(burst)
+
+    def reserve(self, n: int) -> float:
+        """Take n bytes; returns how long the caller must sleep before sending them."""
+        with self._lock:
+            now = time.monotonic()
+            self._tokens = min(self.burst, self._tokens + (now - self._t) * self.rate)
+            self._t = now
+            self._tokens -= n
+            return max(0.0, -self._tokens / self.rate)
+
+
+@dataclass
+class ServeCounters:
+    """Bytes actually written to sockets by the weight routes (the node's egress)."""
+
+    full_bytes: int = 0
+    delta_bytes: int = 0
+    requests: int = 0
+
+    @property
+    def total(self) -> int:
+        return self.full_bytes + self.delta_bytes
+
+
+@dataclass
+class _Published:
+    manifest: Manifest | None  # None until hashing finished
+    buf: HostBuffer
+    ready: cf.Future = field(default_factory=cf.Future)  # -> Manifest
+    delta: cf.Future | None = None  # -> (DeltaManifest, payloads) | None
+
+
+class ChunkSource(Protocol):
+    """What the chunk routes serve from: the publisher, or a worker's peer store."""
+
+    def manifest(self, version: int) -> Manifest | None: ...
+
+    def chunk_buffer(self, version: int, index: int) -> tuple[ChunkInfo, HostBuffer] | None: ...
+
+
+class WeightPublisher:
+    """Holds recent versions in host memory and serves them. A version stays while it is among the
+    newest `keep`, pinned by an in-flight step, or being pulled by a live worker (the tracker)."""
+
+    def __init__(
+        self,
+        chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+        keep: int = 2,
+        *,
+        delta: bool = True,
+        hash_threads: int = 4,
+        egress_bps: float | None = None,
+        tracker: SwarmTracker | None = None,
+    ) -> None:
+        if chunk_bytes < 1 or keep < 1:
+            raise ValueError("chunk_bytes and keep must be >= 1")
+        self.chunk_bytes = chunk_bytes
+        self.keep = keep
+        self.delta_enabled = delta
+        self.tracker = tracker if tracker is not None else SwarmTracker()
+        self.counters = ServeCounters()
+        self.limit = RateLimit(egress_bps) if egress_bps else None
+        self.last_copy_s = 0.0
+        self._pool = cf.ThreadPoolExecutor(max_workers=hash_threads, thread_name_prefix="weights")
+        # Orchestration runs apart from the leaf work it waits on, so the pool can never deadlock.
+        self._jobs = cf.ThreadPoolExecutor(max_workers=1, thread_name_prefix="weights-publish")
+        self._lock = threading.Lock()
+        self._versions: dict[int, _Published] = {}
+        self._pins: Counter[int] = Counter()
+        self._latest: int | None = None
+
+    # ---- publishing (training thread) ---------------------------------------------------
+    def stage(self, version: int, tensors: Mapping[str, torch.Tensor]) -> cf.Future:
+        """Copy `tensors` to host memory and return; hashing and the delta finish in the background.
+
+        Returns a future of the Manifest. The version is visible as `latest` at once; its manifest
+        route answers when hashing is done."""
+        if version < 0:
+            raise ValueError(f"version must be >= 0, got {version}")
+        with self._lock:
+            if self._latest is not None and version <= self._latest:
+                raise ValueError(f"version {version} is not newer than latest {self._latest}")
+        t0 = time.monotonic()
+        infos, total = layout(tensors)
+        buf = HostBuffer(total, f"rlboost-w{version}")
+        views = tensor_views(buf.view, infos)
+        with torch.no_grad():
+            for ti in infos:
+                if ti.nbytes:  # one copy, device -> host buffer, no intermediate
+                    views[ti.name].copy_(tensors[ti.name].detach())
+        self.last_copy_s = time.monotonic() - t0
+        pub = _Published(None, buf)
+        with self._lock:
+            if self._latest is not None and version <= self._latest:  # raced another publish
+                raise ValueError(f"version {version} is not newer than latest {self._latest}")
+            base = self._versions.get(version - 1)
+            self._versions[version] = pub
+            self._latest = version
+            self._collect_locked()
+        self._jobs.submit(self._finish, version, pub, infos, base)
+        return pub.ready
+
+    def publish(self, version: int, tensors: Mapping[str, torch.Tensor]) -> Manifest:
+        """`stage` and wait for the manifest."""
+        return self.stage(version, tensors).result()
+
+    def _finish(self, version: int, pub: _Published, infos: list[TensorInfo], base: _Published | None) -> None:
+        try:
+            spans = [
+                (off, min(self.chunk_bytes, pub.buf.size - off)) for off in range(0, pub.buf.size, self.chunk_bytes)
+            ]
+            # hashlib releases the GIL: chunks hash in parallel on the pool.
+            digests = list(self._pool.map(lambda s: sha256_hex(pub.buf.view[s[0] : s[0] + s[1]]), spans))
+            chunks = [
+                ChunkInfo(index=i, offset=o, size=n, sha256=d) for i, ((o, n), d) in enumerate(zip(spans, digests))
+            ]
+            m = Manifest(
+                version=version,
+                total_bytes=pub.buf.size,
+                chunk_bytes=self.chunk_bytes,
+                root_sha256=root_of(chunks),
+                tensors=infos,
+                chunks=chunks,
+                local_path=pub.buf.path,
+            )
+            if self.delta_enabled and base is not None and base.manifest is not None and base.manifest.tensors == infos:
+                pub.delta = self._jobs.submit(self._encode_delta, m, pub, base)
+            pub.manifest = m
+            pub.ready.set_result(m)
+        except BaseException as e:  # the future carries it to whoever waits
+            log.exception("publishing weight version %d failed", version)
+            pub.ready.set_exception(e)
+
+    def _encode_delta(self, m: Manifest, pub: _Published, base: _Published) -> tuple[DeltaManifest, list[bytes | None]]:
+        assert base.manifest is not None
+        shuffles = weight_delta.shuffle_widths(m.tensors, m.chunks)
+
+        def one(c: ChunkInfo) -> bytes | None:
+            old, new = base.buf.view[c.offset : c.offset + c.size], pub.buf.view[c.offset : c.offset + c.size]
+            return weight_delta.encode(old, new, shuffles[c.index])
+
+        payloads = list(self._pool.map(one, m.chunks))
+        dchunks = [
+            DeltaChunk(index=i, size=len(p) if p else 0, sha256=sha256_hex(p) if p else None, shuffle=shuffles[i])
+            for i, p in enumerate(payloads)
+        ]
+        dm = DeltaManifest(
+            version=m.version, base=base.manifest.version, total_bytes=sum(d.size for d in dchunks), chunks=dchunks
+        )
+        return dm, payloads
+
+    def pin(self, version: int) -> None:
+        """Keep `version` through garbage collection until unpinned (reference counted)."""
+        with self._lock:
+            self._pins[version] += 1
+
+    def unpin(self, version: int) -> None:
+        with self._lock:
+            if self._pins[version] <= 0:  # Counter lookups of a missing key give 0, insert nothing
+                raise ValueError(f"version {version} is not pinned")
+            self._pins[version] -= 1
+            if self._pins[version] == 0:
+                del self._pins[version]
+            self._collect_locked()
+
+    def collect(self) -> None:
+        with self._lock:
+            self._collect_locked()
+
+    def _collect_locked(self) -> None:
+        newest = set(sorted(self._versions, reverse=True)[: self.keep])
+        busy = self.tracker.versions_in_use()
+        for v in list(self._versions):
+            if v not in newest and self._pins[v] == 0 and v not in busy:
+                # Dropping the reference is enough: a chunk still being sent holds its own.
+                del self._versions[v]
+
+    # ---- reading (event loop) -----------------------------------------------------------
+    @property
+    def latest(self) -> int | None:
+        with self._lock:
+            return self._latest
+
+    def versions(self) -> list[int]:
+        with self._lock:
+            return sorted(self._versions)
+
+    def _get(self, version: int) -> _Published | None:
+        with self._lock:
+            return self._versions.get(version)
+
+    def manifest(self, version: int) -> Manifest | None:
+        pub = self._get(version)
+        return pub.manifest if pub else None
+
+    async def wait_manifest(self, version: int, timeout_s: float = 60.0) -> Manifest | None:
+        pub = self._get(version)
+        if pub is None:
+            return None
+        return await asyncio.wait_for(asyncio.wrap_future(pub.ready), timeout_s)
+
+    async def wait_delta(self, version: int, base: int, timeout_s: float = 60.0) -> tuple | None:
+        pub = self._get(version)
+        if pub is None or base not in (version - 1,):
+            return None
+        await self.wait_manifest(version, timeout_s)
+        if pub.delta is None:
+            return None
+        dm, payloads = await asyncio.wait_for(asyncio.wrap_future(pub.delta), timeout_s)
+        return (dm, payloads) if dm.base == base else None
+
+    def chunk_buffer(self, version: int, index: int) -> tuple[ChunkInfo, HostBuffer] | None:
+        pub = self._get(version)
+        if pub is None or pub.manifest is None or not 0 <= index < len(pub.manifest.chunks):
+            return None
+        return pub.manifest.chunks[index], pub.buf
+
+    def chunk(self, version: int, index: int) -> memoryview | None:
+        got = self.chunk_buffer(version, index)
+        if got is None:
+            return None
+        c, buf = got
+        return buf.view[c.offset : c.offset + c.size]
+
+    def stats(self) -> dict:
+        """For /v1/status: what the trainer has sent (egress) and what it holds."""
+        return {
+            "latest": self.latest,
+            "held": self.versions(),
+            "egress_bytes": self.counters.total,
+            "egress_full_bytes": self.counters.full_bytes,
+            "egress_delta_bytes": self.counters.delta_bytes,
+            "chunk_requests": self.counters.requests,
+            "last_copy_s": round(self.last_copy_s, 4),
+            "swarm": self.tracker.stats(),
+        }
+
+
+# ---- HTTP ---------------------------------------------------------------------------------
+
+
+def _error(status: int, message: str, headers: dict[str, str] | None = None) -> web.Response:
+    return web.json_response({"error": message}, status=status, headers=headers)
+
+
+def _int_param(request: web.Request, name: str) -> int | None:
+    raw = request.match_info.get(name, "")
+    if not _INT_RE.fullmatch(raw):  # no sign, spaces, hex, or underscores
+        return None
+    value = int(raw)
+    return value if value <= _MAX_PARAM else None
+
+
+def _parse_range(header: str, size: int) -> tuple[int, int] | str:
+    """Return (start, end_inclusive), or an error string. Only one range is supported."""
+    m = _RANGE_RE.fullmatch(header.strip())
+    if not m or (not m.group(1) and not m.group(2)):
+        return "malformed Range header (want one 'bytes=a-b')"
+    first, last = m.group(1), m.group(2)
+    if not first:  # suffix range: the last N bytes
+        n = int(last)
+        return (max(size - n, 0), size - 1) if n > 0 else "unsatisfiable"
+    start = int(first)
+    end = min(int(last), size - 1) if last else size - 1
+    if start >= size or start > end:
+        return "unsatisfiable"
+    return start, end
+
+
+class _BytesResponse(web.StreamResponse):
+    """Sends a byte range of a buffer: sendfile from its memfd where it has one, else plain writes.
+
+    Paced by a RateLimit when one is given; counts what it sent into `counter`."""
+
+    def __init__(
+        self,
+        *,
+        status: int,
+        headers: dict[str, str],
+        view: memoryview,
+        file: IO[bytes] | None,
+        offset: int,
+        limit: RateLimit | None,
+        counters: ServeCounters,
+        attr: str,
+    ) -> None:
+        super().__init__(status=status, headers=headers)
+        self.content_type = "application/octet-stream"
+        self.content_length = len(view)
+        self._view, self._file, self._offset, self._limit = view, file, offset, limit
+        self._counters, self._attr = counters, attr
+        self.owner: HostBuffer | None = None
+
+    async def prepare(self, request: web.BaseRequest):  # type: ignore[override]
+        try:
+            return await self._send(request)
+        finally:
+            if self.owner is not None:
+                self.owner.sending -= 1
+                self.owner = None
+
+    async def _send(self, request: web.BaseRequest):  # type: ignore[no-untyped-def]
+        writer = await super().prepare(request)
+        assert writer is not None
+        loop, transport = asyncio.get_running_loop(), request.transport
+        n = len(self._view)
+        step = _SEND_SLICE if self._limit else max(n, 1)
+        for pos in range(0, n, step):
+            k = min(step, n - pos)
+            if self._limit:
+                await asyncio.sleep(self._limit.reserve(k))
+            if self._file is not None and transport is not None:
+                await writer.drain()
+                await loop.sendfile(transport, self._file, self._offset + pos, k)
+            else:
+                await writer.write(self._view[pos : pos + k])
+            setattr(self._counters, self._attr, getattr(self._counters, self._attr) + k)
+        await super().write_eof()
+        return writer
+
+
+def chunk_response(
+    request: web.Request,
+    info: ChunkInfo | DeltaChunk,
+    view: memoryview,
+    file: IO[bytes] | None,
+    file_offset: int,
+    limit: RateLimit | None,
+    counters: ServeCounters,
+    attr: str = "full_bytes",
+) -> web.StreamResponse:
+    """200 with the whole chunk, or 206 for a `Range`; X-Sha256 names what the full body hashes to."""
+    headers = {"X-Sha256": info.sha256 or "", "Accept-Ranges": "bytes"}
+    start, end, status = 0, len(view) - 1, 200
+    range_header = request.headers.get("Range")
+    if range_header is not None:
+        rng = _parse_range(range_header, len(view))
+        if rng == "unsatisfiable":
+            return _error(416, "range not satisfiable", {"Content-Range": f"bytes */{len(view)}"})
+        if isinstance(rng, str):
+            return _error(400, rng)
+        start, end = rng
+        status = 206
+        headers["Content-Range"] = f"bytes {start}-{end}/{len(view)}"
+    return _BytesResponse(
+        status=status,
+        headers=headers,
+        view=view[start : end + 1],
+        file=file,
+        offset=file_offset + start,
+        limit=limit,
+        counters=counters,
+        attr=attr,
+    )
+
+
+def add_chunk_routes(
+    app: web.Application, source: ChunkSource, counters: ServeCounters, limit: RateLimit | None = None
+) -> None:
+    """The manifest and chunk routes, shared by the publisher and by a worker's peer server."""
+
+    async def manifest(request: web.Request) -> web.Response:
+        version = _int_param(request, "version")
+        if version is None:
+            return _error(400, "version must be a non-negative integer")
+        waiter = getattr(source, "wait_manifest", None)
+        m = await waiter(version) if waiter else source.manifest(version)
+        if m is None:
+            return _error(404, f"weight version {version} is not available")
+        return web.Response(text=m.model_dump_json(), content_type="application/json")
+
+    async def chunk(request: web.Request) -> web.StreamResponse:
+        version, index = _int_param(request, "version"), _int_param(request, "index")
+        if version is None or index is None:
+            return _error(400, "version and chunk index must be non-negative integers")
+        got = source.chunk_buffer(version, index)
+        if got is None:
+            return _error(404, f"weight version {version} chunk {index} is not available")
+        c, buf = got
+        counters.requests += 1
+        resp = chunk_response(request, c, buf.view[c.offset : c.offset + c.size], buf.file, c.offset, limit, counters)
+        if isinstance(resp, _BytesResponse):
+            buf.sending += 1
+            resp.owner = buf
+        return resp
+
+    app.router.add_get("/v1/weights/{version}/manifest", manifest)
+    app.router.add_get("/v1/weights/{version}/chunks/{index}", chunk)
+
+
+def add_routes(app: web.Application, publisher: WeightPublisher) -> None:
+    async def latest(_: web.Request) -> web.Response:
+        publisher.collect()  # cheap; lets versions whose pullers went away go
+        return web.json_response({"version": publisher.latest})
+
+    async def delta_manifest(request: web.Request) -> web.Response:
+        version, base = _int_param(request, "version"), _int_param(request, "base")
+        if version is None or base is None:
+            return _error(400, "version and base must be non-negative integers")
+        got = await publisher.wait_delta(version, base)
+        if got is None:
+            return _error(404, f"no delta for weight version {version} from {base}")
+        return web.Response(text=got[0].model_dump_json(), content_type="application/json")
+
+    async def delta_chunk(request: web.Request) -> web.StreamResponse:
+        version, base, index = (_int_param(request, k) for k in ("version", "base", "index"))
+        if version is None or base is None or index is None:
+            return _error(400, "version, base and chunk index must be non-negative integers")
+        got = await publisher.wait_delta(version, base)
+        if got is None or not 0 <= index < len(got[0].chunks) or got[1][index] is None:
+            return _error(404, f"no delta chunk {index} for weight version {version} from {base}")
+        dm, payloads = got
+        publisher.counters.requests += 1
+        view = memoryview(payloads[index])
+        return chunk_response(
+            request, dm.chunks[index], view, None, 0, publisher.limit, publisher.counters, "delta_bytes"
+        )
+
+    app.router.add_get("/v1/weights/latest", latest)
+    add_chunk_routes(app, publisher, publisher.counters, publisher.limit)
+    app.router.add_get("/v1/weights/{version}/delta/{base}/manifest", delta_manifest)
+    app.router.add_get("/v1/weights/{version}/delta/{base}/chunks/{index}", delta_chunk)
+    add_swarm_route(app, publisher.tracker, on_change=publisher.collect)

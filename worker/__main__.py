@@ -1,0 +1,44 @@
+"""`python -m worker`: a rollout worker. Configured by environment (set by the node's bootstrap):
+
+RLBOOST_TRAINER_URL, RLBOOST_JOB_TOKEN, RLBOOST_WORKER_ID, RLBOOST_WORKER_KIND (spot | reserved),
+RLBOOST_ENGINE (torch), RLBOOST_NOTICE (aws | gcp | file: where preemption notices come from),
+RLBOOST_NOTICE_FILE (the local provider's notice file), RLBOOST_METADATA_URL (metadata server override).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import sys
+
+from worker.agent import WorkerAgent, WorkerConfig
+from worker.notice import watcher_from_env
+
+
+def main() -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    missing = [k for k in ("RLBOOST_TRAINER_URL", "RLBOOST_JOB_TOKEN", "RLBOOST_WORKER_ID") if not os.environ.get(k)]
+    if missing:
+        print(f"error: {', '.join(missing)} not set (the node bootstrap sets them)", file=sys.stderr)
+        return 2
+    try:
+        import torch
+
+        torch.set_num_threads(int(os.environ.get("RLBOOST_TORCH_THREADS", "1")))
+    except ImportError:
+        pass
+    cfg = WorkerConfig(
+        trainer_url=os.environ["RLBOOST_TRAINER_URL"],
+        token=os.environ["RLBOOST_JOB_TOKEN"],
+        worker_id=os.environ["RLBOOST_WORKER_ID"],
+        kind=os.environ.get("RLBOOST_WORKER_KIND", "spot"),
+        engine=os.environ.get("RLBOOST_ENGINE", "torch"),
+        accelerator=os.environ.get("RLBOOST_ACCELERATOR") or None,
+    )
+    notice = watcher_from_env()
+    return asyncio.run(WorkerAgent(cfg, notice).run())
+
+
+if __name__ == "__main__":
+    sys.exit(main())

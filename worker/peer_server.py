@@ -1,0 +1,315 @@
+"""A worker's side of peer fan-out: hold pulled weights, serve them to other workers, announce them.
+
+`WeightStore` holds the version being pulled (its verified chunks are served as they land, so a
+swarm of newcomers trades chunks before any of them is complete) and the last complete version
+(the base for a delta, and what newcomers fetch from this worker). `PeerServer` serves the store
+with the same routes as the trainer, behind the same job token. `WeightNode` is what the agent
+uses: it starts the server, pulls through the store, and keeps announcing what it holds.
+
+Reachability: a worker advertises http://RLBOOST_PEER_HOST:port (bind host, default 127.0.0.1;
+RLBOOST_PEER_URL overrides what is advertised). Workers dial home, so nothing else needs to reach
+them; peers do. On clouds, bind to the private address and expect peers to help only within one
+region / VPC; where they cannot connect, pullers drop them and fetch from the trainer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import logging
+import os
+import sys
+import threading
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+import aiohttp
+import torch
+from aiohttp import web
+
+from trainer.weight_tracker import encode_bits
+from trainer.weights import ChunkInfo, HostBuffer, Manifest, RateLimit, ServeCounters, add_chunk_routes
+from worker.weight_pull import PullStats, pull_weights
+
+log = logging.getLogger("rlboost.weights")
+
+
+@dataclass
+class Held:
+    manifest: Manifest
+    buf: HostBuffer
+    have: set[int] = field(default_factory=set)
+    complete: bool = False
+
+
+class WeightStore:
+    """Versions this worker holds. Thread-safe: fetch threads mark chunks, the loop serves them."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._held: dict[int, Held] = {}
+        self._spare: list[HostBuffer] = []  # buffers of dropped versions, already paged in
+
+    def buffer(self, size: int) -> HostBuffer:
+        """A buffer for the next pull: a recycled one when it fits (first-touch page faults cost
+        about as much as the transfer itself on a busy host), else a new one."""
+        with self._lock:
+            for b in self._spare:
+                if b.size == size and b.sending == 0:
+                    self._spare.remove(b)
+                    return b
+        return HostBuffer(size)
+
+    def _retire(self, held: Held) -> None:
+        self._spare = [*self._spare, held.buf][-2:]
+
+    def begin(self, m: Manifest, buf: HostBuffer) -> Callable[[int], None]:
+        held = Held(m, buf)
+        with self._lock:
+            old = self._held.get(m.version)
+            if old is not None and old.buf is not buf:
+                self._retire(old)
+            self._held[m.version] = held
+
+        def mark(i: int) -> None:
+            with self._lock:
+                held.have.add(i)
+
+        return mark
+
+    def complete(self, version: int) -> None:
+        """`version` is whole: it becomes the one served and the delta base; older ones go."""
+        with self._lock:
+            held = self._held.get(version)
+            if held is None:
+                return
+            held.complete = True
+            for v in [v for v, h in self._held.items() if v != version and (h.complete or v < version)]:
+                self._retire(self._held.pop(v))  # reused only once no chunk of it is being sent
+
+    def abandon(self, version: int) -> None:
+        with self._lock:
+            h = self._held.get(version)
+            if h is not None and not h.complete:
+                self._retire(self._held.pop(version))
+
+    def base_for(self, m: Manifest) -> Held | None:
+        """A complete held version laid out like `m`: a delta from it can rebuild `m`."""
+        with self._lock:
+            cands = [h for v, h in self._held.items() if h.complete and v < m.version]
+        for h in sorted(cands, key=lambda h: -h.manifest.version):
+            if h.manifest.tensors == m.tensors and h.manifest.chunk_bytes == m.chunk_bytes:
+                return h
+        return None
+
+    def latest_complete(self) -> Held | None:
+        with self._lock:
+            done = [h for h in self._held.values() if h.complete]
+        return max(done, key=lambda h: h.manifest.version) if done else None
+
+    # ChunkSource, for the routes
+    def manifest(self, version: int) -> Manifest | None:
+        with self._lock:
+            h = self._held.get(version)
+        return h.manifest if h else None
+
+    def chunk_buffer(self, version: int, index: int) -> tuple[ChunkInfo, HostBuffer] | None:
+        with self._lock:
+            h = self._held.get(version)
+            if h is None or index not in h.have:
+                return None
+        return h.manifest.chunks[index], h.buf
+
+
+def _auth(token: str) -> Callable:
+    expected = f"Bearer {token}".encode()
+
+    @web.middleware
+    async def check(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]):
+        if not hmac.compare_digest(request.headers.get("Authorization", "").encode(), expected):
+            return web.json_response({"error": "missing or wrong job token"}, status=401)
+        return await handler(request)
+
+    return check
+
+
+class PeerServer:
+    def __init__(self, store: WeightStore, token: str, egress_bps: float | None = None) -> None:
+        self.store, self.token = store, token
+        self.counters = ServeCounters()
+        self.limit = RateLimit(egress_bps) if egress_bps else None
+        self._runner: web.AppRunner | None = None
+        self.url: str | None = None
+
+    async def start(self, host: str = "127.0.0.1", port: int = 0, advertise: str | None = None) -> str:
+        app = web.Application(middlewares=[_auth(self.token)])
+        add_chunk_routes(app, self.store, self.counters, self.limit)
+        self._runner = web.AppRunner(app, handle_signals=False, access_log=None)
+        await self._runner.setup()
+        await web.TCPSite(self._runner, host, port).start()
+        bound_host, bound_port = self._runner.addresses[0][:2]
+        url_host = bound_host if bound_host not in ("0.0.0.0", "::") else "127.0.0.1"
+        self.url = advertise or f"http://{url_host}:{bound_port}"
+        return self.url
+
+    async def close(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+
+class WeightNode:
+    """The agent's weight transfer: pull through the store, serve peers, announce, report."""
+
+    def __init__(
+        self,
+        token: str,
+        peer_id: str,
+        *,
+        serve: bool = True,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        advertise: str | None = None,
+        parallel: int = 4,
+        local: bool = False,
+        egress_bps: float | None = None,
+        ingress_bps: float | None = None,
+        seed_every_s: float = 2.0,
+    ) -> None:
+        self.token, self.peer_id = token, peer_id
+        self.store = WeightStore()
+        self.server = PeerServer(self.store, token, egress_bps) if serve else None
+        self.host, self.port, self.advertise = host, port, advertise
+        self.parallel, self.local, self.ingress_bps = parallel, local, ingress_bps
+        self.seed_every_s = seed_every_s
+        self.last: PullStats | None = None
+        self._base_url: str | None = None
+        self._seeder: asyncio.Task | None = None
+
+    @classmethod
+    def from_env(cls, token: str, peer_id: str, kind: str) -> WeightNode:
+        env = os.environ
+        reserved = kind == "reserved"  # on the trainer's machine: shared memory, nothing to serve
+        return cls(
+            token,
+            peer_id,
+            serve=env.get("RLBOOST_PEER_SERVE", "0" if reserved else "1") == "1",
+            host=env.get("RLBOOST_PEER_HOST", "127.0.0.1"),
+            port=int(env.get("RLBOOST_PEER_PORT", "0")),
+            advertise=env.get("RLBOOST_PEER_URL") or None,
+            parallel=int(env.get("RLBOOST_PULL_PARALLEL", "4")),
+            local=env.get("RLBOOST_WEIGHTS_LOCAL", "1" if reserved else "0") == "1",
+        )
+
+    async def __aenter__(self) -> WeightNode:
+        return self  # the server starts with the first pull
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    @property
+    def peer_url(self) -> str | None:
+        return self.server.url if self.server else None
+
+    async def start(self) -> None:
+        if self.server is not None and self.server.url is None:
+            try:
+                await self.server.start(self.host, self.port, self.advertise)
+            except OSError as e:  # serving is an optimisation: pull without it
+                log.warning("peer server could not start (%s); not serving weights to peers", e)
+                self.server = None
+
+    async def close(self) -> None:
+        if self._seeder is not None:
+            self._seeder.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._seeder
+        if self.server is not None:
+            await self.server.close()
+
+    async def pull(self, base_url: str, version: int, session: aiohttp.ClientSession) -> dict[str, torch.Tensor]:
+        """Pull `version`; the tensors are views into the store's buffer, valid until the pull after
+        next reuses it (the engine copies them at once)."""
+        await self.start()
+        self._base_url = base_url
+        stats = PullStats()
+        bar = _ProgressBar(version) if sys.stderr.isatty() else None
+        try:
+            tensors = await pull_weights(
+                base_url,
+                version,
+                token=self.token,
+                session=session,
+                parallel=self.parallel,
+                stats=stats,
+                store=self.store,
+                peer_id=self.peer_id,
+                peer_url=self.peer_url,
+                local=self.local,
+                ingress_bps=self.ingress_bps,
+                on_progress=bar.update if bar else None,
+            )
+        finally:
+            if bar:
+                bar.close()
+        self.last = stats
+        log.info("pulled weights %s", stats.summary())
+        if self.server is not None and stats.mode != "local":
+            await self._announce(session)
+            if self._seeder is None or self._seeder.done():
+                self._seeder = asyncio.create_task(self._seed(session))
+        return tensors
+
+    async def _announce(self, session: aiohttp.ClientSession) -> None:
+        held = self.store.latest_complete()
+        if held is None or self._base_url is None:
+            return
+        n = len(held.manifest.chunks)
+        body = {
+            "peer_id": self.peer_id,
+            "url": self.peer_url,
+            "n_chunks": n,
+            "have": encode_bits(range(n), n),
+            "done": True,
+        }
+        url = f"{self._base_url.rstrip('/')}/v1/weights/{held.manifest.version}/swarm"
+        with contextlib.suppress(aiohttp.ClientError, asyncio.TimeoutError):
+            async with session.post(
+                url,
+                json=body,
+                headers={"Authorization": f"Bearer {self.token}"},
+                timeout=aiohttp.ClientTimeout(total=5),
+            ) as resp:
+                await resp.read()
+
+    async def _seed(self, session: aiohttp.ClientSession) -> None:
+        """Keep the tracker's view of this seeder fresh (it forgets silent peers)."""
+        while True:
+            await asyncio.sleep(self.seed_every_s)
+            await self._announce(session)
+
+    def metrics(self) -> dict:
+        s = self.last
+        return {
+            "peer_url": self.peer_url,
+            "served_bytes": self.server.counters.total if self.server else 0,
+            "last_pull": None if s is None else {k: getattr(s, k) for k in s.__dataclass_fields__},
+        }
+
+
+class _ProgressBar:
+    """A one-line progress bar on an interactive terminal (metrics are logged either way)."""
+
+    def __init__(self, version: int) -> None:
+        from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
+
+        self.p = Progress(f"weights v{version}", BarColumn(), DownloadColumn(), TransferSpeedColumn(), transient=True)
+        self.task = self.p.add_task("pull", total=None)
+        self.p.start()
+
+    def update(self, done: int, total: int) -> None:
+        self.p.update(self.task, completed=done, total=total)
+
+    def close(self) -> None:
+        self.p.stop()

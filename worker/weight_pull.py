@@ -1,0 +1,734 @@
+"""Pull client for published weights (trainer/weights.py is the server side).
+
+A pull reads the manifest, then fetches chunks on `parallel` threads, each with its own keep-alive
+connection, straight into one buffer that the engine then loads from (tensors are views into it).
+Every chunk is hashed as it lands and counts only when its sha256 matches the manifest.
+
+Sources, in order of preference:
+  1. a delta from the version this worker already holds (trainer/weight_delta.py), when offered;
+  2. peers that hold the chunk (other workers; the trainer's tracker says who holds what);
+  3. the trainer ("origin"), for chunks the tracker granted to this puller (so each chunk leaves the
+     trainer about once, however many workers pull), or for everything when there is no tracker.
+
+Failures: a broken body resumes with a `Range` request for the rest (from any source, since chunk
+bytes are fixed by their hash); a dead peer, or one that serves wrong bytes, is dropped and
+reported, and its chunks are fetched elsewhere; origin failures are retried with backoff, `retries`
+times per chunk. Every request has a deadline, so a pull either finishes or raises WeightPullError.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures as cf
+import contextlib
+import hashlib
+import random
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import aiohttp
+import torch
+from pydantic import ValidationError
+
+from trainer.weight_delta import decode_into
+from trainer.weight_tracker import decode_bits, encode_bits
+from trainer.weights import (
+    DeltaManifest,
+    HostBuffer,
+    Manifest,
+    RateLimit,
+    dtype_of,
+    root_of,
+    tensor_views,
+)
+from worker.chunk_http import HttpConn, Partial, SourceError
+
+if TYPE_CHECKING:
+    from worker.peer_server import WeightStore
+
+ORIGIN = "origin"
+
+
+class WeightPullError(RuntimeError):
+    """A weight pull failed for good (after retries, or on an answer retrying cannot fix)."""
+
+
+@dataclass
+class PullStats:
+    """Filled in by `pull_weights(..., stats=PullStats())`."""
+
+    version: int = -1
+    mode: str = "full"  # full | delta | local
+    total_bytes: int = 0
+    bytes_received: int = 0  # on the wire, including bytes thrown away by re-fetches
+    from_origin: int = 0
+    from_peers: int = 0
+    delta_bytes: int = 0  # compressed delta bytes received
+    chunks: int = 0
+    unchanged_chunks: int = 0
+    retries: int = 0
+    bad_peers: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+    def summary(self) -> str:
+        mib = 1 << 20
+        rate = self.total_bytes / mib / self.seconds if self.seconds else 0.0
+        return (
+            f"version {self.version} ({self.mode}): {self.total_bytes / mib:.1f} MiB in {self.seconds:.2f}s "
+            f"({rate:.0f} MiB/s); wire {self.bytes_received / mib:.1f} MiB = origin {self.from_origin / mib:.1f} "
+            f"+ peers {self.from_peers / mib:.1f} + delta {self.delta_bytes / mib:.1f}; retries {self.retries}"
+            + (f"; dropped peers {self.bad_peers}" if self.bad_peers else "")
+        )
+
+
+class _Corrupt(Exception):
+    pass
+
+
+def _backoff(attempt: int) -> float:
+    return min(0.05 * 2**attempt, 2.0) * (0.5 + random.random())
+
+
+def _retryable(status: int) -> bool:
+    return status >= 500 or status in (408, 429)
+
+
+# ---- one chunk over one connection (runs on a fetch thread) ------------------------------------
+
+
+def fetch_into(
+    conn: HttpConn,
+    path: str,
+    size: int,
+    sha256: str,
+    dest: memoryview,
+    part: Partial,
+    *,
+    limit: RateLimit | None = None,
+    stop: threading.Event | None = None,
+    verify: bool = True,
+) -> int:
+    """Fill dest[:size] with the body at `path`, resuming at part.got. Returns bytes read off the wire.
+
+    Raises SourceError (the source failed; `part` keeps what arrived) or _Corrupt (hash mismatch;
+    `part` is reset, since none of the bytes can be trusted)."""
+    headers = {"Range": f"bytes={part.got}-{size - 1}"} if part.got else {}
+    status, h = conn.request(path, headers)
+    if status == 200:
+        if part.got:  # the server ignored the range: start over
+            part.got, part.hasher = 0, hashlib.sha256()
+    elif status == 206:
+        if not h.get("content-range", "").startswith(f"bytes {part.got}-"):
+            conn.close()
+            raise SourceError(f"unexpected Content-Range {h.get('content-range')!r}")
+    else:
+        detail = conn.read_text(h, 200)
+        raise SourceError(f"HTTP {status}: {detail}", retryable=_retryable(status), status=status)
+    length = h.get("content-length")
+    if length is None or not length.isdigit() or int(length) != size - part.got:
+        conn.close()
+        raise SourceError(f"body length {length} != {size - part.got} expected")
+    n = conn.read_body_into(dest, size - part.got, part, limit, stop)
+    if h.get("connection", "").lower() == "close":
+        conn.close()
+    if verify and part.hasher.hexdigest() != sha256:
+        part.got, part.hasher = 0, hashlib.sha256()
+        raise _Corrupt("sha256 mismatch")
+    return n
+
+
+# ---- which chunk next, from where (shared by the fetch threads) --------------------------------
+
+
+class _Plan:
+    """Thread-safe schedule of the chunks still to fetch, and of the sources to fetch them from."""
+
+    def __init__(self, label: str, chunks: list[int], retries: int, seed: int, on_need: Callable[[], None]) -> None:
+        self.label = label
+        self.cv = threading.Condition()
+        self.todo = set(chunks)
+        self.order = list(chunks)
+        random.Random(seed).shuffle(self.order)  # pullers start at different chunks: more to trade
+        self.busy: set[int] = set()
+        self.grants: set[int] = set()
+        self.grant_all = False
+        self.holders: dict[int, set[str]] = {}
+        self.peer_have: dict[str, set[int]] = {}
+        self.bad: set[str] = set()
+        self.new_bad: set[str] = set()
+        self.load: Counter[str] = Counter()
+        self.fails: Counter[int] = Counter()
+        self.partials: dict[int, Partial] = {}
+        self.retries = retries
+        self.error: BaseException | None = None
+        self.stopped = False
+        self.idle = 0
+        self.low_water = 4
+        self.on_need = on_need
+
+    # called from the event loop with the tracker's answer
+    def update(self, peers: dict[str, set[int]] | None, grants: set[int] | None, grant_all: bool = False) -> None:
+        with self.cv:
+            if peers is not None:
+                self.peer_have = {u: h for u, h in peers.items() if u not in self.bad}
+                self.holders = {}
+                for u, have in self.peer_have.items():
+                    for c in have:
+                        self.holders.setdefault(c, set()).add(u)
+            if grants is not None:
+                self.grants = set(grants)
+            self.grant_all = self.grant_all or grant_all
+            self.cv.notify_all()
+
+    def take(self) -> tuple[int, str] | None:
+        """The next (chunk, source), waiting while everything left is busy or not yet sourced."""
+        with self.cv:
+            while True:
+                if self.error is not None or self.stopped or not self.todo:
+                    return None
+                pick = self._pick()
+                if pick is not None:
+                    c, src = pick
+                    self.busy.add(c)
+                    self.load[src] += 1
+                    if src == ORIGIN and not self.grant_all and len(self.grants - self.busy) < self.low_water:
+                        self.on_need()  # ask for more grants before the threads run dry
+                    return pick
+                self.idle += 1
+                self.on_need()  # ask the tracker now rather than at the next tick
+                self.cv.wait(0.2)
+                self.idle -= 1
+
+    def _pick(self) -> tuple[int, str] | None:
+        free = [c for c in self.order if c in self.todo and c not in self.busy]
+        for c in free:  # origin grants first: others may be waiting for exactly these
+            if c in self.grants or (self.grant_all and not self.holders.get(c)):
+                return c, ORIGIN
+        for c in free:
+            good = [u for u in self.holders.get(c, ()) if u not in self.bad]
+            if good:
+                least = min(self.load[u] for u in good)
+                return c, random.choice([u for u in good if self.load[u] == least])
+        if self.grant_all:  # only chunks whose holders all went bad are left
+            return (free[0], ORIGIN) if free else None
+        return None
+
+    def done(self, c: int, src: str) -> None:
+        with self.cv:
+            self.todo.discard(c)
+            self.busy.discard(c)
+            self.load[src] -= 1
+            self.grants.discard(c)
+            self.partials.pop(c, None)
+            self.cv.notify_all()
+
+    def failed(self, c: int, src: str, err: BaseException, *, drop: set[str], forget: str | None) -> int:
+        """Record a failed try; returns how many origin failures chunk c has had.
+
+        `drop`: peers to stop using (dead or lying; reported to the tracker). `forget`: a peer that
+        answered 404, i.e. no longer holds this version: not bad, just not a holder."""
+        with self.cv:
+            self.busy.discard(c)
+            self.load[src] -= 1
+            for u in drop:
+                if u not in self.bad:
+                    self.bad.add(u)
+                    self.new_bad.add(u)
+            for u in [*drop, *([forget] if forget else [])]:
+                self.peer_have.pop(u, None)
+                for h in self.holders.values():
+                    h.discard(u)
+            n = 0
+            if src == ORIGIN:
+                self.fails[c] += 1
+                n = self.fails[c]
+                if n > self.retries:
+                    self.error = WeightPullError(f"{self.label} chunk {c}: failed after {n} attempts: {err!r}")
+            self.cv.notify_all()
+            return n
+
+    def fail(self, err: BaseException) -> None:
+        with self.cv:
+            self.error = self.error or err
+            self.stopped = True
+            self.cv.notify_all()
+
+    def stop(self) -> None:
+        with self.cv:
+            self.stopped = True
+            self.cv.notify_all()
+
+
+# ---- the pull --------------------------------------------------------------------------------
+
+
+@dataclass
+class _Ctx:
+    base: str  # origin base URL
+    version: int
+    token: str | None
+    timeout_s: float
+    limit: RateLimit | None
+    stop: threading.Event
+    stats: PullStats
+    verify: bool
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    done_bytes: int = 0
+
+    def conn(self, pool: dict[str, HttpConn], src: str) -> HttpConn:
+        if src not in pool:
+            pool[src] = HttpConn(self.base if src == ORIGIN else src, self.token, self.timeout_s)
+        return pool[src]
+
+    def count(self, n: int, **fields: int) -> None:
+        with self.lock:
+            self.stats.bytes_received += n
+            for k, v in fields.items():
+                setattr(self.stats, k, getattr(self.stats, k) + v)
+
+
+def _full_loop(ctx: _Ctx, plan: _Plan, m: Manifest, buf: HostBuffer, mark: Callable[[int], None]) -> None:
+    """One fetch thread: take a chunk, fetch it from its source, verify, repeat."""
+    pool: dict[str, HttpConn] = {}
+    try:
+        while (job := plan.take()) is not None:
+            c, src = job
+            info = m.chunks[c]
+            dest = buf.view[info.offset : info.offset + info.size]
+            part = plan.partials.setdefault(c, Partial.new())
+            before = part.got
+            try:
+                n = fetch_into(
+                    ctx.conn(pool, src),
+                    f"/v1/weights/{ctx.version}/chunks/{c}",
+                    info.size,
+                    info.sha256,
+                    dest,
+                    part,
+                    limit=ctx.limit,
+                    stop=ctx.stop,
+                    verify=ctx.verify,
+                )
+            except (SourceError, _Corrupt) as e:
+                corrupt = isinstance(e, _Corrupt)
+                ctx.count(info.size - before if corrupt else part.got - before, retries=1)
+                if isinstance(e, SourceError) and not e.retryable and src == ORIGIN:
+                    plan.fail(WeightPullError(f"weight version {ctx.version} chunk {c}: {e}"))
+                    return
+                suspects = (part.sources | {src}) - {ORIGIN} if corrupt else set()
+                if corrupt:
+                    part.sources.clear()
+                elif src != ORIGIN:
+                    part.sources.add(src)
+                fails = plan.failed(
+                    c,
+                    src,
+                    e,
+                    # A peer that served bytes of a bad chunk is dropped, and so is a dead one.
+                    drop=suspects | ({src} if isinstance(e, SourceError) and e.status is None else set()),
+                    forget=src if isinstance(e, SourceError) and e.status == 404 else None,
+                )
+                if src == ORIGIN:
+                    time.sleep(_backoff(fails))
+                continue
+            part.sources.add(src)
+            ctx.count(n, **({"from_origin": n} if src == ORIGIN else {"from_peers": n}))
+            mark(c)
+            with ctx.lock:
+                ctx.done_bytes += info.size
+            plan.done(c, src)
+    except BaseException as e:  # a bug must not leave the pull waiting forever
+        plan.fail(e)
+    finally:
+        for conn in pool.values():
+            conn.close()
+
+
+def _delta_loop(
+    ctx: _Ctx,
+    todo: list[int],
+    lock: threading.Lock,
+    dm: DeltaManifest,
+    m: Manifest,
+    base_buf: HostBuffer,
+    buf: HostBuffer,
+    rebuilt: set[int],
+    mark: Callable[[int], None],
+) -> None:
+    """One delta thread: fetch a compressed chunk delta, rebuild the chunk, verify it against the
+    full manifest. A chunk that fails stays out of `rebuilt` and is fetched in full afterwards."""
+    conn = HttpConn(ctx.base, ctx.token, ctx.timeout_s)
+    scratch = bytearray(max((d.size for d in dm.chunks), default=0))
+    try:
+        while not ctx.stop.is_set():
+            with lock:
+                if not todo:
+                    return
+                c = todo.pop()
+            d, info = dm.chunks[c], m.chunks[c]
+            sl = slice(info.offset, info.offset + info.size)
+            payload = memoryview(scratch)[: d.size]
+            ok = False
+            for attempt in range(3):
+                part = Partial.new()
+                try:
+                    n = fetch_into(
+                        conn,
+                        f"/v1/weights/{ctx.version}/delta/{dm.base}/chunks/{c}",
+                        d.size,
+                        d.sha256 or "",
+                        payload,
+                        part,
+                        limit=ctx.limit,
+                        stop=ctx.stop,
+                    )
+                    ctx.count(n, delta_bytes=n)
+                    decode_into(base_buf.view[sl], payload, buf.view[sl], d.shuffle)
+                    ok = hashlib.sha256(buf.view[sl]).hexdigest() == info.sha256
+                    break
+                except (SourceError, _Corrupt, ValueError):
+                    ctx.count(0, retries=1)
+                    time.sleep(_backoff(attempt))
+            if ok:
+                rebuilt.add(c)
+                mark(c)
+                with ctx.lock:
+                    ctx.done_bytes += info.size
+    finally:
+        conn.close()
+
+
+def _check_manifest(m: Manifest, version: int) -> None:
+    """Chunks must tile [0, total) exactly and tensors must lie inside it, or writes could overlap."""
+    if m.version != version:
+        raise WeightPullError(f"asked for weight version {version}, manifest says {m.version}")
+    offset = 0
+    for i, c in enumerate(m.chunks):
+        if c.index != i or c.offset != offset or c.size > m.chunk_bytes:
+            raise WeightPullError(f"weight version {version}: manifest chunk {i} is out of place")
+        offset += c.size
+    if offset != m.total_bytes:
+        raise WeightPullError(f"weight version {version}: chunks cover {offset} of {m.total_bytes} bytes")
+    if root_of(m.chunks) != m.root_sha256:
+        raise WeightPullError(f"weight version {version}: manifest root hash does not match its chunks")
+    for t in m.tensors:
+        try:
+            itemsize = dtype_of(t.dtype).itemsize
+        except ValueError as e:
+            raise WeightPullError(f"weight version {version}: {e}") from e
+        numel = 1
+        for s in t.shape:
+            if s < 0:
+                raise WeightPullError(f"weight version {version}: {t.name} has a negative dimension")
+            numel *= s
+        if numel * itemsize != t.nbytes or t.offset + t.nbytes > m.total_bytes or t.offset % itemsize:
+            raise WeightPullError(f"weight version {version}: tensor {t.name} does not fit the buffer")
+
+
+@dataclass
+class _Client:
+    """The control-plane requests (manifest, tracker) over the agent's aiohttp session."""
+
+    session: aiohttp.ClientSession
+    token: str | None
+    timeout_s: float
+    retries: int
+    stats: PullStats
+
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.token}"} if self.token else {}
+
+    async def get_json(self, url: str, what: str, *, missing_ok: bool = False) -> Any:
+        for attempt in range(self.retries + 1):
+            try:
+                timeout = aiohttp.ClientTimeout(total=self.timeout_s)
+                async with self.session.get(url, headers=self.headers(), timeout=timeout) as resp:
+                    if resp.status == 200:
+                        return await resp.json()
+                    if resp.status == 404 and missing_ok:
+                        return None
+                    detail = (await resp.text())[:200]
+                    if not _retryable(resp.status):
+                        raise WeightPullError(f"{what}: HTTP {resp.status} from {url}: {detail}")
+                    err: BaseException = RuntimeError(f"HTTP {resp.status}: {detail}")
+            except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as e:
+                err = e
+            if attempt >= self.retries:
+                raise WeightPullError(f"{what}: failed after {self.retries + 1} attempts: {err!r}") from err
+            self.stats.retries += 1
+            await asyncio.sleep(_backoff(attempt))
+        raise AssertionError("unreachable")
+
+    async def post_json(self, url: str, body: dict) -> tuple[int, Any]:
+        timeout = aiohttp.ClientTimeout(total=min(self.timeout_s, 5.0))
+        async with self.session.post(url, json=body, headers=self.headers(), timeout=timeout) as resp:
+            return resp.status, (await resp.json() if resp.status == 200 else None)
+
+
+async def latest_version(
+    base_url: str,
+    *,
+    token: str | None = None,
+    session: aiohttp.ClientSession | None = None,
+    timeout_s: float = 10.0,
+    retries: int = 2,
+) -> int | None:
+    """The newest version the publisher holds, or None before the first publish."""
+    own = session is None
+    cl = _Client(session or aiohttp.ClientSession(), token, timeout_s, retries, PullStats())
+    try:
+        body = await cl.get_json(f"{base_url.rstrip('/')}/v1/weights/latest", "latest weight version")
+    finally:
+        if own:
+            await cl.session.close()
+    v = body.get("version") if isinstance(body, dict) else None
+    if v is not None and (type(v) is not int or v < 0):
+        raise WeightPullError(f"latest weight version: bad answer {body!r}")
+    return v
+
+
+async def pull_weights(
+    base_url: str,
+    version: int,
+    *,
+    token: str | None = None,
+    session: aiohttp.ClientSession | None = None,
+    parallel: int = 4,
+    retries: int = 5,
+    timeout_s: float = 30.0,
+    on_progress: Callable[[int, int], None] | None = None,
+    stats: PullStats | None = None,
+    store: WeightStore | None = None,
+    peer_id: str | None = None,
+    peer_url: str | None = None,
+    swarm: bool = True,
+    delta: bool = True,
+    local: bool = False,
+    ingress_bps: float | None = None,
+    verify: bool = True,
+    announce_s: float = 0.25,
+) -> dict[str, torch.Tensor]:
+    """Fetch, verify and load weight `version`; returns tensors that are views into one buffer.
+
+    `timeout_s` bounds each request; `retries` bounds origin attempts per chunk. With a `store`
+    (worker/peer_server.py) verified chunks are served to peers as they land, and the version held
+    before is the base for a delta. `swarm` asks the trainer's tracker for peers; `local` maps the
+    trainer's buffer when on the same machine. `verify=False` exists for benchmarks only."""
+    base = base_url.rstrip("/")
+    st = stats if stats is not None else PullStats()
+    st.version, t0 = version, time.monotonic()
+    own = session is None
+    cl = _Client(session or aiohttp.ClientSession(), token, timeout_s, retries, st)
+    try:
+        try:
+            raw = await cl.get_json(f"{base}/v1/weights/{version}/manifest", f"weight version {version}")
+            m = Manifest.model_validate(raw)
+        except ValidationError as e:
+            raise WeightPullError(f"weight version {version}: invalid manifest: {e}") from e
+        _check_manifest(m, version)
+        st.total_bytes, st.chunks = m.total_bytes, len(m.chunks)
+        if local and m.local_path:
+            from trainer.local_weights import open_local
+
+            mapped = await asyncio.to_thread(open_local, m)
+            if mapped is not None:
+                st.mode = "local"
+                if on_progress:
+                    on_progress(m.total_bytes, m.total_bytes)
+                return tensor_views(mapped, m.tensors)
+        buf = store.buffer(m.total_bytes) if store is not None else HostBuffer(m.total_bytes)
+        mark = store.begin(m, buf) if store is not None else (lambda _c: None)
+        ctx = _Ctx(
+            base,
+            version,
+            token,
+            timeout_s,
+            RateLimit(ingress_bps) if ingress_bps else None,
+            threading.Event(),
+            st,
+            verify,
+        )
+        pool = cf.ThreadPoolExecutor(max_workers=max(1, parallel), thread_name_prefix="pull")
+        try:
+            todo = list(range(len(m.chunks)))
+            held = store.base_for(m) if (store is not None and delta) else None
+            if held is not None:
+                todo = await _delta_phase(cl, ctx, pool, parallel, m, held, buf, mark, base, version)
+            if todo:
+                await _full_phase(
+                    cl,
+                    ctx,
+                    pool,
+                    parallel,
+                    m,
+                    buf,
+                    mark,
+                    todo,
+                    base,
+                    version,
+                    on_progress,
+                    swarm,
+                    peer_id,
+                    peer_url,
+                    retries,
+                    announce_s,
+                )
+        except BaseException:
+            if store is not None:
+                store.abandon(version)
+            raise
+        finally:
+            ctx.stop.set()
+            pool.shutdown(wait=False)
+        if store is not None:
+            store.complete(version)
+        if on_progress:
+            on_progress(m.total_bytes, m.total_bytes)
+        return tensor_views(buf.view, m.tensors)
+    finally:
+        if own:
+            await cl.session.close()
+        st.seconds = time.monotonic() - t0
+
+
+async def _delta_phase(
+    cl: _Client,
+    ctx: _Ctx,
+    pool: cf.ThreadPoolExecutor,
+    parallel: int,
+    m: Manifest,
+    held: Any,
+    buf: HostBuffer,
+    mark: Callable[[int], None],
+    base: str,
+    version: int,
+) -> list[int]:
+    """Rebuild what a delta from the held version can give; returns the chunks still to fetch."""
+    body = await cl.get_json(
+        f"{base}/v1/weights/{version}/delta/{held.manifest.version}/manifest", "weight delta", missing_ok=True
+    )
+    try:
+        dm = DeltaManifest.model_validate(body) if body is not None else None
+    except ValidationError:
+        dm = None
+    if dm is None or dm.version != version or len(dm.chunks) != len(m.chunks):
+        return list(range(len(m.chunks)))
+    ctx.stats.mode = "delta"
+    rebuilt: set[int] = set()
+    changed = []
+    for d in dm.chunks:
+        info, old = m.chunks[d.index], held.manifest.chunks[d.index]
+        if d.size == 0 and info.sha256 == old.sha256 and info.offset == old.offset and info.size == old.size:
+            # Unchanged, and the held bytes were verified against this very hash: copy, no re-hash.
+            buf.view[info.offset : info.offset + info.size] = held.buf.view[old.offset : old.offset + old.size]
+            rebuilt.add(d.index)
+            mark(d.index)
+            ctx.stats.unchanged_chunks += 1
+        elif d.size > 0 and d.sha256:
+            changed.append(d.index)
+    lock = threading.Lock()
+    loop = asyncio.get_running_loop()
+    n = max(1, min(parallel, len(changed)))
+    futs = [
+        loop.run_in_executor(pool, _delta_loop, ctx, changed, lock, dm, m, held.buf, buf, rebuilt, mark)
+        for _ in range(n if changed else 0)
+    ]
+    await asyncio.gather(*futs)
+    return [c for c in range(len(m.chunks)) if c not in rebuilt]
+
+
+async def _full_phase(
+    cl: _Client,
+    ctx: _Ctx,
+    pool: cf.ThreadPoolExecutor,
+    parallel: int,
+    m: Manifest,
+    buf: HostBuffer,
+    mark: Callable[[int], None],
+    todo: list[int],
+    base: str,
+    version: int,
+    on_progress: Callable[[int, int], None] | None,
+    swarm: bool,
+    peer_id: str | None,
+    peer_url: str | None,
+    retries: int,
+    announce_s: float,
+) -> None:
+    loop = asyncio.get_running_loop()
+    need = asyncio.Event()
+    seed = hash((peer_id, version)) & 0xFFFF_FFFF
+
+    def on_need() -> None:  # from a fetch thread
+        with contextlib.suppress(RuntimeError):  # the loop is closing
+            loop.call_soon_threadsafe(need.set)
+
+    plan = _Plan(f"weight version {version}", todo, retries, seed, on_need)
+    plan.low_water = 2 * max(1, parallel)
+    have = set(range(len(m.chunks))) - set(todo)
+    if not swarm:
+        plan.update(None, None, grant_all=True)
+    futs = [loop.run_in_executor(pool, _full_loop, ctx, plan, m, buf, mark) for _ in range(max(1, parallel))]
+    gathered = asyncio.gather(*futs)
+    pid = peer_id or f"puller-{id(plan):x}"
+    failures = 0
+    reported = 0
+    try:
+        while not gathered.done():
+            if swarm and not plan.grant_all:
+                body = {
+                    "peer_id": pid,
+                    "url": peer_url,
+                    "n_chunks": len(m.chunks),
+                    "have": encode_bits(have | (set(todo) - plan.todo), len(m.chunks)),
+                    "want": 4 * max(1, parallel),
+                    "bad": sorted(plan.new_bad),
+                }
+                try:
+                    status, view = await cl.post_json(f"{base}/v1/weights/{version}/swarm", body)
+                    if status == 404 or status == 405:  # no tracker on this trainer: origin only
+                        plan.update(None, None, grant_all=True)
+                    elif status == 200 and isinstance(view, dict):
+                        failures = 0
+                        plan.new_bad.clear()
+                        n = len(m.chunks)
+                        peers = {p["url"]: decode_bits(p["have"], n) for p in view.get("peers", []) if p.get("url")}
+                        peers.pop(peer_url, None)
+                        plan.update(peers, {c for c in view.get("origin", []) if isinstance(c, int) and 0 <= c < n})
+                    else:
+                        failures += 1
+                except (aiohttp.ClientError, asyncio.TimeoutError, ValueError, KeyError, TypeError):
+                    failures += 1
+                if failures >= 3:  # the tracker is gone: fetch what peers lack from origin
+                    plan.update(None, None, grant_all=True)
+            if on_progress:
+                with ctx.lock:
+                    d = ctx.done_bytes
+                if d != reported:
+                    on_progress(d, m.total_bytes)
+                    reported = d
+            need.clear()
+            waiter = asyncio.ensure_future(need.wait())
+            await asyncio.wait([gathered, waiter], timeout=announce_s, return_when=asyncio.FIRST_COMPLETED)
+            waiter.cancel()
+            await asyncio.sleep(0.01)  # idle threads ask often: keep the tracker's load bounded
+        await gathered
+    finally:
+        plan.stop()
+        ctx.stop.set()
+        st = ctx.stats
+        st.bad_peers = sorted(plan.bad)
+    if plan.error is not None:
+        raise plan.error if isinstance(plan.error, WeightPullError) else WeightPullError(str(plan.error))
+    if plan.todo:
+        raise WeightPullError(f"weight version {version}: {len(plan.todo)} chunks never arrived")
+    if swarm and failures < 3:  # done: releases this puller's grants and lets GC see it finished
+        n = len(m.chunks)
+        body = {"peer_id": pid, "url": peer_url, "n_chunks": n, "have": encode_bits(range(n), n), "done": True}
+        body["bad"] = sorted(plan.new_bad)
+        with contextlib.suppress(aiohttp.ClientError, asyncio.TimeoutError, ValueError):
+            await cl.post_json(f"{base}/v1/weights/{version}/swarm", body)

@@ -2,9 +2,9 @@
 measured in the same run, and a median of several runs: this machine's 2 cores are shared.
 
     .venv/bin/python benchmarks/bench_weights.py single --gib 1 4 --runs 3
-    .venv/bin/python benchmarks/bench_weights.py fanout --mib 32 --link-mbps 16 --workers 1 4 16
+    .venv/bin/python benchmarks/bench_weights.py fanout --mib 32 --link-mbps 16 --workers 1 4 16 --chunk-kib 1024
     .venv/bin/python benchmarks/bench_weights.py delta --runs 3
-    .venv/bin/python benchmarks/bench_weights.py kill --mib 32 --link-mbps 16 --runs 3
+    .venv/bin/python benchmarks/bench_weights.py kill --mib 32 --link-mbps 16 --runs 3 --chunk-kib 1024
 
 The trainer (publisher + tracker) and every worker are separate processes, as in a job. `fanout`
 and `kill` give every node (trainer included) a token-bucket link of --link-mbps each way, which
@@ -99,7 +99,7 @@ def serve_main(args: argparse.Namespace) -> None:
 
     from trainer.weights import WeightPublisher, add_routes
 
-    pub = WeightPublisher(egress_bps=args.link_bps or None, keep=4)
+    pub = WeightPublisher(chunk_bytes=args.chunk_kib * 1024, egress_bps=args.link_bps or None, keep=4)
     timings = {}
     if args.model == "synthetic":
         t = synthetic_model(args.bytes)
@@ -154,9 +154,10 @@ def node_main(args: argparse.Namespace) -> None:
                         parallel=args.parallel,
                     )
                     await node.start()
-                if args.start_at and r == 0:
+                if args.start_at and r == 0:  # wait for "go <unix time>" on stdin: all start at once
                     print(json.dumps({"ready": True}), flush=True)
-                    await asyncio.sleep(max(0.0, args.start_at - time.time()))
+                    line = await asyncio.to_thread(sys.stdin.readline)
+                    await asyncio.sleep(max(0.0, float(line.split()[1]) - time.time()))
                 from worker.weight_pull import PullStats, pull_weights
 
                 t0 = time.time()
@@ -183,11 +184,11 @@ def node_main(args: argparse.Namespace) -> None:
 
 
 class Trainer:
-    def __init__(self, nbytes: int, link_bps: float = 0, model: str = "synthetic") -> None:
+    def __init__(self, nbytes: int, link_bps: float = 0, model: str = "synthetic", chunk_kib: int = 4096) -> None:
         self.tmp = tempfile.mkdtemp(prefix="bench-weights-")
         ready = Path(self.tmp) / "ready.json"
         cmd = [sys.executable, __file__, "_serve", "--bytes", str(nbytes), "--ready", str(ready)]
-        cmd += ["--link-bps", str(link_bps), "--model", model]
+        cmd += ["--link-bps", str(link_bps), "--model", model, "--chunk-kib", str(chunk_kib)]
         self.proc = subprocess.Popen(cmd)
         while not ready.exists():
             if self.proc.poll() is not None:
@@ -303,9 +304,20 @@ def bench_single(args: argparse.Namespace) -> None:
             tr.close()
 
 
+def release(procs: list[subprocess.Popen]) -> float:
+    """Wait until every node process is ready, then start them all at one instant."""
+    for p in procs:
+        assert p.stdout is not None and p.stdin is not None
+        assert "ready" in p.stdout.readline()
+    start_at = time.time() + 0.5
+    for p in procs:
+        p.stdin.write(f"go {start_at}\n")
+        p.stdin.flush()
+    return start_at
+
+
 def fanout_once(url: str, n: int, link_bps: float, parallel: int) -> float:
     """Start n worker processes, release them at one instant, return when all hold the version."""
-    start_at = time.time() + 3.0 + 0.4 * n  # time for the processes to import torch on 2 cores
     procs = [
         subprocess.Popen(
             node_cmd(
@@ -315,15 +327,17 @@ def fanout_once(url: str, n: int, link_bps: float, parallel: int) -> float:
                 serve=1,
                 id=f"w{i}",
                 link_bps=link_bps,
-                start_at=start_at,
+                start_at=1,
                 hold=4,
                 parallel=parallel,
             ),
+            stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
         )
         for i in range(n)
     ]
+    start_at = release(procs)
     ends = []
     for p in procs:
         out, _ = p.communicate(timeout=600)
@@ -335,7 +349,7 @@ def fanout_once(url: str, n: int, link_bps: float, parallel: int) -> float:
 def bench_fanout(args: argparse.Namespace) -> None:
     nbytes = args.mib * MiB
     link = args.link_mbps * 1e6
-    tr = Trainer(nbytes, link)
+    tr = Trainer(nbytes, link, chunk_kib=args.chunk_kib)
     try:
         base = statistics.median(fanout_once(tr.url, 1, link, args.parallel) for _ in range(args.runs))
         for n in args.workers:
@@ -408,12 +422,13 @@ def kill_once(url: str, link_bps: float, kill: bool) -> float:
     assert seed.stdout is not None
     first = json.loads(seed.stdout.readline())
     assert first["stats"]["mode"] == "full"
-    start_at = time.time() + 3.0
     newcomer = subprocess.Popen(
-        node_cmd(url, versions=[0], runs=1, serve=1, id="new", link_bps=link_bps, start_at=start_at),
+        node_cmd(url, versions=[0], runs=1, serve=1, id="new", link_bps=link_bps, start_at=1),
+        stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
     )
+    start_at = release([newcomer])
     if kill:
         time.sleep(max(0.0, start_at - time.time()) + first["seconds"] / 2)
         seed.send_signal(signal.SIGKILL)
@@ -426,7 +441,7 @@ def kill_once(url: str, link_bps: float, kill: bool) -> float:
 
 def bench_kill(args: argparse.Namespace) -> None:
     link = args.link_mbps * 1e6
-    tr = Trainer(args.mib * MiB, link)
+    tr = Trainer(args.mib * MiB, link, chunk_kib=args.chunk_kib)
     try:
         clean, killed, notes = [], [], []
         for _ in range(args.runs):
@@ -465,6 +480,7 @@ def main() -> None:
     p.add_argument("--mib", type=int, default=32)
     p.add_argument("--link-mbps", type=float, default=16)
     p.add_argument("--workers", type=int, nargs="+", default=[1, 4, 16])
+    p.add_argument("--chunk-kib", type=int, default=1024)
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--parallel", type=int, default=4)
     p = sub.add_parser("delta")
@@ -472,6 +488,7 @@ def main() -> None:
     p.add_argument("--runs", type=int, default=3)
     p = sub.add_parser("kill")
     p.add_argument("--mib", type=int, default=32)
+    p.add_argument("--chunk-kib", type=int, default=1024)
     p.add_argument("--link-mbps", type=float, default=16)
     p.add_argument("--runs", type=int, default=3)
     p = sub.add_parser("_serve")
@@ -479,6 +496,7 @@ def main() -> None:
     p.add_argument("--ready", required=True)
     p.add_argument("--link-bps", type=float, default=0)
     p.add_argument("--model", default="synthetic")
+    p.add_argument("--chunk-kib", type=int, default=4096)
     p = sub.add_parser("_node")
     p.add_argument("--url", required=True)
     p.add_argument("--versions", type=int, nargs="+", default=[0])

@@ -5,6 +5,7 @@ Cloud SDKs are imported lazily: `provider: local` needs none of them.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -139,9 +140,7 @@ def preflight(spec: JobSpec, *, check_credentials: bool = True) -> None:
     if not spec.trainer.accelerators:
         problems.append("trainer.accelerators: name the trainer's GPUs (e.g. 'A100:8') for a real cloud")
     module = {"skypilot": "sky", "aws": "boto3", "gcp": "google.cloud.compute_v1"}[spec.provider]
-    try:
-        __import__(module)
-    except ImportError:
+    if not _installed(module):  # found without importing it (SkyPilot takes seconds to import)
         problems.append(f"provider: {spec.provider!r} needs {module}; install it with {INSTALL_HINT[spec.provider]}")
     if check_credentials:
         for cloud, found in credentials(job_clouds(spec)).items():
@@ -151,6 +150,13 @@ def preflight(spec: JobSpec, *, check_credentials: bool = True) -> None:
             problems.append("credentials: no GCP project; set GOOGLE_CLOUD_PROJECT or `gcloud config set project`")
     if problems:
         raise PreflightError("\n".join(problems))
+
+
+def _installed(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:  # a parent package is missing
+        return False
 
 
 # ---- prices -----------------------------------------------------------------------------------

@@ -26,7 +26,7 @@ from typing import Any
 
 import yaml
 
-from providers.base import InstanceEvent, InstanceState, LaunchRequest, ProviderError, Role
+from providers.base import CapacityError, InstanceEvent, InstanceState, LaunchRequest, ProviderError, Role
 from providers.bootstrap import (
     SOURCE_ROOT,
     TRAINER_PORT,
@@ -157,8 +157,6 @@ class SkyPilotProvider:
                     down=req.role is Role.TRAINER,
                 )
             except self._sky.exceptions.ResourcesUnavailableError as e:
-                from providers.base import CapacityError
-
                 raise CapacityError(str(e)) from e
         self.reqs[req.instance_id] = req
         self.tasks[req.instance_id] = yaml.safe_dump({**cfg, "secrets": dict.fromkeys(cfg["secrets"], "<redacted>")})

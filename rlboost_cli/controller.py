@@ -208,9 +208,9 @@ class Controller:
             elif key is not None and ev.capacity:  # capacity refused after the request was accepted
                 self.placement.capacity_failure(key)
                 self.backoff[key].fail(time.monotonic(), cap=self.backoff_cap_s)
+                self.store.add_event(self.job_id, "capacity-unavailable", ev.detail, ev.instance_id, ev.at)
             if key is not None and ev.state.terminal:
                 self.placement.ended(ev.instance_id, ev.at, preempted=ev.state is InstanceState.PREEMPTED)
-                self.store.add_event(self.job_id, "capacity-unavailable", ev.detail, ev.instance_id, ev.at)
             if ev.instance_id == self.trainer_id:
                 if ev.endpoint:
                     self.trainer_url = ev.endpoint
@@ -304,6 +304,7 @@ class Controller:
             progress.step(rec)
         self.steps_recorded = max(self.steps_recorded, len(history))
         self.placement.on_workers(snap.get("workers", []))
+        self._note_draining(snap.get("workers", []))
         self.snapshot = snap
         self.store.update_job(
             self.job_id,
@@ -314,6 +315,15 @@ class Controller:
             tokens_total=snap.get("tokens_total", 0),
             clock=clock,
         )
+
+    def _note_draining(self, workers: list[dict]) -> None:
+        """A worker that saw its cloud's preemption notice drains and says so: mark it NOTICE now, so
+        its replacement launches before the cloud takes it (a cloud provider cannot see the notice)."""
+        live = {i.id: i.state for i in self._live_workers()}
+        for w in workers:
+            iid = w.get("worker_id")
+            if w.get("state") == "draining" and live.get(iid) == InstanceState.RUNNING.value:
+                self.store.update_instance(iid, InstanceState.NOTICE, self.provider.clock(), "draining on notice")
 
     # ---- teardown ----------------------------------------------------------------------
     def teardown(self) -> None:
@@ -335,6 +345,8 @@ class Controller:
             if not remaining or time.monotonic() > deadline:
                 break
             time.sleep(max(self.poll_s, 1.0))
+            for iid in sorted(remaining):  # idempotent; the local provider SIGKILLs stragglers
+                self.provider.terminate(iid)
         clock = self.provider.clock()
         for inst in self.store.live_instances(self.job_id):
             if inst.id in remaining:  # left live in the store, so `rlboost gc` finds it

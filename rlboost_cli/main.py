@@ -97,6 +97,8 @@ def launch(
     except SpecError as e:
         fail(str(e), 2)
     _check_provider(spec, dryrun)
+    if not dryrun:
+        _check_budget(spec)
     from providers import make_provider, price_lookup
 
     prices = price_lookup(spec)
@@ -108,7 +110,6 @@ def launch(
     if dryrun:
         _print_plan(spec, t_offer, s_offers, prices)
         return
-    _check_budget(spec)
     store = _store()
     try:
         job_id = store.create_job(spec.name, spec_to_yaml(spec), spec.provider)
@@ -394,6 +395,59 @@ def logs(
         known = ", ".join(i.id for i in store.instances(j.id)) or "none"
         fail(f"no log for instance {iid!r} of job {job} (instances: {known})")
     console.print("".join(path.read_text(errors="replace").splitlines(keepends=True)[-lines:]), end="")
+
+
+@app.command()
+def simulate(
+    job_file: Annotated[Path, typer.Argument(help="the job YAML")],
+    trace: Annotated[
+        Path | None,
+        typer.Option(help="availability trace (Bamboo CSV, GCP count lines, JSON count series); default: local.trace"),
+    ] = None,
+    policy: Annotated[
+        list[str] | None,
+        typer.Option(help="on-demand, spot-restart, rlboost-rule, rlboost, rlboost-tail, job (repeatable)"),
+    ] = None,
+    catalog: Annotated[Path | None, typer.Option(help="a SkyPilot vms.csv to price from (overrides local.catalog)")] = None,
+    hours: Annotated[float | None, typer.Option(help="hours of trace to replay (default: all of it)")] = None,
+    steps: Annotated[int | None, typer.Option(help="stop after this many steps (default: the job's; 0: no limit)")] = None,
+    lengths: Annotated[
+        Path | None, typer.Option(help="sample response lengths from a recorded run (rollouts.jsonl)")
+    ] = None,
+    plot: Annotated[Path | None, typer.Option(help="write a PNG: throughput and live spot workers over time")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
+) -> None:
+    """What would spot save? Replay a spot trace and prices through the scheduling policies on a virtual clock."""
+    from providers.spot_market import TraceError
+    from simulator import cli as sim_cli
+    from simulator.report import plot as plot_results
+    from simulator.report import results_json, results_table
+
+    try:
+        spec = load_spec(job_file)
+    except SpecError as e:
+        fail(str(e), 2)
+    t0 = time.monotonic()
+    try:
+        tr, results = sim_cli.run(
+            spec, trace, policy, catalog=catalog, hours=hours, lengths=lengths,
+            steps=(10**9 if steps == 0 else steps),
+        )
+    except (PricingError, TraceError, ValueError) as e:
+        fail(str(e), 2)
+    took = time.monotonic() - t0
+    title = (
+        f"{spec.name}: {tr.source}, {max(r.job_s for r in results) * results[0].time_scale / 3600:.1f} h of trace, "
+        f"simulated in {took:.1f}s"
+    )
+    if as_json:
+        print(json.dumps({"title": title, "results": results_json(results)}, indent=2))
+    else:
+        console.print(results_table(results, title))
+    if plot is not None:
+        plot_results(results, plot, title)
+        if not as_json:
+            console.print(f"plot: {plot}")
 
 
 if __name__ == "__main__":

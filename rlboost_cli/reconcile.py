@@ -62,6 +62,8 @@ def reconcile(
         if not remaining or time.monotonic() > deadline:
             break
         time.sleep(check_every_s)
+        for iid in sorted(remaining):  # idempotent; the local provider SIGKILLs stragglers
+            provider.terminate(iid)
     apply_events(store, provider)
     clock = provider.clock()
     for iid in sorted(targets - remaining):

@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 PROVIDERS = ("local", "skypilot", "aws", "gcp")
 ENGINES = ("torch", "vllm", "synthetic")
-TASKS = ("reverse", "copy", "add", "sort")
+TASKS = ("reverse", "copy", "add", "sort", "jsonl")
 CLOUDS = ("aws", "gcp", "azure", "lambda", "runpod", "local")
 
 _NAME_RE = re.compile(r"^[a-z][a-z0-9-]{0,38}[a-z0-9]$")
@@ -30,7 +30,7 @@ class ModelSpec(Strict):
     no weights to speak of: the trainer takes `train_tokens_per_s` to "train" (drives the control
     plane at scale with synthetic engines, no torch work)."""
 
-    kind: Literal["tiny-gpt", "synthetic"] = "tiny-gpt"
+    kind: Literal["tiny-gpt", "hf", "synthetic"] = "tiny-gpt"
     n_layer: Annotated[int, Field(ge=1, le=48)] = 2
     n_head: Annotated[int, Field(ge=1, le=64)] = 4
     n_embd: Annotated[int, Field(ge=8, le=8192)] = 64
@@ -38,9 +38,28 @@ class ModelSpec(Strict):
     # synthetic only: training throughput of the whole trainer cluster (tokens/s); None = from `perf`
     # for trainer.accelerators x trainer.nodes
     train_tokens_per_s: Annotated[float, Field(gt=0)] | None = None
+    # ---- hf only (trainer/hf_model.py): any Hugging Face causal LM ----
+    # a local directory (config.json + *.safetensors + tokenizer; relative to the job file) or a hub id
+    path: str | None = None
+    # weights as trained, published and generated with (float32 on CPU; bfloat16 on GPUs)
+    dtype: Literal["float32", "bfloat16", "float16"] = "bfloat16"
+    # engines' context length (prompt + response); None = the model config's, capped at 4096
+    max_model_len: Annotated[int, Field(ge=16, le=1_048_576)] | None = None
+    trust_remote_code: bool = False
 
     @model_validator(mode="after")
     def _heads_divide(self) -> ModelSpec:
+        # "set" = differs from the default, so a model_dump() round trip (the worker's welcome) validates
+        changed = {k for k, f in type(self).model_fields.items() if getattr(self, k) != f.default}
+        tiny_fields = {"n_layer", "n_head", "n_embd", "block_size"} & changed
+        hf_fields = {"path", "dtype", "max_model_len", "trust_remote_code"} & changed
+        if self.kind == "hf":
+            if not self.path:
+                raise ValueError("kind: hf needs path (a local model directory or a hub id, e.g. Qwen/Qwen2.5-0.5B)")
+            if tiny_fields:
+                raise ValueError(f"{', '.join(sorted(tiny_fields))}: tiny-gpt sizes do not apply to kind: hf (remove)")
+        elif hf_fields:
+            raise ValueError(f"{', '.join(sorted(hf_fields))}: apply to kind: hf only (remove, or set kind: hf)")
         if self.n_embd % self.n_head:
             raise ValueError(f"n_embd ({self.n_embd}) must be a multiple of n_head ({self.n_head})")
         if self.kind != "synthetic" and self.train_tokens_per_s is not None:
@@ -60,20 +79,37 @@ class AlgorithmSpec(Strict):
     # Supervised steps on task demonstrations before RL starts ("brief warm start").
     warm_start_steps: Annotated[int, Field(ge=0, le=1_000_000)] = 100
     checkpoint_every: Annotated[int, Field(ge=0)] = 0
+    # Sequences per forward/backward pass (gradients accumulate); None = the whole step's share at once.
+    micro_batch_size: Annotated[int, Field(ge=1, le=100_000)] | None = None
 
 
 class TaskSpec(Strict):
-    """A verifiable task with an exact-match reward."""
+    """A verifiable task: a built-in string task with an exact-match reward (tiny-gpt), or a JSONL
+    prompt dataset (trainer/datasets.py) scored by a verifier (trainer/verifiers.py), for kind: hf."""
 
-    name: Literal["reverse", "copy", "add", "sort"] = "reverse"
-    reward: Literal["exact_match"] = "exact_match"
+    name: Literal["reverse", "copy", "add", "sort", "jsonl"] = "reverse"
+    reward: Literal["exact_match", "math_boxed"] = "exact_match"
     min_len: Annotated[int, Field(ge=1, le=64)] = 3
     max_len: Annotated[int, Field(ge=1, le=64)] = 6
+    # ---- jsonl only ----
+    path: Path | None = None  # one JSON object per line; relative to the job file
+    prompt_field: str | None = None  # None: the first of prompt, question, problem
+    answer_field: str | None = None  # None: the first of answer, solution (GSM8K '#### x' or \boxed{x})
+    chat_template: bool = True  # wrap prompts in the tokenizer's chat template (when it has one)
+    system_prompt: str | None = None
+    # appended to every prompt (the usual instruction for math_boxed)
+    instruction: str | None = "Please reason step by step, and put your final answer within \\boxed{}."
 
     @model_validator(mode="after")
     def _lens(self) -> TaskSpec:
         if self.min_len > self.max_len:
             raise ValueError(f"min_len ({self.min_len}) must be <= max_len ({self.max_len})")
+        if self.name == "jsonl" and self.path is None:
+            raise ValueError("name: jsonl needs path (a .jsonl file of prompts and answers)")
+        if self.name != "jsonl" and self.path is not None:
+            raise ValueError(f"path applies to name: jsonl only (task {self.name!r} generates its own problems)")
+        if self.reward == "math_boxed" and self.name != "jsonl":
+            raise ValueError(f"reward math_boxed scores a jsonl dataset; task {self.name!r} uses exact_match")
         return self
 
 
@@ -94,6 +130,9 @@ class TrainerSpec(Strict):
     nodes: Annotated[int, Field(ge=1, le=1024)] = 1
     # Price per node-hour. Defaults to the provider's catalog when omitted.
     hourly_price: Annotated[float, Field(ge=0)] | None = None
+    # Training across the cluster's GPUs/nodes when launched under torchrun (trainer/distributed.py):
+    # ddp = replicated weights, gradients all-reduced; fsdp = weights, gradients and optimizer sharded.
+    strategy: Literal["ddp", "fsdp"] = "ddp"
 
     _acc = field_validator("accelerators")(classmethod(lambda cls, v: _parse_accelerator(v)))
 
@@ -135,6 +174,9 @@ class LengthSpec(Strict):
 
 class SyntheticSpec(Strict):
     lengths: LengthSpec = LengthSpec()
+    # Prompt length the synthetic engine charges prefill for (None: the task prompt's real length),
+    # e.g. 1000 to model a long-prompt LLM workload without sending long prompts.
+    prompt_tokens: Annotated[int, Field(ge=1, le=1_000_000)] | None = None
 
 
 class RolloutSpec(Strict):
@@ -150,7 +192,8 @@ class RolloutSpec(Strict):
     # The trainer cluster also generates (the reserved-cluster share of rollout).
     trainer_engine: bool = True
     # float64 makes sampling reproducible across batch shapes and migration (tiny models only).
-    engine_dtype: Literal["float32", "float64"] = "float32"
+    # bfloat16/float16 for hf models on GPUs; auto = model.dtype for hf, float32 for tiny-gpt.
+    engine_dtype: Literal["float32", "float64", "bfloat16", "float16", "auto"] = "float32"
     # ---- scheduling policies (trainer/policies/) ----
     # When the trainer's own engine stops generating and goes back to training (README: offload).
     offload_policy: Literal["none", "rlboost", "predictive"] = "predictive"
@@ -237,6 +280,18 @@ class JobSpec(Strict):
         a, m, t = self.algorithm, self.model, self.task
         # prompt = BOS + up to max_len symbols + separator; response = max_new_tokens
         need = t.max_len * (2 if t.name == "add" else 1) + 3 + a.max_new_tokens
+        if (m.kind == "hf") != (t.name == "jsonl"):
+            raise ValueError(
+                f"model.kind is {m.kind!r} but task.name is {t.name!r}: kind: hf trains on a jsonl dataset "
+                "(task: {name: jsonl, path: ...}); the built-in string tasks go with tiny-gpt (or synthetic)"
+            )
+        if self.rollout.engine == "vllm" and m.kind != "hf":
+            raise ValueError(
+                f"rollout.engine is 'vllm' but model.kind is {m.kind!r}: vLLM runs Hugging Face models "
+                "(model: {kind: hf, path: ...}); use engine: torch for tiny-gpt"
+            )
+        if self.rollout.engine_dtype == "float64" and self.rollout.engine == "vllm":
+            raise ValueError("rollout.engine_dtype float64 is a torch-engine option (vLLM: float32, bfloat16, float16)")
         if m.kind == "tiny-gpt" and need > m.block_size:
             raise ValueError(
                 f"model.block_size ({m.block_size}) is shorter than the longest prompt + "
@@ -373,6 +428,31 @@ def resolve_paths(spec: JobSpec, base: Path) -> JobSpec:
             )
         syn = spec.rollout.synthetic.model_copy(update={"lengths": lens.model_copy(update={"recorded": full})})
         spec = spec.model_copy(update={"rollout": spec.rollout.model_copy(update={"synthetic": syn})})
+    return _resolve_hf_paths(spec, base)
+
+
+def _resolve_hf_paths(spec: JobSpec, base: Path) -> JobSpec:
+    """task.path must exist; model.path is a local directory when it looks like a path or exists
+    next to the job file, else a hub id (`org/name`, fetched by the trainer and the workers)."""
+    task, model = spec.task, spec.model
+    if task.path is not None:
+        full = task.path if task.path.is_absolute() else (base / task.path).resolve()
+        if not full.is_file():
+            raise SpecError(f"task.path: file {task.path} not found (resolved to {full}); fix the path")
+        spec = spec.model_copy(update={"task": task.model_copy(update={"path": full})})
+    if model.kind == "hf" and model.path:
+        raw = Path(model.path).expanduser()
+        full = raw if raw.is_absolute() else (base / raw).resolve()
+        looks_local = model.path.startswith(("/", "./", "../", "~")) or model.path.count("/") != 1
+        if full.is_dir():
+            if not (full / "config.json").is_file():
+                raise SpecError(f"model.path: {full} has no config.json (a Hugging Face model directory is needed)")
+            spec = spec.model_copy(update={"model": model.model_copy(update={"path": str(full)})})
+        elif looks_local:
+            raise SpecError(
+                f"model.path: directory {model.path} not found (resolved to {full}); fix the path, "
+                "or give a hub id as org/name"
+            )
     return spec
 
 

@@ -8,6 +8,7 @@ import os
 import sqlite3
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -22,15 +23,47 @@ EXAMPLE = ROOT / "examples" / "aws-gcp.yaml"
 CLOUD_VARS = ("AWS_", "GOOGLE_", "CLOUDSDK_", "GCLOUD_")
 
 
-def cli(*args: str, home: Path, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
-    """The CLI with no cloud credentials in sight (a fake HOME), plus `env`."""
+def clean_env(home: Path, env: dict[str, str] | None = None) -> dict[str, str]:
+    """No cloud credentials in sight (a fake HOME), plus `env`."""
     base = {k: v for k, v in os.environ.items() if not k.startswith(CLOUD_VARS)}
     fake_home = home.parent / "user-home"
     fake_home.mkdir(exist_ok=True)
-    full = {**base, "HOME": str(fake_home), "RLBOOST_HOME": str(home), "COLUMNS": "200", **(env or {})}
+    return {**base, "HOME": str(fake_home), "RLBOOST_HOME": str(home), "COLUMNS": "200", **(env or {})}
+
+
+def cli_process(*args: str, home: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """The CLI as a user runs it (a process of its own)."""
     return subprocess.run(
-        [sys.executable, "-m", "rlboost_cli.main", *args], env=full, capture_output=True, text=True, timeout=timeout
+        [sys.executable, "-m", "rlboost_cli.main", *args],
+        env=clean_env(home, env),
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
+
+
+@dataclass
+class Result:
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def cli(*args: str, home: Path, env: dict[str, str] | None = None) -> Result:
+    """The same CLI in this process (SkyPilot's catalog is loaded once, not per call)."""
+    from typer.testing import CliRunner
+
+    from rlboost_cli.main import app
+
+    saved = dict(os.environ)
+    os.environ.clear()
+    os.environ.update(clean_env(home, env))
+    try:
+        r = CliRunner().invoke(app, list(args), catch_exceptions=False)
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+    return Result(r.exit_code, r.stdout, r.stderr)
 
 
 def creds(tmp: Path) -> dict[str, str]:
@@ -64,7 +97,7 @@ def variant(tmp: Path, **changes) -> Path:
 
 
 def test_dryrun_prints_the_plan_with_skypilot_catalog_prices(home):
-    out = cli("launch", str(EXAMPLE), "--dryrun", home=home)
+    out = cli_process("launch", str(EXAMPLE), "--dryrun", home=home)
     assert out.returncode == 0, out.stderr
     text = out.stdout
     assert "plan for job aws-gcp-demo (provider skypilot; nothing launched)" in text
@@ -79,7 +112,8 @@ def test_dryrun_prints_the_plan_with_skypilot_catalog_prices(home):
 
 
 def test_dryrun_without_skypilots_catalog_uses_the_bundled_snapshot(home, tmp_path):
-    out = cli("launch", str(EXAMPLE), "--dryrun", home=home, env={"SKY_RUNTIME_DIR": str(tmp_path / "empty")})
+    empty = {"SKY_RUNTIME_DIR": str(tmp_path / "empty")}  # read when sky is imported: a process of its own
+    out = cli_process("launch", str(EXAMPLE), "--dryrun", home=home, env=empty)
     assert out.returncode == 0, out.stderr
     assert "prices for aws: bundled snapshot" in out.stdout and "$32.773/h" in out.stdout
 

@@ -20,8 +20,10 @@ from trainer.learner import Learner
 
 pytestmark = pytest.mark.integration
 
-# capacity drops at t=6s (3 -> 1), t=11s (-> 0) and t=16s (-> 1), trace seconds = wall seconds
-TRACE = {"metadata": {"gap_seconds": 1}, "data": [3] * 6 + [1] * 3 + [3] * 2 + [0] * 2 + [3] * 3 + [1] * 2 + [3] * 200}
+# Capacity drops from 3 to 1 for 2 s out of every 7 (trace seconds = wall seconds), for as long as
+# the job runs: whatever the machine's load, several drops land mid-step, each taking two workers
+# (one with a notice, one abruptly: notice_fraction 0.5 alternates).
+TRACE = {"metadata": {"gap_seconds": 1}, "data": ([3] * 5 + [1] * 2) * 60}
 
 
 STEPS = 30

@@ -310,3 +310,38 @@ def test_controller_bids_backs_off_replaces_preempted_and_tears_everything_down(
     assert len(by_acc["V100"]) >= 4, "and replaced"
     kinds = {e.type for e in store.events(job_id)}
     assert "capacity-unavailable" in kinds
+
+
+def test_a_worker_draining_on_its_notice_is_marked_notice_so_a_replacement_starts_early(tmp_path, fake):
+    from rich.console import Console
+
+    from providers.prices import CloudPrices
+    from rlboost_cli.controller import Controller
+    from rlboost_cli.pricing import spot_offers, trainer_offer
+    from rlboost_cli.spec import parse_spec, spec_to_yaml
+    from rlboost_cli.state import StateStore
+
+    spec = parse_spec(
+        {
+            "name": "drain",
+            "provider": "skypilot",
+            "trainer": {"cloud": "aws", "region": "us-east-1", "accelerators": "A100:8"},
+            "rollout": {"max_workers": 1, "candidates": [{"accelerator": "V100", "clouds": ["aws"]}]},
+        }
+    )
+    store = StateStore(tmp_path / "state.db")
+    job_id = store.create_job(spec.name, spec_to_yaml(spec), spec.provider)
+    write_spec(tmp_path / "run", "drain")
+    provider = SkyPilotProvider(tmp_path / "run", sdk=fake)
+    prices = CloudPrices()
+    ctl = Controller(
+        spec=spec, store=store, job_id=job_id, run_dir=tmp_path / "run", provider=provider, token="tok",
+        trainer_offer=trainer_offer(spec, prices), spot_offers=spot_offers(spec, prices),
+        console=Console(file=io.StringIO()),
+    )
+    store.record_launch(job_id, req("drain-1-w001", cloud="aws", acc="V100"), "skypilot", 3.06)
+    store.update_instance("drain-1-w001", InstanceState.RUNNING, 1.0)
+    ctl._note_draining([{"worker_id": "drain-1-w001", "state": "draining"}, {"worker_id": "x", "state": "ready"}])
+    assert store.instance("drain-1-w001").state == "notice"
+    assert ctl._live_workers() and all(i.state == "notice" for i in ctl._live_workers())  # not counted as live
+    provider.close()

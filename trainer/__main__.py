@@ -36,10 +36,21 @@ def main(argv: list[str] | None = None) -> int:
     except SpecError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    from trainer import distributed
+
+    if distributed.launched():  # under torchrun: rank 0 runs the trainer, the others follow it
+        ctx = distributed.init(spec.trainer.strategy)
+        if ctx.rank != 0:
+            return distributed.run_follower(spec, ctx)
     from trainer.runtime import main_async
 
     args.run_dir.mkdir(parents=True, exist_ok=True)
-    return asyncio.run(main_async(spec, token, args.host, args.port, args.run_dir, args.record_rollouts, args.linger))
+    try:
+        return asyncio.run(
+            main_async(spec, token, args.host, args.port, args.run_dir, args.record_rollouts, args.linger)
+        )
+    finally:
+        distributed.finish()
 
 
 if __name__ == "__main__":

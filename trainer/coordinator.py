@@ -113,7 +113,8 @@ class CoordinatorConfig:
     migration: MigrationConfig | None = field(default_factory=MigrationConfig)
     max_new_tokens: int = 0  # the response budget (for length statistics); 0: learn from requests
     perf: dict[str, AcceleratorPerf] = field(default_factory=dict)  # priors per accelerator
-    tick_s: float = 0.1  # how often offload and migration are reconsidered
+    tick_s: float = 0.1  # how often offload and migration are reconsidered (at least) ...
+    tick_fraction: float = 0.02  # ... or this fraction of the previous step's duration, if longer
     binary_tokens: bool = True  # ask workers for binary token frames
     flush_s: float = 0.02  # how often workers send tokens
 
@@ -227,6 +228,7 @@ class Coordinator:
             for r in requests
         )
         next_tick = now
+        t_start = now
         try:
             while self.book.outstanding(step):
                 self._drain_completed()
@@ -236,7 +238,7 @@ class Coordinator:
                 await self._dispatch()
                 now = self.clock()
                 if now >= next_tick:
-                    next_tick = now + self.cfg.tick_s
+                    next_tick = now + self.tick_period(now - t_start)
                     await self._tick(now)
                 self._changed.clear()
                 if not self.book.outstanding(step):
@@ -253,6 +255,12 @@ class Coordinator:
         done = self.book.collect(step)
         self.responses_total += len(done)
         return done
+
+    def tick_period(self, elapsed: float = 0.0) -> float:
+        """Decisions every tick_s, or every tick_fraction of the step's expected length (the last step's,
+        or how long this one has run): long steps need fewer."""
+        last = self.step_log[-1]["step_s"] if self.step_log else 0.0
+        return max(self.cfg.tick_s, max(last, elapsed) * self.cfg.tick_fraction)
 
     def end_step(self, train_busy_s: float = 0.0, train_tokens: int = 0, busy_during_tail_s: float = 0.0) -> dict:
         """The trainer finished the step (trained and published): let the offload policy learn."""
@@ -451,6 +459,12 @@ class Coordinator:
         left = np.fromiter((r.max_new_tokens for r in unfinished), np.int64, len(unfinished)) - gen
         exp = self.lengths.expected_remaining(gen, left) if unfinished else np.zeros(0)
         held = sum(r.generated for r in self.book.responses.values() if m and r.step == m.step)
+        reserved = {c.id for c in self.engines.values() if c.kind == "reserved"}
+        ctx = sum(len(r.prompt) + int(g) for r, g in zip(unfinished, gen.tolist()) if r.engine in reserved)
+        models = tuple(e.model for e in remote if e.model is not None)
+        if len(models) != len(remote):
+            models = ()  # some engine has no model: fall back to the measured-rate estimate
+        prefill_rate = sum(mm.prefill_tokens_per_s * mm.replicas * mm.speed for mm in models)
         return StepProgress(
             elapsed=now - (m.t0 if m else now),
             remote_engines=len(remote),
@@ -460,6 +474,9 @@ class Coordinator:
             max_remaining=float(exp.max()) if exp.size else 0.0,
             total_tokens=float(held + exp.sum()),
             unfinished=len(unfinished),
+            remaining_sample=self.lengths.sample_remaining(gen, left) if unfinished else None,
+            remote_models=models,
+            handoff_prefill_s=ctx / prefill_rate if prefill_rate > 0 else 0.0,
         )
 
     async def _maybe_offload(self, now: float, m: StepMarks) -> None:

@@ -1,40 +1,90 @@
-"""The learner: TinyGPT in float32 + AdamW, a supervised warm start, and one GRPO update per step.
+"""The learner: the policy (TinyGPT or a Hugging Face causal LM) + AdamW, a supervised warm start,
+and one GRPO update per step; data-parallel or FSDP across torch.distributed ranks when given a
+DistContext (trainer/distributed.py).
 
 Deterministic given the seed: weights are initialised from a forked, seeded torch RNG (the global RNG
 is left alone), warm-start problems come from a seeded numpy Generator, and the model has no dropout
 and uses no nondeterministic kernels. (Pinning torch's thread count is the caller's job.)
+
+Across ranks every rank is given the same step (the same samples); each takes every world-th sample,
+sums its token losses divided by the step's total token count, and gradients are summed over ranks
+(all-reduce, or FSDP's reduce-scatter), so the update equals the single-process one up to float
+summation order. Micro-batches (algorithm.micro_batch_size) accumulate gradients the same way.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 import torch.nn.functional as F
-from torch import Tensor
+from torch import Tensor, nn
 
 from rlboost_cli.spec import AlgorithmSpec, ModelSpec, TaskSpec
-from trainer.grpo import Sample, policy_gradient_loss, sample_advantages
+from trainer.grpo import Sample, sample_advantages
 from trainer.model import TinyGPT, from_spec, left_pad
 from trainer.sampling import request_seed
 from trainer.tasks import Problem, Task, make_task
 from worker.engines.base import Engine, GenRequest
 
+if TYPE_CHECKING:
+    from trainer.distributed import DistContext
+
 WARM_START_BATCH = 32
 GRAD_CLIP = 1.0
+
+__all__ = ["Learner", "Sample", "make_learner", "rollout_groups"]
 
 
 class Learner:
     def __init__(
-        self, model_spec: ModelSpec, algo_spec: AlgorithmSpec, task_spec: TaskSpec, seed: int | None = None
+        self,
+        model_spec: ModelSpec,
+        algo_spec: AlgorithmSpec,
+        task_spec: TaskSpec,
+        seed: int | None = None,
+        task: Task | None = None,
+        dist: DistContext | None = None,
+        device: str | None = None,
     ) -> None:
         self.seed = algo_spec.seed if seed is None else seed
         self.algo = algo_spec
-        self.task: Task = make_task(task_spec)
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(self.seed)
-            self.model = TinyGPT(from_spec(model_spec)).to(torch.float32)
+        self.task: Task = task if task is not None else make_task(task_spec, model_spec)
+        self.dist = dist
+        self.rank, self.world = (dist.rank, dist.world_size) if dist else (0, 1)
+        self.hf = model_spec.kind == "hf"
+        if device is None:
+            device = dist.device if dist else ("cuda" if self.hf and torch.cuda.is_available() else "cpu")
+        self.device = torch.device(device)
+        if self.hf:
+            from trainer import hf_model
+
+            # float32 master weights; bfloat16/float16 models compute under autocast on a GPU and are
+            # published in model.dtype (what the engines run)
+            self.publish_dtype = hf_model.TORCH_DTYPES[model_spec.dtype]
+            self.model: nn.Module = hf_model.from_pretrained(model_spec, torch.float32, self.device)
+            self.model.train()
+            limit = hf_model.max_model_len(model_spec, self.model.config)
+            longest = getattr(self.task, "max_prompt_len", 0) + algo_spec.max_new_tokens
+            if longest > limit:  # found here, not as an engine error in every worker
+                raise ValueError(
+                    f"the longest prompt + algorithm.max_new_tokens is {longest} tokens, over the model's "
+                    f"max_model_len {limit}: raise model.max_model_len, lower max_new_tokens, or shorten prompts"
+                )
+        else:
+            self.publish_dtype = torch.float32
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(self.seed)
+                self.model = TinyGPT(from_spec(model_spec)).to(torch.float32).to(self.device)
+        low = self.device.type == "cuda" and self.publish_dtype != torch.float32
+        self.autocast = self.publish_dtype if low else None
+        if dist is not None and dist.strategy == "fsdp":
+            from trainer.distributed import shard_model
+
+            shard_model(self.model, dist)
         # One AdamW for the warm start and RL (see warm_start); no weight decay on a tiny model.
         self.optimizer = torch.optim.AdamW(
             self.model.parameters(), lr=algo_spec.learning_rate, betas=(0.9, 0.99), weight_decay=0.0
@@ -50,15 +100,14 @@ class Learner:
         Brief on purpose: it teaches the answer format and part of the task, and leaves the rest to
         RL. The optimizer carries over into RL: fresh Adam moments would make the first RL updates
         full-size sign steps on a noisy gradient, which measurably undoes part of the warm start."""
-        loss = torch.tensor(float("nan"))
+        loss = float("nan")
         for _ in range(steps):
-            problems = self.task.sample(self._demo_rng, WARM_START_BATCH)
+            problems = self.task.sample(self._demo_rng, WARM_START_BATCH)  # the same on every rank
             prompts = [p.prompt_ids for p in problems]
             answers = [self.task.demo_ids(p)[len(p.prompt_ids) :] for p in problems]  # answer + EOS
-            logp, mask = self._response_logp(prompts, answers, temperature=1.0)
-            loss = -(logp * mask).sum() / mask.sum()
-            self._update(loss)
-        return {"loss": loss.item(), "steps": float(steps)}
+            loss = self._accumulate(prompts, answers, torch.ones(len(problems)), temperature=1.0)
+            self._update()
+        return {"loss": loss, "steps": float(steps)}
 
     # ---- GRPO ---------------------------------------------------------------------------------
 
@@ -66,30 +115,77 @@ class Learner:
         """One on-policy GRPO update from a step's samples (all groups of the step).
 
         Log-probs are taken at the sampling temperature (logits / T), i.e. of the distribution the
-        responses were drawn from; advantages are normalised within each `Sample.group`."""
+        responses were drawn from; advantages are normalised within each `Sample.group`. The loss is
+        the token-level mean of -A * log pi (trainer.grpo.policy_gradient_loss)."""
         if not samples:
             raise ValueError("train_step needs at least one sample")
         adv = sample_advantages(samples)
-        logp, mask = self._response_logp(
-            [s.prompt_ids for s in samples], [s.response_ids for s in samples], self.algo.temperature
+        loss = self._accumulate(
+            [s.prompt_ids for s in samples], [s.response_ids for s in samples], adv, self.algo.temperature
         )
-        loss = policy_gradient_loss(logp, adv, mask)
-        grad_norm = self._update(loss)
+        grad_norm = self._update()
         self.steps_done += 1
         return {
-            "loss": loss.item(),
+            "loss": loss,
             "reward_mean": float(np.mean([s.reward for s in samples])),
             "adv_abs_mean": float(adv.abs().mean()),
-            "tokens": float(mask.sum()),
+            "tokens": float(sum(len(s.response_ids) for s in samples)),
             "grad_norm": grad_norm,
         }
 
-    def _update(self, loss: Tensor) -> float:
-        self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+    def _accumulate(
+        self, prompts: Sequence[list[int]], responses: Sequence[list[int]], coef: Tensor, temperature: float
+    ) -> float:
+        """Backward of -sum_i coef_i * sum_t log pi(response_it) / (all response tokens), over this
+        rank's share of the rows, in micro-batches; returns that loss summed over ranks."""
+        total = max(1, sum(len(r) for r in responses))
+        mine = list(range(self.rank, len(prompts), self.world))
+        mb = self.algo.micro_batch_size or max(1, math.ceil(len(prompts) / self.world))
+        # every rank runs the same number of passes (FSDP's collectives pair up across ranks)
+        passes = max(1, math.ceil(math.ceil(len(prompts) / self.world) / mb))
+        # FSDP averages gradients over ranks; the loss here is already a share of a global sum
+        scale = float(self.world) if self.dist is not None and self.dist.strategy == "fsdp" else 1.0
+        loss_sum = 0.0
+        for k in range(passes):
+            rows = mine[k * mb : (k + 1) * mb]
+            if rows:
+                logp, mask = self._response_logp([prompts[i] for i in rows], [responses[i] for i in rows], temperature)
+                c = coef[rows].to(logp.device, logp.dtype)
+                loss = -(c[:, None] * logp * mask).sum() / total
+            else:  # a rank with no rows left still takes part: a zero-weight pass over a dummy row
+                logp, mask = self._response_logp([prompts[0]], [responses[0] or [0]], temperature)
+                loss = (logp * 0.0).sum()
+            (loss * scale).backward()
+            loss_sum += float(loss.detach())
+        if self.world > 1:
+            import torch.distributed as tdist
+
+            t = torch.tensor([loss_sum], dtype=torch.float64, device=self.device)
+            tdist.all_reduce(t)
+            loss_sum = float(t.item())
+        return loss_sum
+
+    def _update(self) -> float:
+        if self.dist is not None and self.dist.strategy == "ddp":
+            from trainer.distributed import all_reduce_grads
+
+            all_reduce_grads(self.model)
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), GRAD_CLIP)
+        if hasattr(grad_norm, "full_tensor"):  # a DTensor under FSDP
+            grad_norm = grad_norm.full_tensor()
         self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
         return float(grad_norm)
+
+    def _logits(self, idx: Tensor, positions: Tensor, mask: Tensor) -> Tensor:
+        if self.hf:
+            from trainer import hf_model
+
+            with torch.autocast(self.device.type, dtype=self.autocast, enabled=self.autocast is not None):
+                logits, _ = hf_model.forward(self.model, idx, positions, mask)
+            return logits
+        logits, _ = self.model(idx, positions, mask)
+        return logits
 
     def _response_logp(
         self, prompts: Sequence[list[int]], responses: Sequence[list[int]], temperature: float
@@ -97,14 +193,15 @@ class Learner:
         """Log-probs of each response token given prompt + earlier tokens: ([N, L-1], mask [N, L-1]).
 
         Rows are left padded, so row i's response occupies the last len(response_i) target columns."""
-        idx, positions, mask = left_pad([[*p, *r] for p, r in zip(prompts, responses, strict=True)])
-        logits, _ = self.model(idx[:, :-1], positions[:, :-1], mask[:, :-1])
+        idx, positions, mask = left_pad([[*p, *r] for p, r in zip(prompts, responses, strict=True)], self.device)
+        logits = self._logits(idx[:, :-1], positions[:, :-1], mask[:, :-1])
         logp = F.log_softmax(logits.float() / temperature, dim=-1)
         logp = logp.gather(2, idx[:, 1:, None]).squeeze(2)
         width = idx.shape[1] - 1
-        lens = torch.tensor([len(r) for r in responses])
-        resp_mask = torch.arange(width)[None, :] >= (width - lens)[:, None]
-        return logp * resp_mask, resp_mask
+        lens = torch.tensor([len(r) for r in responses], device=self.device)
+        resp_mask = torch.arange(width, device=self.device)[None, :] >= (width - lens)[:, None]
+        # where(), not a product: a padding row's logits may be anything (even NaN) and must not leak
+        return torch.where(resp_mask, logp, torch.zeros_like(logp)), resp_mask
 
     # ---- weights and scoring ------------------------------------------------------------------
 
@@ -117,12 +214,39 @@ class Learner:
         return logp[0, -len(response_ids) :].tolist()
 
     def state_dict(self) -> dict[str, Tensor]:
-        """Detached, contiguous CPU float32 copies; names are TinyGPT's parameter names."""
-        return {k: v.detach().to("cpu", torch.float32).clone().contiguous() for k, v in self.model.state_dict().items()}
+        """Detached, contiguous CPU copies in the publish dtype (float32 for tiny-gpt; model.dtype for
+        hf). Names are the model's parameter names (an hf model's checkpoint names, tied weights once).
+        Under FSDP every rank must call this (it gathers the shards)."""
+        params = dict(self.model.named_parameters())
+        if not self.hf:
+            params = dict(self.model.state_dict())
+        out = {}
+        for k, v in params.items():
+            v = v.detach()
+            if hasattr(v, "full_tensor"):
+                v = v.full_tensor()
+            out[k] = v.to("cpu", self.publish_dtype).clone().contiguous()
+        return out
 
     def load_state_dict(self, tensors: Mapping[str, Tensor]) -> None:
         """Restore weights (e.g. from a checkpoint); optimizer state is not part of it."""
+        if self.hf:
+            own = dict(self.model.named_parameters())
+            with torch.no_grad():
+                for k, v in tensors.items():
+                    own[k].copy_(torch.as_tensor(v))
+            return
         self.model.load_state_dict({k: torch.as_tensor(v) for k, v in tensors.items()})
+
+
+def make_learner(spec, dist: DistContext | None = None):
+    """The learner for a job (JobSpec); under torchrun, rank 0's handle that drives every rank."""
+    learner = Learner(spec.model, spec.algorithm, spec.task, seed=spec.algorithm.seed, dist=dist)
+    if dist is None or dist.world_size == 1:
+        return learner
+    from trainer.distributed import LeaderLearner
+
+    return LeaderLearner(learner)
 
 
 def rollout_groups(

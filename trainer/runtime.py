@@ -22,13 +22,13 @@ import torch
 from aiohttp import web
 
 from rlboost_cli.spec import JobSpec
-from trainer import scheduling
+from trainer import distributed, scheduling
 from trainer.coordinator import Coordinator, CoordinatorConfig, RolloutRequest
-from trainer.learner import Learner, Sample
+from trainer.learner import Sample, make_learner
 from trainer.policies.tail_batching import TailBatcher
 from trainer.synthetic_learner import SyntheticLearner
 from trainer.server import build_app
-from trainer.tasks import EOS, make_task
+from trainer.tasks import make_task
 from trainer.weights import WeightPublisher
 
 log = logging.getLogger("rlboost.trainer")
@@ -55,11 +55,12 @@ class TrainerRuntime:
         self.token = token
         self.run_dir = run_dir
         self.record_rollouts = record_rollouts
-        self.task = make_task(spec.task)
+        self.task = make_task(spec.task, spec.model)
         if spec.model.kind == "synthetic":  # no torch work: training takes tokens / train rate
             self.learner = SyntheticLearner(scheduling.trainer_tokens_per_s(spec))
         else:
-            self.learner = Learner(spec.model, spec.algorithm, spec.task, seed=spec.algorithm.seed)
+            # under torchrun: rank 0's handle that drives every rank (trainer/distributed.py)
+            self.learner = make_learner(spec, distributed.current())
         ro = spec.rollout
         self.batcher = TailBatcher(spec.algorithm.prompts_per_step, ro.tail_over_launch) if ro.tail_batching else None
         self.publisher = WeightPublisher()
@@ -105,7 +106,7 @@ class TrainerRuntime:
                 model=scheduling.welcome_model(spec),
                 engine_dtype=spec.rollout.engine_dtype,
                 engine_batch=spec.rollout.engine_batch,
-                eos_id=EOS,
+                eos_id=self.task.eos_id,
                 **scheduling.coordinator_options(spec),
             ),
             offload=scheduling.offload_policy(spec),

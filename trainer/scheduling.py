@@ -92,6 +92,7 @@ def welcome_model(spec: JobSpec) -> dict:
                 "recorded": list(lm.recorded),
             },
             "default_accelerator": "cpu",
+            "prompt_tokens": spec.rollout.synthetic.prompt_tokens,
         }
     return out
 

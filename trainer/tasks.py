@@ -1,4 +1,6 @@
-"""Verifiable toy tasks over a character-level vocabulary, with an exact-match reward.
+"""Verifiable tasks: toy string tasks over a character-level vocabulary (tiny-gpt), with an
+exact-match reward, and a JSONL prompt dataset scored by a verifier (Hugging Face models; see
+JsonlTask at the end).
 
 A problem is `BOS <symbols> SEP`; the policy must answer `<answer symbols> EOS`. The reward is 1.0
 iff the generated response (exactly the ids the engine produced, EOS included when it stopped on
@@ -9,10 +11,11 @@ a seeded generator gives the same problems on every machine.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
-from rlboost_cli.spec import TaskSpec
+from rlboost_cli.spec import ModelSpec, TaskSpec
 
 PAD, BOS, EOS, SEP = 0, 1, 2, 3
 SYMBOLS = "0123456789abcdefghijklmnopqrstuvwxyz+"
@@ -48,14 +51,17 @@ def decode(ids: list[int]) -> str:
 @dataclass
 class Problem:
     prompt_ids: list[int]  # BOS + symbols + SEP
-    answer_ids: list[int]  # the correct answer, without EOS
+    answer_ids: list[int]  # the correct answer, without EOS (empty for a dataset problem)
     text: str  # e.g. "^abc=cba$", for logs
+    answer: str = ""  # a dataset problem's reference answer (what the verifier compares with)
+    index: int = -1  # a dataset problem's record number
 
 
 class Task:
     """Base class: subclasses define `_question(rng)` and `_answer(question)` on symbol strings."""
 
     name = "task"
+    eos_id = EOS  # the token that ends a response
 
     def __init__(self, min_len: int, max_len: int, alphabet: str) -> None:
         if not 1 <= min_len <= max_len:
@@ -145,10 +151,87 @@ class Add(Task):
 DEFAULT_ALPHABET = LETTERS[:10]
 
 
-def make_task(spec: TaskSpec, alphabet: str = DEFAULT_ALPHABET) -> Task:
+def make_task(spec: TaskSpec, model: ModelSpec | None = None, alphabet: str = DEFAULT_ALPHABET) -> Task:
+    """The job's task; a jsonl task needs the model (its tokenizer and chat template)."""
+    if spec.name == "jsonl":
+        if model is None or model.kind != "hf":
+            raise ValueError("task jsonl needs an hf model (its tokenizer encodes the prompts)")
+        from trainer import hf_model
+
+        return JsonlTask(spec, hf_model.load_tokenizer(model))
     if spec.name == "add":
         return Add(spec.min_len, spec.max_len)
     classes: dict[str, type[Task]] = {"reverse": Reverse, "copy": Copy, "sort": Sort}
     if spec.name not in classes:
         raise ValueError(f"unknown task {spec.name!r} (known: add, {', '.join(classes)})")
     return classes[spec.name](spec.min_len, spec.max_len, alphabet)
+
+
+class JsonlTask(Task):
+    """Prompts from a JSONL dataset (trainer/datasets.py), rewarded by a verifier on the decoded
+    response (trainer/verifiers.py). Prompts go through the tokenizer's chat template when it has one
+    (and task.chat_template is on); problems are drawn in a seeded shuffled order, epoch after epoch."""
+
+    name = "jsonl"
+
+    def __init__(self, spec: TaskSpec, tokenizer: Any) -> None:
+        from trainer import datasets, hf_model, verifiers
+
+        assert spec.path is not None
+        self.spec, self.tokenizer = spec, tokenizer
+        self.eos_id = hf_model.eos_token_id(tokenizer)
+        self.records = datasets.load_jsonl(spec.path, spec.prompt_field, spec.answer_field)
+        self.verify = verifiers.VERIFIERS[spec.reward]
+        self._prompts = [self._encode_prompt(r.prompt) for r in self.records]
+        self._order: list[int] = []
+
+    def _encode_prompt(self, text: str) -> list[int]:
+        content = f"{text}\n{self.spec.instruction}" if self.spec.instruction else text
+        if self.spec.chat_template and getattr(self.tokenizer, "chat_template", None):
+            messages = [{"role": "user", "content": content}]
+            if self.spec.system_prompt:
+                messages.insert(0, {"role": "system", "content": self.spec.system_prompt})
+            ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+            if isinstance(ids, dict) or hasattr(ids, "input_ids"):  # BatchEncoding on newer transformers
+                ids = ids["input_ids"]
+            return [int(i) for i in ids]
+        if self.spec.system_prompt:
+            content = f"{self.spec.system_prompt}\n{content}"
+        return [int(i) for i in self.tokenizer.encode(content, add_special_tokens=True)]
+
+    @property
+    def max_prompt_len(self) -> int:
+        return max(len(p) for p in self._prompts)
+
+    def sample(self, rng: np.random.Generator, n: int) -> list[Problem]:
+        out = []
+        for _ in range(n):
+            if not self._order:
+                self._order = [int(i) for i in rng.permutation(len(self.records))][::-1]
+            i = self._order.pop()
+            r = self.records[i]
+            out.append(Problem(list(self._prompts[i]), [], r.prompt[:80], answer=r.answer, index=i))
+        return out
+
+    def reward(self, problem: Problem, response_ids: list[int]) -> float:
+        return self.verify(self.decode_response(response_ids), problem.answer)
+
+    def decode_response(self, ids: list[int]) -> str:
+        body = ids[:-1] if ids and ids[-1] == self.eos_id else ids
+        return self.tokenizer.decode(body, skip_special_tokens=True)
+
+    def demo_ids(self, problem: Problem) -> list[int]:
+        demo = self.records[problem.index].demonstration
+        if demo is None:
+            raise ValueError(
+                f"{self.spec.path}: record {problem.index + 1} has no worked solution for the warm start "
+                "(set algorithm.warm_start_steps: 0, or give answers with reasoning: '#### x' or \\boxed{x})"
+            )
+        return [*problem.prompt_ids, *self.tokenizer.encode(demo, add_special_tokens=False), self.eos_id]
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids)
+
+    @property
+    def max_answer_len(self) -> int:
+        return 0  # unknown: responses are free text

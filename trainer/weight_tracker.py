@@ -103,13 +103,18 @@ class SwarmTracker:
             held = set().union(*(p.have for p in sw.peers.values() if p.url is not None or p is sw.peers[a.peer_id]))
             mine = [c for c, (pid, _) in sw.leases.items() if pid == a.peer_id]
             grants = list(mine)
-            if len(grants) < a.want:
+            # A fair share of what the trainer still has to send: spread over the live pullers,
+            # every chunk reaches the swarm sooner and no single puller's uplink carries it all.
+            pullers = sum(1 for p in sw.peers.values() if not p.done and now - p.seen <= self.lease_s)
+            open_chunks = sum(1 for c in range(sw.n_chunks) if c not in held and c not in sw.leases)
+            share = -(-(open_chunks + len(sw.leases)) // max(1, pullers))
+            if len(grants) < min(a.want, share):
                 for c in range(sw.n_chunks):
                     if c not in held and c not in sw.leases:
                         sw.leases[c] = (a.peer_id, now + self.lease_s)
                         grants.append(c)
                         sw.granted += 1
-                        if len(grants) >= a.want:
+                        if len(grants) >= min(a.want, share):
                             break
             peers = [
                 {"url": p.url, "have": encode_bits(p.have, sw.n_chunks)}

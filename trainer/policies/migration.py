@@ -16,6 +16,8 @@ import heapq
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 from trainer.policies.perf import EngineModel
 from trainer.policies.views import EngineView, ReqView
 
@@ -60,10 +62,14 @@ def plan_migrations(
                 cands.append((r.expected_left * st, r, src))
     cands.sort(key=lambda c: -c[0])
     moves: list[tuple[str, str]] = []
-    for _, r, src in cands:
-        if not heap or len(moves) >= cfg.max_moves:
-            break
-        st_src = src.seq_time(load[src.id], default_model)
+    st_cache: dict[tuple[str, int], float] = {}
+    for stay0, r, src in cands:
+        if not heap or len(moves) >= cfg.max_moves or stay0 < cfg.min_gain_s:
+            break  # sorted by time to stay: nothing further down can gain enough
+        key = (src.id, load[src.id])
+        st_src = st_cache.get(key)
+        if st_src is None:
+            st_src = st_cache[key] = src.seq_time(load[src.id], default_model)
         stay = r.expected_left * st_src
         t_time, tid = heap[0]
         if tid == src.id:
@@ -79,3 +85,9 @@ def plan_migrations(
         if load[tid] < tgt.capacity:
             heapq.heappush(heap, (tgt.seq_time(load[tid] + 1, default_model), tid))
     return moves
+
+
+def worth_a_look(expected_left: np.ndarray, seq_time_src: float, on_engine_s: np.ndarray, cfg: MigrationConfig) -> np.ndarray:
+    """Cheap vectorised pre-filter of one source engine's responses: those plan_migrations could move
+    (settled long enough, and staying would take longer than the smallest gain it accepts)."""
+    return (np.asarray(on_engine_s) >= cfg.min_on_engine_s) & (np.asarray(expected_left) * seq_time_src >= cfg.min_gain_s)

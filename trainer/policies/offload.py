@@ -23,8 +23,13 @@ Policies (pure; the coordinator and the simulator feed them the same numbers):
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
+
+import numpy as np
+
+from trainer.policies.perf import EngineModel
 
 
 @dataclass(frozen=True)
@@ -39,6 +44,10 @@ class StepProgress:
     max_remaining: float  # expected remaining tokens of the longest unfinished response
     total_tokens: float  # expected tokens of the whole step (held + remaining)
     unfinished: int
+    # a plausible draw of each unfinished response's remaining tokens (LengthStats.sample_remaining)
+    remaining_sample: np.ndarray | None = None
+    remote_models: tuple[EngineModel, ...] = ()  # models of the ready remote engines (when known)
+    handoff_prefill_s: float = 0.0  # re-prefill of the reserved engine's partial responses, remotely
 
 
 @dataclass(frozen=True)
@@ -147,6 +156,8 @@ class PredictiveOffload:
     def remote_finish_s(self, p: StepProgress) -> float:
         if p.remote_rate <= 0:
             return float("inf")
+        if p.remaining_sample is not None and p.remote_models:
+            return pool_finish_s(p.remaining_sample, p.remote_models) + p.handoff_prefill_s
         tail = p.max_remaining / p.remote_seq_rate if p.remote_seq_rate > 0 else 0.0
         return max(p.remaining_tokens / p.remote_rate, tail)
 
@@ -163,6 +174,29 @@ class PredictiveOffload:
             self._rate_samples.append(o.train_tokens / o.train_busy_s)
             del self._rate_samples[:-5]
             self.train_tokens_per_s = sorted(self._rate_samples)[len(self._rate_samples) // 2]
+
+
+def pool_finish_s(remaining: np.ndarray, models: Sequence[EngineModel]) -> float:
+    """Seconds for a pool of engines to generate `remaining` tokens per sequence, all starting now,
+    with continuous batching and the load kept balanced (tail migration): while k sequences are left,
+    each advances one token per step_time(k spread over the pool's GPUs). Exact for a fluid pool:
+        T = sum_k (r_(k) - r_(k+1)) * step_time(k)   over the remaining lengths sorted descending."""
+    if remaining.size == 0:
+        return 0.0
+    if not models:
+        return float("inf")
+    gpus = sum(m.replicas for m in models)
+    w = np.array([m.replicas for m in models], dtype=np.float64) / gpus
+    t1 = float(np.dot(w, [m._t1 / m.speed for m in models]))
+    slope = float(np.dot(w, [m._slope / m.speed for m in models]))
+    batch = float(np.dot(w, [m.max_batch for m in models]))
+    r = np.sort(np.asarray(remaining, dtype=np.float64))[::-1]
+    step = r - np.append(r[1:], 0.0)
+    load = np.arange(1, r.size + 1, dtype=np.float64) / gpus
+    st = t1 + slope * np.maximum(load - 1.0, 0.0)
+    full = t1 + slope * (batch - 1.0)
+    st = np.where(load <= batch, st, load / batch * full)  # beyond the batch: queueing at the full rate
+    return float(np.dot(step, st))
 
 
 def make_offload(name: str, *, train_tokens_per_s: float, overlap: bool, min_box_s: float = 5.0) -> OffloadPolicy:

@@ -11,7 +11,6 @@ A node with k GPUs is k such engines behind one connection (n spread evenly over
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, replace
 
 
@@ -75,6 +74,12 @@ class EngineModel:
             raise ValueError("engine rates and speed must be > 0")
         if self.ref_batch < 1 or self.max_batch < 1 or self.replicas < 1:
             raise ValueError("ref_batch, max_batch and replicas must be >= 1")
+        # step_time(n) is on every scheduling path: precompute its two coefficients
+        t1 = 1.0 / self.seq_tokens_per_s
+        # a batch can never be slower per step than running its sequences one by one
+        slope = max(0.0, (self.ref_batch / self.tokens_per_s - t1) / (self.ref_batch - 1)) if self.ref_batch > 1 else 0.0
+        object.__setattr__(self, "_t1", t1)
+        object.__setattr__(self, "_slope", slope)
 
     @classmethod
     def for_accelerator(
@@ -88,20 +93,11 @@ class EngineModel:
     def capacity(self) -> int:
         return self.max_batch * self.replicas
 
-    @property
-    def _t1(self) -> float:
-        return 1.0 / self.seq_tokens_per_s
-
-    @property
-    def _slope(self) -> float:
-        if self.ref_batch <= 1:
-            return 0.0
-        # a batch can never be slower per step than running its sequences one by one
-        return max(0.0, (self.ref_batch / self.tokens_per_s - self._t1) / (self.ref_batch - 1))
-
     def step_time(self, n: int | float) -> float:
         """Seconds per decode step with n live sequences on this node."""
-        per_gpu = max(1.0, n / self.replicas)
+        per_gpu = n / self.replicas
+        if per_gpu < 1.0:
+            per_gpu = 1.0
         return (self._t1 + self._slope * (per_gpu - 1.0)) / self.speed
 
     def rate(self, n: int | float) -> float:
@@ -136,6 +132,3 @@ def train_rate(accelerator: str | None, table: dict[str, AcceleratorPerf], nodes
         raise KeyError(f"no performance model for accelerator {name!r}")
     return perf.train_tokens_per_s * count * nodes
 
-
-def ceil_div(a: int, b: int) -> int:
-    return -(-a // b) if b else math.inf  # type: ignore[return-value]

@@ -16,7 +16,7 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from trainer.policies.lengths import LengthModel, mix64, prompt_key
+from trainer.policies.lengths import LengthModel, mix64
 from trainer.policies.perf import AcceleratorPerf, EngineModel, engine_model
 from worker.engines.base import FinishReason, GenRequest, OnTokens
 
@@ -64,6 +64,7 @@ class SyntheticEngine:
         lengths: LengthModel,
         *,
         tick_s: float = 0.01,
+        prompt_tokens: int | None = None,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
@@ -74,6 +75,7 @@ class SyntheticEngine:
         self.sleep = sleep
         self.version: int | None = None
         self.max_batch = model.capacity
+        self.prompt_tokens = prompt_tokens  # prefill is charged for this prompt length when set
 
     def load_weights(self, version: int, tensors: Mapping[str, object]) -> None:
         if not isinstance(tensors, Mapping):
@@ -112,14 +114,14 @@ class SyntheticEngine:
             prefill = 0
             while pending and len(live) < cap:
                 r = pending.popleft()
-                if r.rid in live or r.rid in reasons:
-                    raise ValueError(f"{r.rid}: request id already in this batch")
+                if r.rid in live:  # (an rid may come back after it ended here: aborted, then re-sent)
+                    raise ValueError(f"{r.rid}: request id already running in this batch")
                 stop, eos = response_end(r, self.lengths)
                 if r.max_new_tokens <= 0 or stop <= len(r.prefix):
                     end(r.rid, "length")
                     continue
                 live[r.rid] = _Seq(r, len(r.prefix), stop, eos)
-                prefill += len(r.prompt) + len(r.prefix)
+                prefill += (self.prompt_tokens or len(r.prompt)) + len(r.prefix)
             if prefill:
                 # decoding stalls while new sequences are prefilled
                 self.sleep(self.model.prefill_time(prefill))
@@ -149,7 +151,9 @@ class SyntheticEngine:
                     end(s.req.rid, "eos" if s.eos else "length")
 
 
-def model_from_welcome(model: Mapping, max_batch: int, env: Mapping[str, str] | None = None) -> tuple[EngineModel, LengthModel]:
+def model_from_welcome(
+    model: Mapping, max_batch: int, env: Mapping[str, str] | None = None
+) -> tuple[EngineModel, LengthModel]:
     """The engine and length models for this node from the welcome's model dict.
 
     The trainer sends the job's performance table and length model; the node's accelerator
@@ -169,3 +173,9 @@ def model_from_welcome(model: Mapping, max_batch: int, env: Mapping[str, str] | 
         recorded=tuple(int(x) for x in lens.get("recorded", ())),
     )
     return em, lm
+
+
+def engine_from_welcome(model: Mapping, max_batch: int, env: Mapping[str, str] | None = None) -> SyntheticEngine:
+    em, lm = model_from_welcome(model, max_batch, env)
+    pt = (model.get("synthetic") or {}).get("prompt_tokens")
+    return SyntheticEngine(em, lm, prompt_tokens=int(pt) if pt else None)

@@ -1,4 +1,5 @@
-"""The torch engine: batched TinyGPT generation with a KV cache, on CPU (or any torch device).
+"""The torch engine: batched generation with a KV cache for TinyGPT or any Hugging Face causal LM
+(`model: {kind: hf}`, built from its config; every weight comes from load_weights), on CPU or GPU.
 
 Each batch is prefilled with prompt + prefix (left padded), then decoded one token per step for all
 live sequences. Token t of a response is drawn by trainer.sampling.sample from (request seed, t),
@@ -15,31 +16,74 @@ import numpy as np
 import torch
 
 from rlboost_cli.spec import ModelSpec
+from trainer import sampling_torch
 from trainer.model import TinyGPT, from_spec, left_pad
 from trainer.sampling import sample
 from trainer.tasks import EOS, PAD
 from worker.engines.base import FinishReason, GenRequest, OnTokens
 
-_DTYPES = {"float32": torch.float32, "float64": torch.float64}
+_DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 class TorchEngine:
     name = "torch"
 
-    def __init__(self, model_spec: ModelSpec, dtype: str = "float32", max_batch: int = 64, device: str = "cpu") -> None:
+    def __init__(
+        self,
+        model_spec: ModelSpec,
+        dtype: str = "float32",
+        max_batch: int = 64,
+        device: str | None = None,
+        eos_id: int | None = None,
+    ) -> None:
         if dtype not in _DTYPES:
             raise ValueError(f"dtype must be one of {', '.join(_DTYPES)}, got {dtype!r}")
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
+        if device is None:  # tiny-gpt stays on the CPU (the local default); hf models take a GPU if any
+            device = "cuda" if model_spec.kind == "hf" and torch.cuda.is_available() else "cpu"
         self.dtype, self.max_batch, self.device = _DTYPES[dtype], max_batch, torch.device(device)
         self.version: int | None = None
+        self.hf = model_spec.kind == "hf"
         # Until the first load_weights the engine holds a fixed-seed random init (the global RNG
         # is left alone), so even that is reproducible.
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(0)
-            self.model = TinyGPT(from_spec(model_spec))
+        if self.hf:
+            from trainer import hf_model
+
+            self.model = hf_model.from_config(model_spec, self.dtype, self.device, seed=0)
+            self.block_size = hf_model.max_model_len(model_spec, self.model.config)
+            self.eos_id = eos_id if eos_id is not None else hf_model.eos_token_id(hf_model.load_tokenizer(model_spec))
+        else:
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(0)
+                self.model = TinyGPT(from_spec(model_spec))
+            self.block_size = model_spec.block_size
+            self.eos_id = EOS if eos_id is None else eos_id
         self.model.to(device=self.device, dtype=self.dtype).eval().requires_grad_(False)
         self._params = dict(self.model.named_parameters())
+
+    def _forward(self, idx: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, past: object) -> tuple:
+        """Logits of the last position [B, V] and the new cache, for either model kind."""
+        if self.hf:
+            from trainer import hf_model
+
+            logits, past = hf_model.forward(self.model, idx, positions, mask, past, use_cache=True, last_only=True)
+        else:
+            logits, past = self.model(idx, positions, mask, past)
+        return logits[:, -1], past
+
+    def _sample(self, logits: torch.Tensor, seeds: np.ndarray, positions: np.ndarray, temperature: float):
+        """trainer.sampling's rule; on an accelerator computed there (same noise, bit for bit)."""
+        if self.device.type == "cpu":
+            toks, lps = sample(logits.double().numpy(), seeds, positions, temperature)
+            return toks.tolist(), lps.tolist()
+        toks, lps = sampling_torch.sample(
+            logits,
+            torch.from_numpy(seeds.astype(np.int64)).to(self.device),
+            torch.from_numpy(positions.astype(np.int64)).to(self.device),
+            temperature,
+        )
+        return toks.tolist(), lps.tolist()
 
     def load_weights(self, version: int, tensors: Mapping[str, object]) -> None:
         """Copy a full set of weights into the existing module, casting to the compute dtype.
@@ -67,7 +111,7 @@ class TorchEngine:
         rids = [r.rid for r in requests]
         if len(set(rids)) != len(rids):
             raise ValueError("request ids must be unique within a generate call")
-        block = self.model.cfg.block_size
+        block = self.block_size
         for r in requests:
             used = len(r.prompt) + len(r.prefix)
             if used == 0:
@@ -75,7 +119,7 @@ class TorchEngine:
             if used + r.max_new_tokens > block:
                 raise ValueError(
                     f"{r.rid}: prompt + prefix + max_new_tokens = {used + r.max_new_tokens} "
-                    f"exceeds the model's block_size {block}"
+                    f"exceeds the model's block_size (max_model_len) {block}"
                 )
         reasons: dict[str, FinishReason] = {}
         for start in range(0, len(requests), self.max_batch):
@@ -107,16 +151,16 @@ class TorchEngine:
                     active.append(i)
             if not active:
                 return reasons
-            logits, past = self.model(idx, positions, mask, past)
+            logits, past = self._forward(idx, positions, mask, past)
             resp_pos = np.array([reqs[i].position0 + made[i] for i in active], dtype=np.uint64)
-            toks, lps = sample(logits[active, -1].double().cpu().numpy(), seeds[active], resp_pos, temperature)
+            toks, lps = self._sample(logits[active], seeds[active], resp_pos, temperature)
             next_tok = [PAD] * len(reqs)
-            for i, tok, lp, pos in zip(active, toks.tolist(), lps.tolist(), resp_pos.tolist(), strict=True):
+            for i, tok, lp, pos in zip(active, toks, lps, resp_pos.tolist(), strict=True):
                 r = reqs[i]
                 on_tokens(r.rid, pos, [tok], [lp])
                 made[i] += 1
                 next_tok[i] = tok
-                if tok == EOS:
+                if tok == self.eos_id:
                     reasons[r.rid] = "eos"
                 elif made[i] >= r.max_new_tokens:
                     reasons[r.rid] = "length"

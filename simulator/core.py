@@ -1,0 +1,865 @@
+"""Discrete-event replay of one job under one policy, on a virtual clock.
+
+What runs for real (the same functions as `rlboost launch`):
+  SpotMarket.choose_victims, the controller's reconcile loop (placement order, capacity backoff),
+  the task's prompt sampler and request seeds, LengthModel (the synthetic workload's lengths),
+  LengthStats, plan_dispatch, plan_migrations, the offload policies, TailBatcher.
+What is modelled:
+  engines (continuous batching, step_time(n), prefill stalls - the synthetic engine's model),
+  training (tokens / train rate), boot, weight pulls, the step's fixed overhead.
+
+Timing follows the live job: the trainer is billed from when it serves, spot workers from launch to
+the controller poll that sees them gone; the market is replayed at `local.time_scale` trace seconds
+per second for `provider: local` jobs (1 otherwise).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import random
+from collections import deque
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from providers.spot_market import AvailabilityTrace, SpotMarket
+from rlboost_cli.pricing import Offer
+from rlboost_cli.spec import JobSpec
+from trainer import scheduling
+from trainer.policies.dispatch import plan_dispatch
+from trainer.policies.lengths import LengthModel, LengthStats, prompt_key
+from trainer.policies.migration import plan_migrations, worth_a_look
+from trainer.policies.offload import OffloadPolicy, StepOutcome, StepProgress, make_offload, trainer_idle
+from trainer.policies.perf import EngineModel
+from trainer.policies.tail_batching import TailBatcher
+from trainer.policies.views import EngineView, ReqView
+from trainer.sampling import request_seed
+from trainer.tasks import make_task
+
+INF = float("inf")
+
+
+@dataclass(frozen=True)
+class SimPolicy:
+    name: str
+    offload: str = "predictive"  # none | rlboost | predictive
+    dispatch: str = "rate"  # rate | spread
+    migration: bool = True  # tail migration
+    restart: bool = False  # responses of a lost worker restart from scratch (no token-level resume)
+    tail_batching: bool = False
+    spot: bool = True  # False: the reserved cluster alone
+    label: str = ""
+
+
+PRESETS: dict[str, SimPolicy] = {
+    p.name: p
+    for p in (
+        SimPolicy("on-demand", "none", "spread", False, spot=False, label="reserved cluster alone"),
+        SimPolicy("spot-restart", "none", "spread", False, restart=True, label="spot; lost responses restart"),
+        SimPolicy("rlboost-rule", "rlboost", "spread", True, label="RLBoost's published offload rule"),
+        SimPolicy("rlboost", "predictive", "rate", True, label="predictive offload, rate dispatch, migration"),
+        SimPolicy("rlboost-tail", "predictive", "rate", True, tail_batching=True, label="... + tail batching"),
+    )
+}
+
+
+def policy_from_spec(spec: JobSpec) -> SimPolicy:
+    ro = spec.rollout
+    return SimPolicy(
+        "job",
+        ro.offload_policy,
+        ro.dispatch_policy,
+        ro.migration,
+        tail_batching=ro.tail_batching,
+        spot=ro.max_workers > 0,
+        label="the job file's own settings",
+    )
+
+
+@dataclass
+class SimResult:
+    policy: SimPolicy
+    steps: int
+    run_s: float  # first step start -> last step end (sim seconds)
+    job_s: float  # launch -> teardown
+    trained_tokens: int
+    dollars: float
+    spot_dollars: float
+    trainer_dollars: float
+    preemptions: int
+    migrations: int  # partial responses continued elsewhere (preemption, offload, tail)
+    restarted_tokens: int  # tokens thrown away (restart policy, tail batching)
+    time_scale: float
+    timeline: list[tuple[float, int, int]] = field(default_factory=list)  # (t, live spot workers, tokens)
+    step_log: list[dict] = field(default_factory=list)
+
+    @property
+    def steps_per_hour(self) -> float:
+        return self.steps / self.run_s * 3600 if self.run_s > 0 else 0.0
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.trained_tokens / self.run_s if self.run_s > 0 else 0.0
+
+    @property
+    def tokens_per_dollar(self) -> float:
+        return self.trained_tokens / self.dollars if self.dollars > 0 else 0.0
+
+
+class _Engine:
+    """A modelled engine: continuous batching at step_time(n), decode paused during prefill."""
+
+    __slots__ = (
+        "P", "cap", "epoch", "heap", "id", "idx", "kill_at", "killed_at", "kind", "last", "live", "model",
+        "noticed", "offer", "offloaded", "st", "stall", "started", "state", "version", "victim",
+    )
+
+    def __init__(self, idx: int, eid: str, kind: str, model: EngineModel, offer: Offer | None, t: float) -> None:
+        self.idx, self.id, self.kind, self.model, self.offer = idx, eid, kind, model, offer
+        self.state = "booting"  # booting | pulling | ready | draining | gone
+        self.version = -1
+        self.offloaded = False
+        self.P = 0.0
+        self.last = t
+        self.stall = t
+        self.live: set[int] = set()
+        self.heap: list[tuple[float, int]] = []
+        self.epoch = 0
+        self.cap = model.capacity
+        self.st = model.step_time(1)
+        self.started = t
+        self.victim = False
+        self.noticed = False
+        self.kill_at = INF  # when the market kills it (notice lead over)
+        self.killed_at = INF  # the poll that killed it; the next poll reaps it and billing ends
+
+    def advance(self, t: float) -> None:
+        start = max(self.last, self.stall)
+        if self.live and t > start:
+            self.P += (t - start) / self.st
+        if t > self.last:
+            self.last = t
+
+    def progress_at(self, t: float) -> float:
+        start = max(self.last, self.stall)
+        return self.P + (t - start) / self.st if self.live and t > start else self.P
+
+    def set_load(self) -> None:
+        self.st = self.model.step_time(max(1, len(self.live)))
+
+
+class Simulation:
+    def __init__(
+        self,
+        spec: JobSpec,
+        trace: AvailabilityTrace,
+        policy: SimPolicy,
+        trainer_offer: Offer,
+        spot_offers: list[Offer],
+        lengths: LengthModel | None = None,
+        max_steps: int | None = None,
+        horizon_s: float | None = None,
+    ) -> None:
+        self.spec, self.policy = spec, policy
+        self.sim = spec.simulate
+        self.scale = spec.local.time_scale if spec.provider == "local" else 1.0
+        if spec.local.capacity_scale != 1.0:
+            trace = trace.scaled(spec.local.capacity_scale)
+        self.market = SpotMarket(trace, notice_fraction=spec.local.notice_fraction, seed=spec.algorithm.seed)
+        self.trace = trace
+        self.trainer_offer, self.spot_offers = trainer_offer, spot_offers if policy.spot else []
+        self.lengths = lengths or scheduling.length_model(spec)
+        self.max_steps = max_steps if max_steps is not None else spec.algorithm.steps
+        # replay until: --hours, else the job's steps (the trace's last capacity holds on, as live),
+        # else (no step limit) the end of the trace
+        if horizon_s is None:
+            horizon_s = self.sim.hours * 3600 if self.sim.hours else (INF if max_steps is None else trace.duration)
+        self.horizon = horizon_s / self.scale  # sim seconds
+        self.rng = random.Random(spec.algorithm.seed)  # backoff jitter
+        self.task = make_task(spec.task)
+        self.prompt_rng = np.random.default_rng(spec.algorithm.seed)
+        self.train_rate = scheduling.trainer_tokens_per_s(spec)
+        self.overlap = scheduling.trains_while_generating(spec)
+        self.offload: OffloadPolicy = make_offload(
+            policy.offload,
+            train_tokens_per_s=self.train_rate,
+            overlap=self.overlap,
+            min_box_s=spec.rollout.offload_min_box_s,
+        )
+        self.migration = scheduling.migration_config(spec) if policy.migration else None
+        if policy.migration and self.migration is None:
+            from trainer.policies.migration import MigrationConfig
+
+            self.migration = MigrationConfig()
+        self.batcher = TailBatcher(spec.algorithm.prompts_per_step, spec.rollout.tail_over_launch) if policy.tail_batching else None
+        self.stats = LengthStats(spec.algorithm.max_new_tokens)
+        self.placement = scheduling.placement_tracker(spec, self.spot_offers)
+        self.backoff: dict[str, tuple[int, float]] = {o.key: (0, 0.0) for o in self.spot_offers}
+        self.events: list = []
+        self.seq = 0
+        self.now = 0.0
+        self.engines: list[_Engine] = []
+        self.worker_seq = 0
+        self.published = -1
+        self.trainer_up = INF
+        self.done = False
+        self.end_t = INF
+        # accounting
+        self.bill: list[tuple[float, float, float, bool]] = []  # (start clock, end clock, $/h, spot)
+        self.preemptions = 0
+        self.migrations = 0
+        self.restarted_tokens = 0
+        self.trained_tokens = 0
+        self.steps_done = 0
+        self.first_step_t: float | None = None
+        self.last_step_end = 0.0
+        self.timeline: list[tuple[float, int, int]] = []
+        self.step_log: list[dict] = []
+        self._step = None
+        self._pnow_key: tuple | None = None
+        self._pnow = np.zeros(0)
+
+    # ---- event plumbing ----------------------------------------------------------------
+    def push(self, t: float, kind: str, payload=None) -> None:
+        self.seq += 1
+        heapq.heappush(self.events, (t, self.seq, kind, payload))
+
+    def clock(self, t: float | None = None) -> float:
+        """Trace/billing clock (seconds)."""
+        return (self.now if t is None else t) * self.scale
+
+    def run(self) -> SimResult:
+        self.push(self.sim.boot_s, "trainer_up")
+        self.push(0.0, "poll")
+        while self.events and not self.done:
+            t, _, kind, payload = heapq.heappop(self.events)
+            if t > self.horizon and kind != "end":
+                self._finish(self.horizon)
+                break
+            self.now = t
+            getattr(self, "_on_" + kind)(payload)
+        if not self.done:
+            self._finish(self.now)
+        return self._result()
+
+    # ---- trainer and steps -------------------------------------------------------------
+    def _on_trainer_up(self, _) -> None:
+        self.trainer_up = self.now
+        self.bill_start_trainer = self.clock()
+        self.published = 0
+        if self.spec.rollout.trainer_engine:
+            acc = scheduling.reserved_accelerator(self.spec)
+            e = self._new_engine("reserved", "reserved", scheduling.engine_model_for(self.spec, acc), None)
+            self.push(self.now + self.sim.boot_s, "connect", e.idx)
+        self._start_step()
+
+    def _new_engine(self, eid: str, kind: str, model: EngineModel, offer: Offer | None) -> _Engine:
+        e = _Engine(len(self.engines), eid, kind, model, offer, self.now)
+        self.engines.append(e)
+        return e
+
+    def _on_connect(self, idx: int) -> None:
+        e = self.engines[idx]
+        if e.state == "gone":
+            return
+        self._pull(e)
+
+    def _pull(self, e: _Engine) -> None:
+        e.state = "pulling"
+        pull = self.sim.reserved_pull_s if e.kind == "reserved" else self.sim.pull_s
+        self.push(self.now + pull, "ready", (e.idx, self.published))
+
+    def _on_ready(self, payload) -> None:
+        idx, v = payload
+        e = self.engines[idx]
+        if e.state != "pulling" or v != self.published:
+            return
+        e.state, e.version = "ready", v
+        if self._step is not None:
+            self._step.changed = True
+        self._dispatch()
+
+    def _start_step(self) -> None:
+        spec, algo = self.spec, self.spec.algorithm
+        k = self.steps_done
+        rnd = None
+        if self.batcher is not None:
+            n_fresh = self.batcher.launch_count()
+            rnd = self.batcher.next_round(self.task.sample(self.prompt_rng, n_fresh) if n_fresh else [])
+            problems = rnd.prompts
+        else:
+            problems = self.task.sample(self.prompt_rng, algo.prompts_per_step)
+        G = algo.group_size
+        n = len(problems) * G
+        s = _Step(k, self.now, n, G, rnd, problems)
+        budget = algo.max_new_tokens
+        for i, prob in enumerate(problems):
+            pk = prompt_key(prob.prompt_ids)
+            for g in range(G):
+                j = i * G + g
+                full = self.lengths.length_from_key(pk, request_seed(algo.seed, f"s{k}-p{i}-g{g}"))
+                s.end[j] = min(full, budget)
+                s.eos[j] = full <= budget
+                s.prompt_len[j] = spec.rollout.synthetic.prompt_tokens or len(prob.prompt_ids)
+        s.queue.extend(range(n))
+        n_remote = sum(1 for e in self.engines if e.kind != "reserved" and e.state in ("ready", "pulling"))
+        s.n_remote = n_remote
+        self.offload.start_step(n_remote)
+        if self.first_step_t is None:
+            self.first_step_t = self.now
+        self._step = s
+        s.prev_step_s = self.step_log[-1]["step_s"] if self.step_log else 0.0
+        s.tick = max(0.1, s.prev_step_s * 0.02)
+        self.push(self.now, "tick", k)
+        self._dispatch()
+
+    def _on_tick(self, k: int) -> None:
+        s = self._step
+        if s is None or s.k != k or s.gen_end is not None:
+            return
+        if s.offload_at is None:
+            self._maybe_offload(s)
+        elif not any(e.kind != "reserved" and e.state == "ready" for e in self.engines):
+            for e in self.engines:
+                e.offloaded = False  # every remote engine is gone: the trainer's engine generates again
+        s.ticks += 1
+        s.tick = max(0.1, 0.02 * max(s.prev_step_s, self.now - s.t0))
+        if self.migration is not None and not s.queue and (s.changed or s.ticks % 5 == 0):
+            # (as the coordinator: reconsider when slots freed up, else every 5th tick)
+            s.changed = False
+            self._migrate(s)
+        self._dispatch()
+        self.push(self.now + s.tick, "tick", k)
+
+    # ---- dispatch ----------------------------------------------------------------------
+    def _accepting(self, e: _Engine) -> bool:
+        return e.state == "ready" and e.version == self.published and not e.offloaded
+
+    def _dispatch(self) -> None:
+        s = self._step
+        if s is None or not s.queue or s.gen_end is not None:
+            return
+        open_e = [e for e in self.engines if self._accepting(e) and len(e.live) < e.cap]
+        if not open_e:
+            return
+        free = sum(e.cap - len(e.live) for e in open_e)
+        head = []
+        while s.queue and len(head) < free:
+            i = s.queue.popleft()
+            if not s.done[i] and s.eng[i] < 0:
+                head.append(i)
+        if not head:
+            return
+        if len(head) == free and all(s.held[i] == 0 for i in head):
+            # every free slot fills and the requests are alike: any policy gives the same placement
+            plan, it = [], iter(head)
+            for e in open_e:
+                plan.extend((i, e) for _, i in zip(range(e.cap - len(e.live)), it))
+        else:
+            views = [self._view(e) for e in open_e]
+            by_id = {e.id: e for e in open_e}
+            reqs = self._req_views(s, head)
+            avoid = {str(i): {s.left_from[i]} for i in head if s.left_from.get(i)}
+            got = plan_dispatch(reqs, views, self.policy.dispatch, avoid=avoid)
+            plan = [(int(rid), by_id[eid]) for rid, eid in got]
+            placed = {i for i, _ in plan}
+            s.queue.extendleft(reversed([i for i in head if i not in placed]))
+        by_engine: dict[int, list[int]] = {}
+        for i, e in plan:
+            by_engine.setdefault(e.idx, []).append(i)
+        for idx, items in by_engine.items():
+            self._admit(self.engines[idx], s, items)
+
+    def _admit(self, e: _Engine, s: _Step, items: list[int]) -> None:
+        e.advance(self.now)
+        ctx = 0
+        for i in items:
+            s.eng[i] = e.idx
+            s.pos0[i] = s.held[i]
+            s.p0[i] = e.P
+            s.tgt[i] = e.P + (s.end[i] - s.held[i])
+            s.admit_t[i] = self.now
+            s.left_from.pop(i, None)
+            e.live.add(i)
+            heapq.heappush(e.heap, (s.tgt[i], i))
+            ctx += s.prompt_len[i] + s.held[i]
+        e.stall = max(e.stall, self.now) + e.model.prefill_time(ctx)
+        e.set_load()
+        self._schedule(e)
+
+    def _schedule(self, e: _Engine) -> None:
+        e.epoch += 1
+        s = self._step
+        while e.heap and (e.heap[0][1] not in e.live or s is None or s.tgt[e.heap[0][1]] != e.heap[0][0]):
+            heapq.heappop(e.heap)
+        if not e.heap:
+            return
+        start = max(self.now, e.stall, e.last)
+        t = start + max(0.0, e.heap[0][0] - e.progress_at(start)) * e.st
+        self.push(t, "engine", (e.idx, e.epoch))
+
+    def _on_engine(self, payload) -> None:
+        idx, epoch = payload
+        e = self.engines[idx]
+        if epoch != e.epoch or e.state == "gone":
+            return
+        s = self._step
+        e.advance(self.now)
+        finished = []
+        while e.heap and e.heap[0][0] <= e.P + 1e-9:
+            tgt, i = heapq.heappop(e.heap)
+            if i in e.live and s.tgt[i] == tgt:
+                finished.append(i)
+        for i in finished:
+            e.live.discard(i)
+            self._complete(s, i)
+        if finished:
+            s.changed = True
+        e.set_load()
+        self._schedule(e)
+        if finished:
+            self._after_completions(s)
+
+    def _complete(self, s: _Step, i: int) -> None:
+        s.done[i] = True
+        s.eng[i] = -1
+        s.held[i] = s.end[i]
+        s.open -= 1
+        self.stats.add((int(s.end[i]),))
+        g = i // s.G
+        s.group_left[g] -= 1
+        if s.group_left[g] == 0:
+            s.groups_done.append(g)
+            s.completed_groups += 1
+            self._train_more(s)
+
+    def _after_completions(self, s: _Step) -> None:
+        if s.rnd is not None and not s.rnd.long and s.completed_groups >= s.rnd.keep and s.open > 0:
+            self._abandon(s)
+        if s.open == 0:
+            self._generation_done(s)
+        else:
+            self._dispatch()
+
+    # ---- offload, migration, preemption: requeue with tokens held -------------------------
+    def _requeue(self, s: _Step, i: int, keep_tokens: bool = True) -> None:
+        e = self.engines[s.eng[i]]
+        e.advance(self.now)
+        gen = min(int(s.end[i]), int(s.pos0[i] + math.floor(e.P - s.p0[i] + 1e-9)))
+        e.live.discard(i)
+        s.eng[i] = -1
+        if keep_tokens:
+            if gen > 0:
+                self.migrations += 1
+            s.held[i] = gen
+        else:
+            self.restarted_tokens += gen
+            s.held[i] = 0
+        if gen >= s.end[i]:
+            self._complete(s, i)
+        else:
+            s.queue.appendleft(i)
+
+    def _view(self, e: _Engine) -> EngineView:
+        n = len(e.live)
+        return EngineView(e.id, e.kind, e.cap, n, e.model.rate(n) if n else 0.0, e.model, self._accepting(e))
+
+    def _progress_now(self) -> np.ndarray:
+        key = (self.now, self.seq)
+        if self._pnow_key != key:
+            self._pnow = np.array([e.progress_at(self.now) for e in self.engines])
+            self._pnow_key = key
+        return self._pnow
+
+    def _generated(self, s: _Step, idx: np.ndarray) -> np.ndarray:
+        eng = s.eng[idx]
+        held = s.held[idx].astype(np.float64)
+        on = eng >= 0
+        if on.any():
+            pnow = self._progress_now()
+            gen = s.pos0[idx] + np.floor(pnow[np.where(on, eng, 0)] - s.p0[idx] + 1e-9)
+            held = np.where(on, np.minimum(gen, s.end[idx]), held)
+        return held
+
+    def _req_views(self, s: _Step, items: list[int]) -> list[ReqView]:
+        idx = np.asarray(items, dtype=np.int64)
+        gen = self._generated(s, idx)
+        left = self.spec.algorithm.max_new_tokens - gen
+        exp = self.stats.expected_remaining(gen, left)
+        return [
+            ReqView(str(i), int(g), int(b), int(s.prompt_len[i]), float(x), None, self.now - s.admit_t[i])
+            for i, g, b, x in zip(items, gen.tolist(), left.tolist(), exp.tolist())
+        ]
+
+    def _maybe_offload(self, s: _Step) -> None:
+        reserved = [e for e in self.engines if e.kind == "reserved" and e.state != "gone"]
+        if not reserved:
+            return
+        remote = [e for e in self.engines if e.kind != "reserved" and self._accepting(e)]
+        open_idx = np.nonzero(~s.done)[0]
+        gen = self._generated(s, open_idx)
+        left = self.spec.algorithm.max_new_tokens - gen
+        exp = self.stats.expected_remaining(gen, left)
+        held = float(s.held[s.done].sum() + gen.sum())
+        on_reserved = np.isin(s.eng[open_idx], [e.idx for e in reserved])
+        ctx = float((s.prompt_len[open_idx] + gen)[on_reserved].sum())
+        prefill_rate = sum(e.model.prefill_tokens_per_s * e.model.replicas * e.model.speed for e in remote)
+        p = StepProgress(
+            elapsed=self.now - s.t0,
+            remote_engines=len(remote),
+            remote_rate=sum(e.model.rate(e.cap) for e in remote),
+            remote_seq_rate=(sum(1.0 / e.model.step_time(1) for e in remote) / len(remote)) if remote else 0.0,
+            remaining_tokens=float(exp.sum()),
+            max_remaining=float(exp.max()) if exp.size else 0.0,
+            total_tokens=held + float(exp.sum()),
+            unfinished=int(open_idx.size),
+            remaining_sample=self.stats.sample_remaining(gen, left),
+            remote_models=tuple(e.model for e in remote),
+            handoff_prefill_s=ctx / prefill_rate if prefill_rate > 0 else 0.0,
+        )
+        if not self.offload.should_offload(p):
+            return
+        s.offload_at = self.now
+        for e in reserved:
+            e.offloaded = True
+            for i in sorted(e.live):
+                self._requeue(s, i)
+            e.set_load()
+            self._schedule(e)
+        self._train_more(s)
+        if s.open == 0:
+            self._generation_done(s)
+
+    def _migrate(self, s: _Step) -> None:
+        views = [self._view(e) for e in self.engines if e.state != "gone"]
+        targets = [v for v in views if v.accepting and v.free > 0]
+        if not targets:
+            return
+        best = min(v.seq_time(v.active + 1) for v in targets)
+        cfg = self.migration
+        running: dict[str, list[ReqView]] = {}
+        for v, e in zip(views, [e for e in self.engines if e.state != "gone"]):
+            st = v.seq_time(v.active)
+            if v.active == 0 or st <= best * (1 + cfg.min_gain_frac):
+                continue
+            live = np.fromiter(e.live, np.int64, len(e.live))
+            gen = self._generated(s, live)
+            exp = self.stats.expected_remaining(gen, self.spec.algorithm.max_new_tokens - gen)
+            keep = worth_a_look(exp, st, self.now - s.admit_t[live], cfg)
+            if keep.any():
+                running[v.id] = self._req_views(s, live[keep].tolist())
+        if not running:
+            return
+        moves = plan_migrations(views, running, len(s.queue), cfg)
+        by_id = {e.id: e for e in self.engines}
+        for rid, src in moves:
+            i = int(rid)
+            if s.eng[i] == by_id[src].idx:
+                self._requeue(s, i)
+                s.left_from[i] = src
+        for src in {src for _, src in moves}:
+            by_id[src].set_load()
+            self._schedule(by_id[src])
+
+    def _abandon(self, s: _Step) -> None:
+        """Tail batching: the round has its groups; drop everything else."""
+        unfinished_groups = set()
+        for i in np.nonzero(~s.done)[0].tolist():
+            if s.eng[i] >= 0:
+                e = self.engines[s.eng[i]]
+                e.advance(self.now)
+                self.restarted_tokens += min(int(s.end[i]), int(s.pos0[i] + math.floor(e.P - s.p0[i] + 1e-9)))
+                e.live.discard(i)
+                s.eng[i] = -1
+            else:
+                self.restarted_tokens += int(s.held[i])
+            s.done[i] = True
+            s.dropped[i] = True
+            unfinished_groups.add(i // s.G)
+        s.open = 0
+        for e in self.engines:
+            e.set_load()
+            self._schedule(e)
+        self.batcher.close_round(s.rnd, [s.problems[g] for g in sorted(unfinished_groups)])
+
+    # ---- training ----------------------------------------------------------------------
+    def _train_more(self, s: _Step) -> None:
+        """Overlapped training: once offloaded, the trainer trains finished groups one by one."""
+        if not self.overlap or s.offload_at is None or s.gen_end is not None or s.train_busy_until > self.now:
+            return
+        if not s.groups_done:
+            return
+        g = s.groups_done.popleft()
+        tokens = int(s.end[g * s.G : (g + 1) * s.G].sum())
+        dt = tokens / self.train_rate
+        s.busy.append((self.now, self.now + dt))
+        s.pretrained += tokens
+        s.train_busy_until = self.now + dt
+        self.push(s.train_busy_until, "trained", s.k)
+
+    def _on_trained(self, k: int) -> None:
+        s = self._step
+        if s is not None and s.k == k:
+            self._train_more(s)
+
+    def _generation_done(self, s: _Step) -> None:
+        s.gen_end = self.now
+        kept = ~s.dropped
+        total = int(s.end[kept].sum())
+        pre = s.pretrained
+        if s.busy and s.busy[-1][1] > self.now:  # a group was mid-training: keep the part done
+            a, b = s.busy[-1]
+            pre -= int((b - self.now) * self.train_rate)
+            s.busy[-1] = (a, self.now)
+        left = max(0, total - pre) if self.overlap else total
+        t_train_end = self.now + left / self.train_rate
+        s.busy.append((self.now, t_train_end))
+        self.push(t_train_end + self.sim.step_overhead_s, "step_end", (s.k, total))
+
+    def _on_step_end(self, payload) -> None:
+        k, total = payload
+        s = self._step
+        busy_total = sum(b - a for a, b in s.busy)
+        busy_tail = sum(max(0.0, min(b, s.gen_end) - max(a, s.offload_at)) for a, b in s.busy) if s.offload_at else 0.0
+        outcome = StepOutcome(
+            n_remote=s.n_remote,
+            step_s=self.now - s.t0,
+            gen_s=s.gen_end - s.t0,
+            box_s=None if s.offload_at is None else s.offload_at - s.t0,
+            trainer_idle_s=trainer_idle(s.offload_at, s.gen_end, busy_tail),
+            train_tokens=total,
+            train_busy_s=busy_total,
+        )
+        self.offload.end_step(outcome)
+        self.step_log.append(
+            {
+                "step": k,
+                "t0": round(s.t0, 3),
+                "step_s": round(outcome.step_s, 3),
+                "gen_s": round(outcome.gen_s, 3),
+                "box_s": None if outcome.box_s is None else round(outcome.box_s, 3),
+                "trainer_idle_s": round(outcome.trainer_idle_s, 3),
+                "remote_idle_s": round(outcome.remote_idle_s, 3),
+                "n_remote": s.n_remote,
+                "tokens": total,
+                "long": bool(s.rnd.long) if s.rnd is not None else False,
+            }
+        )
+        self.trained_tokens += total
+        self.steps_done += 1
+        self.last_step_end = self.now
+        self._step = None
+        self.published += 1
+        for e in self.engines:
+            e.offloaded = False
+            if e.state in ("ready", "pulling"):
+                self._pull(e)
+        self._sample()
+        if self.steps_done >= self.max_steps:
+            # the controller sees `done` at its next poll and tears everything down
+            self.push(self.now + self.sim.poll_s / 2, "end")
+            return
+        self._start_step()
+
+    def _on_end(self, _) -> None:
+        self._finish(self.now)
+
+    # ---- the controller: market replay and reconcile (as rlboost_cli/controller.py) -----
+    def _on_poll(self, _) -> None:
+        t = self.now
+        T = self.clock()
+        # as LocalProvider.poll: reap what died since the last poll (billing ends now), then kill the
+        # noticed victims whose lead time is over, then replay the market
+        for e in self.engines:
+            if e.kind == "spot" and e.state != "gone" and e.killed_at < t:
+                self._gone(e, preempted=True)
+        for e in self.engines:
+            if e.kind == "spot" and e.state != "gone" and e.killed_at == INF and e.kill_at <= t:
+                e.killed_at = t
+                if e.state != "draining":
+                    self._lose(e, drained=False)
+        running = [e for e in self.engines if e.kind == "spot" and e.state != "gone" and not e.victim]
+        for iid, notice in self.market.choose_victims(T, [e.id for e in running]):
+            e = next(x for x in running if x.id == iid)
+            e.victim = True
+            self.preemptions += 1
+            lead = self.spec.local.notice_seconds
+            if notice and lead > 0:
+                e.noticed = True
+                e.kill_at = t + lead
+                self.push(t + 0.05, "drain", e.idx)  # the worker sees the notice file and drains
+            else:
+                e.kill_at = e.killed_at = t
+                self._lose(e, drained=False)
+        if self.trainer_up <= t and not self.done and self.policy.spot:
+            self._reconcile(t, T)
+        self._sample()
+        self.push(self._next_poll(t), "poll")
+
+    def _next_poll(self, t: float) -> float:
+        """The next poll that can change anything (the live controller polls every poll_s; polls in
+        between are no-ops here, so they are skipped)."""
+        p = self.sim.poll_s
+        cand = []
+        if self.trainer_up > t:
+            cand.append(t + p)
+        elif self._want() > 0 and self.spot_offers:
+            cand.append(max(t + p, min(until for _, until in self.backoff.values())))
+        for e in self.engines:
+            if e.kind == "spot" and e.state != "gone" and e.kill_at < INF:
+                cand.append(t + p if e.killed_at < INF else max(t + p, e.kill_at))
+        nxt = self.trace.next_change(self.clock(t))
+        if nxt is not None:
+            cand.append(nxt / self.scale)
+        if not cand:
+            return t + 3600.0 * 24 * 365
+        target = min(cand)
+        steps = max(1, math.ceil((target - t) / p - 1e-9))
+        return t + steps * p
+
+    def _want(self) -> int:
+        live = [e for e in self.engines if e.kind == "spot" and e.state != "gone" and not e.noticed]
+        return self.spec.rollout.max_workers - len(live) if self.policy.spot else 0
+
+    def _reconcile(self, t: float, T: float) -> None:
+        want = self._want()
+        for offer in self.placement.order(self.spot_offers, T):
+            if want <= 0:
+                return
+            fails, until = self.backoff[offer.key]
+            if t < until:
+                continue
+            self.worker_seq += 1
+            iid = f"w{self.worker_seq:05d}"
+            alive = sum(1 for e in self.engines if e.kind == "spot" and e.state != "gone" and not e.victim)
+            if alive >= self.market.capacity(T):
+                fails += 1
+                delay = min(30.0, 1.0 * 2 ** min(fails - 1, 6)) * self.rng.uniform(0.5, 1.0)
+                self.backoff[offer.key] = (fails, t + delay)
+                self.placement.capacity_failure(offer.key)
+                continue
+            self.backoff[offer.key] = (0, 0.0)
+            model = scheduling.engine_model_for(self.spec, offer.accelerator)
+            e = self._new_engine(iid, "spot", model, offer)
+            e.started = T
+            self.placement.launched(iid, offer.key, T)
+            self.push(t + self.sim.boot_s, "connect", e.idx)
+            want -= 1
+
+    def _on_drain(self, idx: int) -> None:
+        e = self.engines[idx]
+        if e.state != "gone":
+            self._lose(e, drained=True)
+
+    def _lose(self, e: _Engine, drained: bool) -> None:
+        """The coordinator takes back everything the engine held (drained: all tokens flushed)."""
+        s = self._step
+        keep = not self.policy.restart  # token-level resume, or (baseline) start over
+        if s is not None and e.live:
+            for i in sorted(e.live):
+                self._requeue(s, i, keep_tokens=keep)
+            e.set_load()
+            if s.open == 0 and s.gen_end is None:
+                self._generation_done(s)
+        e.state = "draining"
+        e.epoch += 1
+        self._dispatch()
+
+    def _gone(self, e: _Engine, preempted: bool) -> None:
+        if e.state not in ("draining", "gone"):
+            self._lose(e, drained=False)
+        e.state = "gone"
+        self.bill.append((e.started, self.clock(), e.offer.hourly_price if e.offer else 0.0, True))
+        self.placement.ended(e.id, self.clock(), preempted)
+
+    def _sample(self) -> None:
+        live = sum(1 for e in self.engines if e.kind == "spot" and e.state != "gone")
+        if not self.timeline or self.timeline[-1][1] != live or self.timeline[-1][2] != self.trained_tokens:
+            self.timeline.append((self.now, live, self.trained_tokens))
+
+    def _finish(self, t: float) -> None:
+        if self.done:
+            return
+        self.done = True
+        self.now = t
+        self.end_t = t
+        for e in self.engines:
+            if e.kind == "spot" and e.state != "gone":
+                e.state = "gone"
+                self.bill.append((e.started, self.clock(), e.offer.hourly_price if e.offer else 0.0, True))
+        if self.trainer_up < INF:
+            self.bill.append((self.bill_start_trainer, self.clock(), self.trainer_offer.hourly_price, False))
+        self._sample()
+
+    def _result(self) -> SimResult:
+        spot = sum((b - a) / 3600 * p for a, b, p, is_spot in self.bill if is_spot)
+        trainer = sum((b - a) / 3600 * p for a, b, p, is_spot in self.bill if not is_spot)
+        run_s = (self.last_step_end - self.first_step_t) if self.first_step_t is not None and self.steps_done else 0.0
+        return SimResult(
+            policy=self.policy,
+            steps=self.steps_done,
+            run_s=run_s,
+            job_s=self.end_t,
+            trained_tokens=self.trained_tokens,
+            dollars=spot + trainer,
+            spot_dollars=spot,
+            trainer_dollars=trainer,
+            preemptions=self.preemptions,
+            migrations=self.migrations,
+            restarted_tokens=self.restarted_tokens,
+            time_scale=self.scale,
+            timeline=self.timeline,
+            step_log=self.step_log,
+        )
+
+
+class _Step:
+    """One step's responses as arrays (index i = prompt i // G, sample i % G)."""
+
+    def __init__(self, k: int, t0: float, n: int, G: int, rnd, problems) -> None:
+        self.k, self.t0, self.G, self.rnd, self.problems = k, t0, G, rnd, problems
+        self.end = np.zeros(n, np.int64)
+        self.eos = np.zeros(n, bool)
+        self.prompt_len = np.zeros(n, np.int64)
+        self.eng = np.full(n, -1, np.int64)
+        self.pos0 = np.zeros(n, np.int64)
+        self.held = np.zeros(n, np.int64)
+        self.p0 = np.zeros(n, np.float64)
+        self.tgt = np.zeros(n, np.float64)
+        self.admit_t = np.zeros(n, np.float64)
+        self.done = np.zeros(n, bool)
+        self.dropped = np.zeros(n, bool)
+        self.left_from: dict[int, str] = {}
+        self.queue: deque[int] = deque()
+        self.open = n
+        self.group_left = [G] * (n // G)
+        self.groups_done: deque[int] = deque()
+        self.completed_groups = 0
+        self.offload_at: float | None = None
+        self.gen_end: float | None = None
+        self.n_remote = 0
+        self.tick = 0.1
+        self.ticks = 0
+        self.prev_step_s = 0.0
+        self.changed = False  # a slot freed up or an engine joined since the last migration round
+        self.busy: list[tuple[float, float]] = []
+        self.pretrained = 0
+        self.train_busy_until = 0.0
+
+
+def simulate_job(
+    spec: JobSpec,
+    trace: AvailabilityTrace,
+    policies: list[SimPolicy],
+    trainer_offer: Offer,
+    spot_offers: list[Offer],
+    *,
+    lengths: LengthModel | None = None,
+    max_steps: int | None = None,
+    horizon_s: float | None = None,
+) -> list[SimResult]:
+    """Replay the job once per policy (each from the same start: same prompts, same market)."""
+    return [
+        Simulation(spec, trace, p, trainer_offer, spot_offers, lengths, max_steps, horizon_s).run() for p in policies
+    ]

@@ -1,0 +1,133 @@
+"""The trainer on torch.distributed, on CPU: 2 processes over gloo, ddp and fsdp, must make the same
+update as one process; rank 0 drives the other rank through LeaderLearner / follow."""
+
+from __future__ import annotations
+
+import os
+import socket
+
+import numpy as np
+import pytest
+import torch
+import torch.multiprocessing as mp
+from safetensors.torch import load_file, save_file
+
+from rlboost_cli.spec import AlgorithmSpec, ModelSpec, TaskSpec
+from trainer.grpo import Sample
+from trainer.learner import Learner
+from trainer.tasks import make_task
+
+ALGO = AlgorithmSpec(learning_rate=1e-2, seed=0)
+
+
+def _samples(model: ModelSpec, task_spec: TaskSpec, n_groups: int = 3, group: int = 4) -> list[Sample]:
+    """A deterministic step: responses of varied lengths with varied rewards."""
+    task = make_task(task_spec, model)
+    rng = np.random.default_rng(0)
+    out = []
+    for i, p in enumerate(task.sample(rng, n_groups)):
+        for g in range(group):
+            resp = [int(x) for x in rng.integers(4, 30, size=int(rng.integers(1, 8)))]
+            out.append(Sample(p.prompt_ids, resp, reward=float((g + i) % 3 == 0), group=i))
+    return out
+
+
+def _learner(model: ModelSpec, task_spec: TaskSpec, dist=None, micro: int | None = None) -> Learner:
+    algo = ALGO.model_copy(update={"micro_batch_size": micro})
+    learner = Learner(model, algo, task_spec, seed=0, dist=dist, device="cpu")
+    # SGD for the comparison: Adam's first step is ~lr * sign(grad), which turns float noise in a
+    # gradient that is zero in exact arithmetic (e.g. attention key biases) into a full-size step
+    learner.optimizer = torch.optim.SGD(learner.model.parameters(), lr=0.5)
+    return learner
+
+
+def _single(model: ModelSpec, task_spec: TaskSpec, micro: int | None = None) -> dict[str, torch.Tensor]:
+    learner = _learner(model, task_spec, micro=micro)
+    learner.warm_start(2)
+    learner.train_step(_samples(model, task_spec))
+    return learner.state_dict()
+
+
+def _rank(rank: int, world: int, port: int, cases: list[tuple[str, ModelSpec, TaskSpec, str]]) -> None:
+    """One rank: each case (strategy, model, task, output file) in turn, in one process group."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world))
+    torch.set_num_threads(1)
+    from dataclasses import replace
+
+    from trainer import distributed
+
+    ctx = distributed.init("ddp")
+    try:
+        for strategy, model, task_spec, out in cases:
+            learner = _learner(model, task_spec, dist=replace(ctx, strategy=strategy), micro=2)  # 3 passes
+            if rank == 0:
+                leader = distributed.LeaderLearner(learner)
+                leader.warm_start(2)
+                metrics = leader.train_step(_samples(model, task_spec))
+                assert np.isfinite(metrics["loss"]) and metrics["grad_norm"] > 0
+                save_file(leader.state_dict(), out)
+                distributed._broadcast(("stop", (), {}))
+            else:
+                distributed.follow(learner)
+    finally:
+        distributed.shutdown()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _assert_same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
+    assert a.keys() == b.keys()
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], rtol=1e-5, atol=1e-6, msg=k)
+
+
+TINY = (ModelSpec(n_layer=1, n_embd=32, n_head=2), TaskSpec())
+
+
+@pytest.fixture(scope="module")
+def two_rank_results(tmp_path_factory) -> dict[str, tuple[dict[str, torch.Tensor], tuple[ModelSpec, TaskSpec]]]:
+    """One 2-process gloo group runs every case (process start-up is the slow part on 2 cores)."""
+    tmp = tmp_path_factory.mktemp("dist")
+    cases = {"ddp": TINY, "fsdp": TINY}
+    try:
+        import transformers  # noqa: F401
+
+        from tests.hf_fixtures import make_tiny_model, write_math_jsonl
+
+        hf = ModelSpec(kind="hf", path=str(make_tiny_model(tmp / "m", layers=1)), dtype="float32")
+        cases["fsdp-hf"] = (hf, TaskSpec(name="jsonl", path=write_math_jsonl(tmp / "d.jsonl"), reward="math_boxed"))
+    except ImportError:
+        pass
+    args = [(name.split("-")[0], *case, str(tmp / f"{name}.safetensors")) for name, case in cases.items()]
+    mp.start_processes(_rank, args=(2, _free_port(), args), nprocs=2, start_method="spawn")
+    return {name: (load_file(tmp / f"{name}.safetensors"), case) for name, case in cases.items()}
+
+
+@pytest.mark.parametrize("case", ["ddp", "fsdp", "fsdp-hf"])
+def test_two_ranks_make_the_single_process_update(case: str, two_rank_results) -> None:
+    if case not in two_rank_results:
+        pytest.skip("transformers is not installed")
+    state, (model, task_spec) = two_rank_results[case]
+    _assert_same(state, _single(model, task_spec))
+
+
+def test_micro_batches_accumulate_to_the_same_update() -> None:
+    _assert_same(_single(*TINY, micro=3), _single(*TINY))
+
+
+def test_torchrun_arguments_from_skypilot_variables() -> None:
+    from trainer.distributed import torchrun_args
+
+    env = {"SKYPILOT_NODE_IPS": "10.0.0.5\n10.0.0.6\n", "SKYPILOT_NODE_RANK": "1", "SKYPILOT_NUM_GPUS_PER_NODE": "8"}
+    assert torchrun_args(env, port=1234) == [
+        "--nnodes=2",
+        "--node-rank=1",
+        "--nproc-per-node=8",
+        "--master-addr=10.0.0.5",
+        "--master-port=1234",
+    ]
+    assert torchrun_args({}, gpus_per_node=1)[:3] == ["--nnodes=1", "--node-rank=0", "--nproc-per-node=1"]

@@ -1,0 +1,161 @@
+"""Hugging Face causal LMs (`model: {kind: hf}`): learner and torch engine agree, chat-template
+prompts, the jsonl task's reward, and the job-file rules for hf models and datasets."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import yaml
+
+pytest.importorskip("transformers")
+
+from rlboost_cli.spec import AlgorithmSpec, ModelSpec, SpecError, TaskSpec, load_spec, parse_spec
+from tests.hf_fixtures import make_tiny_model, write_math_jsonl
+from trainer.grpo import Sample
+from trainer.learner import Learner
+from trainer.tasks import JsonlTask, make_task
+from worker.engines import make_engine
+from worker.engines.base import GenRequest
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread() -> Iterator[None]:
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory) -> tuple[Path, Path, Path]:
+    tmp = tmp_path_factory.mktemp("hf")
+    return make_tiny_model(tmp / "m"), make_tiny_model(tmp / "tied", tie=True), write_math_jsonl(tmp / "d.jsonl")
+
+
+def specs(model_dir: Path, data: Path) -> tuple[ModelSpec, TaskSpec]:
+    return ModelSpec(kind="hf", path=str(model_dir), dtype="float32"), TaskSpec(
+        name="jsonl", path=data, reward="math_boxed"
+    )
+
+
+def generate(engine, requests):
+    ids = {r.rid: [] for r in requests}
+    lps = {r.rid: [] for r in requests}
+
+    def on_tokens(rid, off, new, lp):
+        ids[rid].extend(new)
+        lps[rid].extend(lp)
+
+    engine.generate(requests, on_tokens, lambda rid: False, 1.0)
+    return ids, lps
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_engine_logprobs_match_the_learner(files, tied: bool) -> None:
+    model_spec, task_spec = specs(files[1] if tied else files[0], files[2])
+    learner = Learner(model_spec, AlgorithmSpec(), task_spec, device="cpu")
+    weights = learner.state_dict()
+    assert ("lm_head.weight" in weights) != tied  # a tied head is published once, as the embedding
+    engine = make_engine("torch", model_spec.model_dump(mode="json"), "auto", 8)
+    assert engine.dtype == torch.float32
+    engine.load_weights(0, weights)
+    task = learner.task
+    requests = [
+        GenRequest(f"r{i}", p.prompt_ids, 12, seed=i) for i, p in enumerate(task.sample(np.random.default_rng(1), 6))
+    ]
+    ids, lps = generate(engine, requests)
+    for r in requests:
+        np.testing.assert_allclose(lps[r.rid], learner.logprobs(r.prompt, ids[r.rid]), rtol=0, atol=1e-4)
+
+
+def test_left_padded_batches_have_finite_loss_and_a_grpo_step_moves_toward_reward(files) -> None:
+    model_spec, task_spec = specs(files[0], files[2])
+    learner = Learner(model_spec, AlgorithmSpec(learning_rate=1e-2), task_spec, device="cpu")
+    task = learner.task
+    probs = task.sample(np.random.default_rng(0), 2)
+    good, bad = [40, 41, 42, task.eos_id], [50, 51]
+    samples = [
+        Sample(p.prompt_ids, r, reward=float(r is good), group=i) for i, p in enumerate(probs) for r in (good, bad)
+    ]
+    before = [learner.logprobs(p.prompt_ids, good) for p in probs]
+    metrics = learner.train_step(samples)
+    assert np.isfinite(metrics["loss"]) and metrics["tokens"] == 12
+    after = [learner.logprobs(p.prompt_ids, good) for p in probs]
+    assert all(sum(a) > sum(b) for a, b in zip(after, before, strict=True))
+
+
+def test_jsonl_task_uses_the_chat_template_and_scores_boxed_answers(files) -> None:
+    model_spec, task_spec = specs(files[0], files[2])
+    task = make_task(task_spec, model_spec)
+    assert isinstance(task, JsonlTask)
+    p = task.sample(np.random.default_rng(0), 1)[0]
+    text = task.decode(p.prompt_ids)
+    assert text.startswith("<|im_start|>user\n") and text.endswith("<|im_start|>assistant\n")
+    assert "\\boxed{}" in text  # the instruction
+    right = task.tokenizer.encode(f"so \\boxed{{{p.answer}}}", add_special_tokens=False)
+    assert task.reward(p, [*right, task.eos_id]) == 1.0
+    assert task.reward(p, task.tokenizer.encode("\\boxed{nope}", add_special_tokens=False)) == 0.0
+    plain = make_task(task_spec.model_copy(update={"chat_template": False, "instruction": None}), model_spec)
+    assert plain.decode(plain.sample(np.random.default_rng(0), 1)[0].prompt_ids) == p.text
+
+
+def test_task_needs_an_hf_model(files) -> None:
+    with pytest.raises(ValueError, match="needs an hf model"):
+        make_task(specs(files[0], files[2])[1])
+
+
+def job(**over) -> dict:
+    base = {
+        "name": "hf-job",
+        "model": {"kind": "hf", "path": "org/model"},
+        "task": {"name": "jsonl", "path": "d.jsonl"},
+        "rollout": {"max_workers": 0},
+    }
+    for k, v in over.items():
+        base[k] = {**base[k], **v} if k == "rollout" else v
+    return base
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        (job(model={"kind": "hf"}), "model: kind: hf needs path"),
+        (job(model={"kind": "hf", "path": "x/y", "n_layer": 4}), "n_layer: tiny-gpt sizes do not apply"),
+        (job(model={"kind": "tiny-gpt", "path": "x/y"}), "path: apply to kind: hf only"),
+        (job(task={"name": "reverse"}), "kind: hf trains on a jsonl dataset"),
+        (job(task={"name": "jsonl"}), "task: name: jsonl needs path"),
+        (job(task={"name": "reverse", "reward": "math_boxed"}), "reward math_boxed scores a jsonl dataset"),
+        ({"name": "x1", "rollout": {"engine": "vllm", "max_workers": 0}}, "vLLM runs Hugging Face models"),
+        (job(rollout={"engine": "vllm", "engine_dtype": "float64"}), "float64 is a torch-engine option"),
+    ],
+)
+def test_job_file_rules(raw: dict, message: str) -> None:
+    with pytest.raises(SpecError, match=message):
+        parse_spec(raw)
+
+
+def test_paths_resolve_next_to_the_job_file(files, tmp_path: Path) -> None:
+    model_dir, _, data = files
+    (tmp_path / "data.jsonl").write_text(data.read_text())
+    shutil.copytree(model_dir, tmp_path / "model")
+    path = tmp_path / "job.yaml"
+    path.write_text(
+        yaml.safe_dump(job(model={"kind": "hf", "path": "./model"}, task={"name": "jsonl", "path": "data.jsonl"}))
+    )
+    spec = load_spec(path)
+    assert spec.model.path == str(tmp_path / "model") and spec.task.path == tmp_path / "data.jsonl"
+    path.write_text(yaml.safe_dump(job(task={"name": "jsonl", "path": "data.jsonl"})))
+    assert load_spec(path).model.path == "org/model"  # a hub id stays as it is
+    path.write_text(
+        yaml.safe_dump(job(model={"kind": "hf", "path": "./nope"}, task={"name": "jsonl", "path": "data.jsonl"}))
+    )
+    with pytest.raises(SpecError, match=r"model\.path: directory \./nope not found"):
+        load_spec(path)
+    path.write_text(yaml.safe_dump(job(task={"name": "jsonl", "path": "missing.jsonl"})))
+    with pytest.raises(SpecError, match=r"task\.path: file missing\.jsonl not found"):
+        load_spec(path)

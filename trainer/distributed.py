@@ -1,0 +1,218 @@
+"""The trainer on torch.distributed: data-parallel (ddp) or FSDP training across the trainer
+cluster's GPUs and nodes, launched with torchrun; rank 0 also hosts the coordinator and the weight
+publisher (trainer/runtime.py), the other ranks only train.
+
+    python -m trainer.distributed --spec job.yaml ...   # on every node of the trainer cluster
+
+execs `torchrun --nnodes N --node-rank R --nproc-per-node G --master-addr HEAD -m trainer ...` from
+SkyPilot's variables (SKYPILOT_NODE_IPS, SKYPILOT_NODE_RANK, SKYPILOT_NUM_GPUS_PER_NODE), or runs the
+trainer directly on a one-GPU, one-node cluster. Under torchrun, `python -m trainer` calls `init()`:
+rank 0 runs the runtime with a `LeaderLearner`, which broadcasts every learner call (warm start, train
+step, state dict, ...) to the other ranks, and those run `follow()`: the same call on their own
+Learner, so every collective lines up. Samples travel as pickled objects (broadcast_object_list): a
+step's token ids are small next to its gradients.
+
+Backends: nccl on GPUs, gloo on CPU (tests run 2 CPU processes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+DEFAULT_PORT = 29517
+
+
+@dataclass(frozen=True)
+class DistContext:
+    rank: int
+    world_size: int
+    local_rank: int
+    strategy: str  # ddp | fsdp
+    device: str
+
+
+def launched() -> bool:
+    """True under torchrun with more than one process."""
+    return int(os.environ.get("WORLD_SIZE", "1")) > 1
+
+
+def init(strategy: str = "ddp") -> DistContext:
+    """Join the process group torchrun set up (RANK, WORLD_SIZE, MASTER_ADDR/PORT in the env)."""
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    if torch.cuda.is_available():
+        torch.cuda.set_device(local)
+        backend, device = "nccl", f"cuda:{local}"
+    else:
+        backend, device = "gloo", "cpu"
+    if not dist.is_initialized():
+        dist.init_process_group(backend=backend)
+    global _CTX
+    _CTX = DistContext(rank, world, local, strategy, device)
+    return _CTX
+
+
+_CTX: DistContext | None = None
+
+
+def current() -> DistContext | None:
+    """The context init() set up in this process (None when not distributed)."""
+    return _CTX
+
+
+def run_follower(spec: Any, ctx: DistContext) -> int:
+    """Ranks other than 0: a Learner of their own, driven by rank 0's calls."""
+    from trainer.learner import Learner
+
+    torch.set_num_threads(int(os.environ.get("RLBOOST_TORCH_THREADS", "1")))
+    learner = Learner(spec.model, spec.algorithm, spec.task, seed=spec.algorithm.seed, dist=ctx)
+    try:
+        return follow(learner)
+    finally:
+        shutdown()
+
+
+def finish() -> None:
+    """Rank 0, once the job is over: release the followers, leave the group."""
+    if _CTX is not None and _CTX.rank == 0 and dist.is_initialized():
+        _broadcast(("stop", (), {}))
+    shutdown()
+
+
+def shutdown() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+# ---- training collectives ----------------------------------------------------------------------
+
+
+def all_reduce_grads(model: nn.Module) -> None:
+    """Sum gradients over ranks, as one flat buffer (one collective per step, not per tensor)."""
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    if not grads:
+        return
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    dist.all_reduce(flat)
+    offset = 0
+    for g in grads:
+        g.copy_(flat[offset : offset + g.numel()].view_as(g))
+        offset += g.numel()
+
+
+def shard_model(model: nn.Module, ctx: DistContext) -> None:
+    """FSDP2 (`fully_shard`): each transformer block, then the root; parameters become DTensors."""
+    from torch.distributed.fsdp import fully_shard
+
+    blocks = _blocks(model)
+    for block in blocks:
+        fully_shard(block)
+    fully_shard(model)
+
+
+def _blocks(model: nn.Module) -> list[nn.Module]:
+    for path in ("model.layers", "transformer.h", "gpt_neox.layers", "blocks"):
+        mod: Any = model
+        try:
+            for part in path.split("."):
+                mod = getattr(mod, part)
+        except AttributeError:
+            continue
+        if isinstance(mod, nn.ModuleList):
+            return list(mod)
+    return []
+
+
+# ---- rank 0 drives, the others follow ----------------------------------------------------------
+
+_CALLS = ("warm_start", "train_step", "state_dict", "logprobs", "load_state_dict")
+
+
+def _broadcast(obj: Any) -> Any:
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+class LeaderLearner:
+    """Rank 0's learner handle: each call is announced to every rank, then run here too."""
+
+    def __init__(self, learner: Any) -> None:
+        self.learner = learner
+
+    def __getattr__(self, name: str) -> Any:
+        if name not in _CALLS:
+            return getattr(self.learner, name)
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            _broadcast((name, args, kwargs))
+            return getattr(self.learner, name)(*args, **kwargs)
+
+        return call
+
+
+def follow(learner: Any) -> int:
+    """A non-zero rank: run what rank 0 announces until it says stop."""
+    while True:
+        name, args, kwargs = _broadcast(None)
+        if name == "stop":
+            return 0
+        if name not in _CALLS:
+            raise RuntimeError(f"unknown learner call {name!r} from rank 0")
+        getattr(learner, name)(*args, **kwargs)
+
+
+# ---- launcher ----------------------------------------------------------------------------------
+
+
+def torchrun_args(env: dict[str, str], gpus_per_node: int | None = None, port: int = DEFAULT_PORT) -> list[str]:
+    """torchrun's arguments for this node of a SkyPilot cluster (or a single machine)."""
+    ips = [ip for ip in env.get("SKYPILOT_NODE_IPS", "").split() if ip] or ["127.0.0.1"]
+    rank = int(env.get("SKYPILOT_NODE_RANK", "0"))
+    gpus = gpus_per_node or int(env.get("SKYPILOT_NUM_GPUS_PER_NODE", "0") or 0)
+    if not gpus:
+        gpus = torch.cuda.device_count() if torch.cuda.is_available() else 1
+    return [
+        f"--nnodes={len(ips)}",
+        f"--node-rank={rank}",
+        f"--nproc-per-node={gpus}",
+        f"--master-addr={ips[0]}",
+        f"--master-port={port}",
+    ]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(
+        prog="python -m trainer.distributed",
+        description="Launch the trainer on every GPU of this node under torchrun (other args go to python -m trainer).",
+    )
+    ap.add_argument("--gpus-per-node", type=int, default=None)
+    ap.add_argument("--master-port", type=int, default=DEFAULT_PORT)
+    ap.add_argument("--print", action="store_true", help="print the torchrun command instead of running it")
+    args, rest = ap.parse_known_args(argv)
+    targs = torchrun_args(dict(os.environ), args.gpus_per_node, args.master_port)
+    nnodes = int(targs[0].split("=")[1])
+    nproc = int(targs[2].split("=")[1])
+    if nnodes * nproc == 1 and not args.print:
+        cmd = [sys.executable, "-m", "trainer", *rest]  # nothing to distribute
+    else:
+        cmd = [sys.executable, "-m", "torch.distributed.run", *targs, "-m", "trainer", *rest]
+    if args.print:
+        print(" ".join(cmd))
+        return 0
+    sys.stdout.flush()
+    os.execv(shutil.which(cmd[0]) or cmd[0], cmd)
+    return 0  # not reached
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import multiprocessing as mp
 import os
@@ -31,8 +32,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from trainer import protocol as P  # noqa: E402
-from trainer import token_frames  # noqa: E402
+from trainer import protocol as P
+from trainer import token_frames
 
 EOS = 2
 
@@ -114,11 +115,25 @@ async def fleet_main(url: str, first: int, n: int, capacity: int, seq_rate: floa
     stop = asyncio.Event()
     generated_seen = asyncio.Event()
 
+    gate = asyncio.Semaphore(32)  # no thundering herd of 1,000 handshakes at once
+
     async def run_engine(e: FleetEngine, session) -> None:
-        async with session.ws_connect(url, max_msg_size=P.MAX_FRAME_BYTES, heartbeat=None) as ws:
+        for attempt in range(20):
+            try:
+                async with gate:
+                    ws = await session.ws_connect(url, max_msg_size=P.MAX_FRAME_BYTES, heartbeat=None)
+                    await ws.send_str(
+                        P.Hello(worker_id=e.wid, kind="spot", engine="synthetic", capacity=capacity).model_dump_json()
+                    )
+                    first = await ws.receive()
+                break
+            except (aiohttp.ClientError, OSError, asyncio.TimeoutError):
+                await asyncio.sleep(0.5 + attempt)
+        else:
+            raise RuntimeError(f"{e.wid} could not connect")
+        async with ws:
             e.ws = ws
-            await ws.send_str(P.Hello(worker_id=e.wid, kind="spot", engine="synthetic", capacity=capacity).model_dump_json())
-            welcome = P.coord_msg.validate_json((await ws.receive()).data)
+            welcome = P.coord_msg.validate_json(first.data)
             assert isinstance(welcome, P.Welcome) and welcome.binary_tokens
             if welcome.version >= 0:
                 e.version = welcome.version
@@ -137,7 +152,9 @@ async def fleet_main(url: str, first: int, n: int, capacity: int, seq_rate: floa
                     gone = set(msg.rids)
                     e.drop(gone)
                     await ws.send_str(
-                        P.Finished(rids=list(gone), reasons=["aborted"] * len(gone), lengths=[0] * len(gone)).model_dump_json()
+                        P.Finished(
+                            rids=list(gone), reasons=["aborted"] * len(gone), lengths=[0] * len(gone)
+                        ).model_dump_json()
                     )
                 elif isinstance(msg, P.Shutdown):
                     stop.set()
@@ -167,10 +184,8 @@ async def fleet_main(url: str, first: int, n: int, capacity: int, seq_rate: floa
             hb = P.Heartbeat().model_dump_json()
             for e in engines:
                 if e.ws is not None and not e.ws.closed and not e.draining:
-                    try:
+                    with contextlib.suppress(ConnectionError, RuntimeError):
                         await e.ws.send_str(hb)
-                    except (ConnectionError, RuntimeError):
-                        pass
 
     async def drainer() -> None:
         """On cue (a file the coordinator writes), the first `count` engines drain at once."""
@@ -182,10 +197,8 @@ async def fleet_main(url: str, first: int, n: int, capacity: int, seq_rate: floa
         count = int(cue.read_text() or 0)  # how many engines the coordinator picked
         for e in engines[:count]:
             e.draining = True
-            try:
+            with contextlib.suppress(ConnectionError, RuntimeError):
                 await e.ws.send_str(P.Draining(reason="bench").model_dump_json())
-            except (ConnectionError, RuntimeError):
-                pass
 
     connector = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(connector=connector) as session:
@@ -231,7 +244,9 @@ async def coordinator_main(args, port_q, result_q) -> None:
         eos_id=EOS,
         max_new_tokens=args.max_new,
         flush_s=args.flush_s,
-        migration=None if args.no_migration else __import__("trainer.policies.migration", fromlist=["x"]).MigrationConfig(),
+        migration=None
+        if args.no_migration
+        else __import__("trainer.policies.migration", fromlist=["x"]).MigrationConfig(),
     )
     coord = Coordinator(cfg)
     freed: dict[str, float] = {}
@@ -273,7 +288,10 @@ async def coordinator_main(args, port_q, result_q) -> None:
     rng = np.random.default_rng(0)
     for step in range(args.steps):
         n = args.engines * args.per_engine
-        reqs = [RolloutRequest(f"s{step}-r{i}", rng.integers(4, 40, 16).tolist(), args.max_new, group=f"g{i // 8}") for i in range(n)]
+        reqs = [
+            RolloutRequest(f"s{step}-r{i}", rng.integers(4, 40, 16).tolist(), args.max_new, group=f"g{i // 8}")
+            for i in range(n)
+        ]
         refill.clear()
         migrate_info: dict = {}
         t0, c0, k0, f0 = time.monotonic(), cpu_s(), coord.tokens_total, coord.frames_total
@@ -289,7 +307,12 @@ async def coordinator_main(args, port_q, result_q) -> None:
                 next_sample = now + 0.25
             if t_all_sent is None and not coord.book.queue:
                 t_all_sent = time.monotonic() - t0
-            if step == args.steps - 1 and args.migrate and not migrate_info and time.monotonic() - t0 > args.migrate_after:
+            if (
+                step == args.steps - 1
+                and args.migrate
+                and not migrate_info
+                and time.monotonic() - t0 > args.migrate_after
+            ):
                 migrate_info = await measure_migration(coord, args)
         await task
         wall, cpu, tok = time.monotonic() - t0, cpu_s() - c0, coord.tokens_total - k0
@@ -361,6 +384,14 @@ def coordinator_proc(args, port_q, result_q) -> None:
         uvloop.install()
     except ImportError:
         pass
+    if args.profile:
+        import cProfile
+        import pstats
+
+        prof = cProfile.Profile(time.process_time)
+        prof.runcall(asyncio.run, coordinator_main(args, port_q, result_q))
+        pstats.Stats(prof, stream=sys.stderr).sort_stats("tottime").print_stats(25)
+        return
     asyncio.run(coordinator_main(args, port_q, result_q))
 
 
@@ -379,6 +410,7 @@ def main() -> None:
     ap.add_argument("--migrate-after", type=float, default=2.0, help="seconds into the last step")
     ap.add_argument("--no-migration", action="store_true", help="disable tail migration")
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--profile", action="store_true", help="cProfile the coordinator process (stderr)")
     args = ap.parse_args()
     global FLEET_MEAN
     FLEET_MEAN = args.mean_len

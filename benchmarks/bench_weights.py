@@ -18,6 +18,7 @@ import argparse
 import asyncio
 import json
 import os
+import resource
 import signal
 import statistics
 import subprocess
@@ -162,15 +163,19 @@ def node_main(args: argparse.Namespace) -> None:
 
                 t0 = time.time()
                 if args.verify:
-                    for v in args.versions:
-                        await node.pull(args.url, v, s)
+                    for v in args.versions:  # bytes only: these processes never import torch
+                        await node.pull(args.url, v, s, as_tensors=False)
                     st = node.last
                 else:  # transport-only ablation: same path, no sha256
                     st = PullStats()
-                    await pull_weights(args.url, args.versions[-1], session=s, stats=st, verify=False, swarm=False)
+                    await pull_weights(
+                        args.url, args.versions[-1], session=s, stats=st, verify=False, swarm=False, as_tensors=False
+                    )
                 t1 = time.time()
                 assert st is not None
-                results.append({"start": t0, "end": t1, "seconds": st.seconds, "stats": st.__dict__})
+                ru = resource.getrusage(resource.RUSAGE_SELF)
+                cpu = {"cpu_s": round(ru.ru_utime + ru.ru_stime, 2)}
+                results.append({"start": t0, "end": t1, "seconds": st.seconds, "stats": st.__dict__, **cpu})
                 print(json.dumps(results[-1]), flush=True)
                 if args.hold:
                     await asyncio.sleep(args.hold)
@@ -178,6 +183,8 @@ def node_main(args: argparse.Namespace) -> None:
                     await node.close()
 
     asyncio.run(main())
+    sys.stdout.flush()
+    os._exit(0)  # skip interpreter teardown: with 16 nodes on 2 cores its GC pass took minutes
 
 
 # ---- orchestration -------------------------------------------------------------------------------

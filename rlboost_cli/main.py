@@ -408,9 +408,13 @@ def simulate(
         list[str] | None,
         typer.Option(help="on-demand, spot-restart, rlboost-rule, rlboost, rlboost-tail, job (repeatable)"),
     ] = None,
-    catalog: Annotated[Path | None, typer.Option(help="a SkyPilot vms.csv to price from (overrides local.catalog)")] = None,
+    catalog: Annotated[
+        Path | None, typer.Option(help="a SkyPilot vms.csv to price from (overrides local.catalog)")
+    ] = None,
     hours: Annotated[float | None, typer.Option(help="hours of trace to replay (default: all of it)")] = None,
-    steps: Annotated[int | None, typer.Option(help="stop after this many steps (default: the job's; 0: no limit)")] = None,
+    steps: Annotated[
+        int | None, typer.Option(help="stop after this many steps (default: the job's; 0: no limit)")
+    ] = None,
     lengths: Annotated[
         Path | None, typer.Option(help="sample response lengths from a recorded run (rollouts.jsonl)")
     ] = None,

@@ -243,7 +243,9 @@ class PerfSpec(Strict):
 class SimulateSpec(Strict):
     """`rlboost simulate`: platform timings the replay needs beyond `perf` (defaults: a 7B model on a cloud)."""
 
-    boot_s: Annotated[float, Field(ge=0)] = 120.0  # spot launch -> worker dialled in with weights
+    boot_s: Annotated[float, Field(ge=0)] = 120.0  # spot launch -> worker dialled in (before its first pull)
+    trainer_boot_s: Annotated[float, Field(ge=0)] | None = None  # trainer launch -> serving (None: boot_s)
+    reserved_boot_s: Annotated[float, Field(ge=0)] | None = None  # trainer serving -> its engine dialled in
     pull_s: Annotated[float, Field(ge=0)] = 5.0  # a worker pulls each new weight version
     reserved_pull_s: Annotated[float, Field(ge=0)] = 1.0  # the trainer's own engine reloads weights
     step_overhead_s: Annotated[float, Field(ge=0)] = 2.0  # optimizer step + publish, after the last group
@@ -327,7 +329,8 @@ class JobSpec(Strict):
 
         for name, p in self.perf.items():
             base = next((v for k, v in DEFAULT_PERF.items() if k.lower() == name.lower()), None)
-            if base is None and None in (p.tokens_per_s, p.seq_tokens_per_s, p.prefill_tokens_per_s, p.train_tokens_per_s):
+            rates = (p.tokens_per_s, p.seq_tokens_per_s, p.prefill_tokens_per_s, p.train_tokens_per_s)
+            if base is None and None in rates:
                 raise ValueError(
                     f"perf.{name}: no built-in model for this accelerator; set tokens_per_s, seq_tokens_per_s, "
                     f"prefill_tokens_per_s and train_tokens_per_s (built-in: {', '.join(DEFAULT_PERF)})"

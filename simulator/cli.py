@@ -42,7 +42,9 @@ def run(
         spec = spec.model_copy(update={"local": spec.local.model_copy(update={"catalog": catalog})})
     if hours is not None:
         spec = spec.model_copy(update={"simulate": spec.simulate.model_copy(update={"hours": hours})})
-    trace = load_trace(trace_path) if trace_path else (load_trace(spec.local.trace) if spec.local.trace else BUILTIN_TRACE)
+    trace = (
+        load_trace(trace_path) if trace_path else (load_trace(spec.local.trace) if spec.local.trace else BUILTIN_TRACE)
+    )
     lm = LengthModel.from_recorded(lengths) if lengths else None
     results = simulate_job(
         spec,

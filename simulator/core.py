@@ -56,7 +56,9 @@ PRESETS: dict[str, SimPolicy] = {
     p.name: p
     for p in (
         SimPolicy("on-demand", "none", "spread", False, spot=False, label="reserved cluster alone"),
-        SimPolicy("spot-restart", "none", "spread", False, restart=True, label="spot; lost responses restart"),
+        SimPolicy(
+            "spot-restart", "none", "rate", False, restart=True, label="spot, no offload; lost responses restart"
+        ),
         SimPolicy("rlboost-rule", "rlboost", "spread", True, label="RLBoost's published offload rule"),
         SimPolicy("rlboost", "predictive", "rate", True, label="predictive offload, rate dispatch, migration"),
         SimPolicy("rlboost-tail", "predictive", "rate", True, tail_batching=True, label="... + tail batching"),
@@ -111,8 +113,27 @@ class _Engine:
     """A modelled engine: continuous batching at step_time(n), decode paused during prefill."""
 
     __slots__ = (
-        "P", "cap", "epoch", "heap", "id", "idx", "kill_at", "killed_at", "kind", "last", "live", "model",
-        "noticed", "offer", "offloaded", "st", "stall", "started", "state", "version", "victim",
+        "P",
+        "cap",
+        "epoch",
+        "heap",
+        "id",
+        "idx",
+        "kill_at",
+        "killed_at",
+        "kind",
+        "last",
+        "live",
+        "model",
+        "noticed",
+        "offer",
+        "offloaded",
+        "st",
+        "stall",
+        "started",
+        "state",
+        "version",
+        "victim",
     )
 
     def __init__(self, idx: int, eid: str, kind: str, model: EngineModel, offer: Offer | None, t: float) -> None:
@@ -192,7 +213,11 @@ class Simulation:
             from trainer.policies.migration import MigrationConfig
 
             self.migration = MigrationConfig()
-        self.batcher = TailBatcher(spec.algorithm.prompts_per_step, spec.rollout.tail_over_launch) if policy.tail_batching else None
+        self.batcher = (
+            TailBatcher(spec.algorithm.prompts_per_step, spec.rollout.tail_over_launch)
+            if policy.tail_batching
+            else None
+        )
         self.stats = LengthStats(spec.algorithm.max_new_tokens)
         self.placement = scheduling.placement_tracker(spec, self.spot_offers)
         self.backoff: dict[str, tuple[int, float]] = {o.key: (0, 0.0) for o in self.spot_offers}
@@ -230,7 +255,8 @@ class Simulation:
         return (self.now if t is None else t) * self.scale
 
     def run(self) -> SimResult:
-        self.push(self.sim.boot_s, "trainer_up")
+        tb = self.sim.trainer_boot_s
+        self.push(self.sim.boot_s if tb is None else tb, "trainer_up")
         self.push(0.0, "poll")
         while self.events and not self.done:
             t, _, kind, payload = heapq.heappop(self.events)
@@ -251,7 +277,8 @@ class Simulation:
         if self.spec.rollout.trainer_engine:
             acc = scheduling.reserved_accelerator(self.spec)
             e = self._new_engine("reserved", "reserved", scheduling.engine_model_for(self.spec, acc), None)
-            self.push(self.now + self.sim.boot_s, "connect", e.idx)
+            rb = self.sim.reserved_boot_s
+            self.push(self.now + (self.sim.boot_s if rb is None else rb), "connect", e.idx)
         self._start_step()
 
     def _new_engine(self, eid: str, kind: str, model: EngineModel, offer: Offer | None) -> _Engine:
@@ -278,6 +305,7 @@ class Simulation:
         e.state, e.version = "ready", v
         if self._step is not None:
             self._step.changed = True
+            self._step.next_offload_check = self.now  # the pool changed
         self._dispatch()
 
     def _start_step(self) -> None:
@@ -318,7 +346,7 @@ class Simulation:
         s = self._step
         if s is None or s.k != k or s.gen_end is not None:
             return
-        if s.offload_at is None:
+        if s.offload_at is None and self.now >= s.next_offload_check:
             self._maybe_offload(s)
         elif not any(e.kind != "reserved" and e.state == "ready" for e in self.engines):
             for e in self.engines:
@@ -517,8 +545,10 @@ class Simulation:
             remaining_sample=self.stats.sample_remaining(gen, left),
             remote_models=tuple(e.model for e in remote),
             handoff_prefill_s=ctx / prefill_rate if prefill_rate > 0 else 0.0,
+            reserved_rate=sum(e.model.rate(len(e.live)) for e in reserved),
         )
         if not self.offload.should_offload(p):
+            s.next_offload_check = self.now + self.offload.next_check_s(p)
             return
         s.offload_at = self.now
         for e in reserved:
@@ -843,6 +873,7 @@ class _Step:
         self.ticks = 0
         self.prev_step_s = 0.0
         self.changed = False  # a slot freed up or an engine joined since the last migration round
+        self.next_offload_check = 0.0
         self.busy: list[tuple[float, float]] = []
         self.pretrained = 0
         self.train_busy_until = 0.0

@@ -60,7 +60,9 @@ def results_json(results: list[SimResult]) -> list[dict]:
                 "spot_dollars": round(r.spot_dollars, 4),
                 "trainer_dollars": round(r.trainer_dollars, 4),
                 "tokens_per_dollar": round(r.tokens_per_dollar, 2),
-                "throughput_vs_on_demand": round(r.tokens_per_s / base.tokens_per_s, 4) if base and base.tokens_per_s else None,
+                "throughput_vs_on_demand": round(r.tokens_per_s / base.tokens_per_s, 4)
+                if base and base.tokens_per_s
+                else None,
                 "tokens_per_dollar_vs_on_demand": (
                     round(r.tokens_per_dollar / base.tokens_per_dollar, 4) if base and base.tokens_per_dollar else None
                 ),

@@ -131,3 +131,19 @@ def test_torchrun_arguments_from_skypilot_variables() -> None:
         "--master-port=1234",
     ]
     assert torchrun_args({}, gpus_per_node=1)[:3] == ["--nnodes=1", "--node-rank=0", "--nproc-per-node=1"]
+    assert torchrun_args({**env, "SKYPILOT_NODE_RANK": "0"}, nnodes=1)[:3] == [
+        "--nnodes=1",
+        "--node-rank=0",
+        "--nproc-per-node=8",
+    ]
+
+
+def test_launcher_prints_the_torchrun_command(monkeypatch, capsys) -> None:
+    from trainer.distributed import main
+
+    monkeypatch.setenv("SKYPILOT_NODE_IPS", "10.0.0.5")
+    monkeypatch.setenv("SKYPILOT_NUM_GPUS_PER_NODE", "4")
+    assert main(["--print", "--spec", "job.yaml", "--port", "8787"]) == 0
+    out = capsys.readouterr().out
+    assert "torch.distributed.run --nnodes=1 --node-rank=0 --nproc-per-node=4" in out
+    assert out.strip().endswith("-m trainer --spec job.yaml --port 8787")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from rlboost_cli.pricing import Offer
 from trainer.policies.dispatch import plan_dispatch
 from trainer.policies.lengths import LengthModel, LengthStats
 from trainer.policies.migration import MigrationConfig, plan_migrations
@@ -21,7 +22,6 @@ from trainer.policies.perf import DEFAULT_PERF, EngineModel, engine_model
 from trainer.policies.placement import PlacementTracker
 from trainer.policies.tail_batching import TailBatcher
 from trainer.policies.views import EngineView, ReqView
-from rlboost_cli.pricing import Offer
 
 A100 = EngineModel(2500, 80, 15000, ref_batch=256, max_batch=256)
 
@@ -128,7 +128,9 @@ def rv(rid, expected, generated=0):
 def test_rate_dispatch_puts_the_longest_work_on_the_fastest_engine():
     slow = EngineModel(100, 5, 1000, ref_batch=4, max_batch=4)
     fast = EngineModel(400, 40, 1000, ref_batch=4, max_batch=4)
-    plan = dict(plan_dispatch([rv("short", 10), rv("long", 500)], [ev("slow", 0, model=slow), ev("fast", 0, model=fast)]))
+    plan = dict(
+        plan_dispatch([rv("short", 10), rv("long", 500)], [ev("slow", 0, model=slow), ev("fast", 0, model=fast)])
+    )
     assert plan["long"] == "fast"
     assert set(plan) == {"short", "long"}
 

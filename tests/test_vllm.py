@@ -146,3 +146,7 @@ def test_local_job_with_vllm_workers(assets, tmp_path) -> None:
     assert len(rollouts) == STEPS * 4 * 4
     assert all(r["tokens"] and len(r["tokens"]) <= 24 for r in rollouts)
     assert {r["version"] for r in rollouts} == set(range(STEPS))
+    engines = {e for r in rollouts for e in r["engines"]}
+    assert any("-w" in e for e in engines), engines  # the spot worker generated (with vLLM)
+    worker_logs = "".join(p.read_text() for p in (home / "jobs").glob("*/instances/*-w*/log"))
+    assert "loaded version 0" in worker_logs and "vllm" in worker_logs.lower()

@@ -127,6 +127,7 @@ class StepMarks:
     box_planned: float | None
     offload_at: float | None = None
     gen_end: float | None = None
+    next_offload_check: float = 0.0  # the offload policy said no until then
 
 
 class Coordinator:
@@ -152,6 +153,8 @@ class Coordinator:
         self._group_left: dict[str, int] = {}
         self._group_of: dict[str, str] = {}
         self._changed = asyncio.Event()
+        self._dirty: set[str] = set()  # engines that may have free slots since the last dispatch
+        self._full_dispatch = True  # look at every engine in the next dispatch round
         self._monitor: asyncio.Task | None = None
         self._on_response: Callable[[Response], None] | None = None
         self.tokens_total = 0
@@ -229,6 +232,7 @@ class Coordinator:
         )
         next_tick = now
         t_start = now
+        self._full_dispatch = True
         try:
             while self.book.outstanding(step):
                 self._drain_completed()
@@ -353,7 +357,9 @@ class Coordinator:
             )
         return out
 
-    def _req_views(self, rs: list[Response], now: float, dispatched_at: dict[str, float] | None = None) -> list[ReqView]:
+    def _req_views(
+        self, rs: list[Response], now: float, dispatched_at: dict[str, float] | None = None
+    ) -> list[ReqView]:
         if not rs:
             return []
         gen = self.book.lengths(rs)
@@ -368,9 +374,24 @@ class Coordinator:
     async def _dispatch(self) -> None:
         v = self.step_version
         if v is None or not self.book.queue:
+            self._dirty.clear()
             return
         now = self.clock()
-        views = [e for e in self._engine_views(now) if e.accepting and e.free > 0]
+        # Only engines whose free slots may have changed since the last round (a `finished` frees
+        # slots) need a look, unless something bigger happened (step start, requeues, new engines).
+        if self._full_dispatch:
+            cands = list(self.engines.values())
+        else:
+            cands = [c for eid in self._dirty if (c := self.engines.get(eid)) is not None]
+        self._dirty.clear()
+        self._full_dispatch = False
+        views = []
+        for c in cands:
+            if c.state == "ready" and c.version == v and not c.offloaded:
+                active = len(self.book.assigned(c.id))
+                if active < c.capacity:
+                    rate = c.meter.rate(now, c.busy_since) if active else 0.0
+                    views.append(EngineView(c.id, c.kind, c.capacity, active, rate, self._model_of(c), True))
         total_free = sum(e.free for e in views)
         if total_free <= 0:
             return
@@ -384,7 +405,12 @@ class Coordinator:
         if not head:
             self.book.prune_queue()
             return
-        reqs = self._req_views(head, now)
+        if any(r.generated for r in head):
+            reqs = self._req_views(head, now)
+        else:  # fresh requests are alike: one prediction for all, no per-request numpy
+            budget = head[0].max_new_tokens
+            exp = float(self.lengths.expected_remaining([0], [budget])[0])
+            reqs = [ReqView(r.rid, 0, r.max_new_tokens, len(r.prompt), exp) for r in head]
         avoid: dict[str, set[str]] = {}
         for c in self.engines.values():
             for rid in c.aborting:
@@ -426,12 +452,13 @@ class Coordinator:
         m = self.marks
         if m is None:
             return
-        if m.offload_at is None:
+        if m.offload_at is None and now >= m.next_offload_check:
             await self._maybe_offload(now, m)
         elif not any(c.kind != "reserved" and c.state == "ready" for c in self.engines.values()):
             # every remote engine is gone: the trainer's engine generates again rather than stall
             for c in self.engines.values():
                 c.offloaded = False
+            self._full_dispatch = True
         if self.cfg.migration is not None and not self.book.queue:
             await self._migrate(now)
 
@@ -454,7 +481,9 @@ class Coordinator:
         known = [r for r in full_rates if r > 0]
         fill = sum(known) / len(known) if known else 0.0
         remote_rate = sum(r if r > 0 else fill for r in full_rates)
-        unfinished = [r for r in self.book.responses.values() if r.version == v and not r.done and m and r.step == m.step]
+        unfinished = [
+            r for r in self.book.responses.values() if r.version == v and not r.done and m and r.step == m.step
+        ]
         gen = self.book.lengths(unfinished)
         left = np.fromiter((r.max_new_tokens for r in unfinished), np.int64, len(unfinished)) - gen
         exp = self.lengths.expected_remaining(gen, left) if unfinished else np.zeros(0)
@@ -477,13 +506,16 @@ class Coordinator:
             remaining_sample=self.lengths.sample_remaining(gen, left) if unfinished else None,
             remote_models=models,
             handoff_prefill_s=ctx / prefill_rate if prefill_rate > 0 else 0.0,
+            reserved_rate=sum(e.tokens_per_s for e in views if e.kind == "reserved"),
         )
 
     async def _maybe_offload(self, now: float, m: StepMarks) -> None:
         reserved = [c for c in self.engines.values() if c.kind == "reserved" and c.state != "gone"]
         if not reserved:
             return
-        if not self.offload.should_offload(self.progress(now)):
+        p = self.progress(now)
+        if not self.offload.should_offload(p):
+            m.next_offload_check = now + self.offload.next_check_s(p)
             return
         m.offload_at = now
         self.offloads += 1
@@ -493,7 +525,10 @@ class Coordinator:
             rids = sorted(self.book.assigned(c.id))
             moved += len(self.book.requeue(c.id, rids))
             await self._abort(c.id, rids)
-        log.info("step %d: offload after %.2fs, %d partial responses continue on remote engines", m.step, now - m.t0, moved)
+        log.info(
+            "step %d: offload after %.2fs, %d partial responses continue on remote engines", m.step, now - m.t0, moved
+        )
+        self._full_dispatch = True
         self.offloaded.set()
         self._changed.set()
 
@@ -523,6 +558,7 @@ class Coordinator:
             moved = self.book.requeue(src, rids)
             self.tail_migrations += len(moved)
             await self._abort(src, moved)
+        self._full_dispatch = True
         self._changed.set()
 
     # ---- engine connections ------------------------------------------------------------
@@ -539,7 +575,9 @@ class Coordinator:
             old = self.engines.get(hello.worker_id)
             if old is not None:  # a reconnect replaces the stale connection
                 await self._drop(old, "replaced by a new connection")
-            conn = EngineConn(hello.worker_id, hello.kind, hello.engine, hello.capacity, ws, accelerator=hello.accelerator)
+            conn = EngineConn(
+                hello.worker_id, hello.kind, hello.engine, hello.capacity, ws, accelerator=hello.accelerator
+            )
             self.engines[conn.id] = conn
             self.gone.pop(conn.id, None)
             await self._send(conn, self._welcome(conn.id))
@@ -622,7 +660,12 @@ class Coordinator:
             for rid, reason, length in zip(msg.rids, msg.reasons, msg.lengths):
                 self.book.finish(conn.id, rid, reason, length)
                 conn.dispatched_at.pop(rid, None)
-                conn.aborting.discard(rid)
+                if rid in conn.aborting:
+                    conn.aborting.discard(rid)
+                    self._full_dispatch = True  # it may go to this engine again, or was held back
+            if any(why == "aborted" for why in msg.reasons):
+                self._full_dispatch = True  # requeued work
+            self._dirty.add(conn.id)
             self._changed.set()
         elif isinstance(msg, P.Ready):
             if msg.capacity is not None:
@@ -632,6 +675,9 @@ class Coordinator:
                 conn.version = msg.version
                 if conn.state != "draining":
                     conn.state = "ready"
+                self._full_dispatch = True
+                if self.marks is not None:
+                    self.marks.next_offload_check = 0.0  # the remote pool changed
                 self._changed.set()
         elif isinstance(msg, P.Heartbeat):
             conn.tokens_per_s = msg.tokens_per_s
@@ -639,6 +685,7 @@ class Coordinator:
             conn.state = "draining"
             moved = self.book.release(conn.id)
             log.info("engine %s draining (%s): %d responses continue elsewhere", conn.id, msg.reason, len(moved))
+            self._full_dispatch = True
             self._changed.set()
         elif isinstance(msg, P.Hello):
             raise ProtocolViolation("second hello on one connection")
@@ -669,6 +716,7 @@ class Coordinator:
         conn.state = "gone"
         self.gone[conn.id] = conn
         moved = self.book.release(conn.id)
+        self._full_dispatch = True
         if moved:
             log.info("engine %s dropped (%s): %d responses continue elsewhere", conn.id, why, len(moved))
         with contextlib.suppress(Exception):

@@ -174,9 +174,14 @@ def follow(learner: Any) -> int:
 # ---- launcher ----------------------------------------------------------------------------------
 
 
-def torchrun_args(env: dict[str, str], gpus_per_node: int | None = None, port: int = DEFAULT_PORT) -> list[str]:
-    """torchrun's arguments for this node of a SkyPilot cluster (or a single machine)."""
+def torchrun_args(
+    env: dict[str, str], gpus_per_node: int | None = None, port: int = DEFAULT_PORT, nnodes: int | None = None
+) -> list[str]:
+    """torchrun's arguments for this node of a SkyPilot cluster (or a single machine); `nnodes`
+    limits training to the first nodes (the others may serve as reserved rollout workers)."""
     ips = [ip for ip in env.get("SKYPILOT_NODE_IPS", "").split() if ip] or ["127.0.0.1"]
+    if nnodes is not None:
+        ips = ips[:nnodes]
     rank = int(env.get("SKYPILOT_NODE_RANK", "0"))
     gpus = gpus_per_node or int(env.get("SKYPILOT_NUM_GPUS_PER_NODE", "0") or 0)
     if not gpus:
@@ -196,10 +201,11 @@ def main(argv: list[str] | None = None) -> int:
         description="Launch the trainer on every GPU of this node under torchrun (other args go to python -m trainer).",
     )
     ap.add_argument("--gpus-per-node", type=int, default=None)
+    ap.add_argument("--nnodes", type=int, default=None, help="train on the first N nodes only (default: all)")
     ap.add_argument("--master-port", type=int, default=DEFAULT_PORT)
     ap.add_argument("--print", action="store_true", help="print the torchrun command instead of running it")
     args, rest = ap.parse_known_args(argv)
-    targs = torchrun_args(dict(os.environ), args.gpus_per_node, args.master_port)
+    targs = torchrun_args(dict(os.environ), args.gpus_per_node, args.master_port, args.nnodes)
     nnodes = int(targs[0].split("=")[1])
     nproc = int(targs[2].split("=")[1])
     if nnodes * nproc == 1 and not args.print:

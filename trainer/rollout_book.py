@@ -92,13 +92,17 @@ class RolloutBook:
         self.redispatches = 0
         self._open: dict[int, int] = {}  # step -> responses not complete yet
         self._completed: list[Response] = []  # completed since the last drain_completed()
+        if page < 1 or page & (page - 1):
+            raise ValueError(f"page must be a power of two, got {page}")
         self._page = page
+        self._page_shift = page.bit_length() - 1
         self._next_handle = 0
         self._eidx: dict[str, int] = {}
         self._alloc_slots(1024, max_pages=1)
         self._pool_ids = np.zeros(0, np.int32)
         self._pool_lps = np.zeros(0, np.float64)
-        self._free_pages: list[np.ndarray] = []
+        self._free = np.zeros(0, _I64)  # a stack of freed page numbers: _free[:_nfree]
+        self._nfree = 0
         self._pool_pages = 0
 
     # ---- slots -------------------------------------------------------------------------
@@ -112,6 +116,7 @@ class RolloutBook:
         self._last = np.full(cap, -1, _I64)
         self._taken_len = np.zeros(cap, _I64)
         self._pt = np.full((cap, max_pages), -1, _I64)  # page table
+        self._mark = np.zeros(cap, _I64)  # scratch: duplicate detection within a frame
         self._resp: list[Response | None] = [None] * cap
 
     def _grow(self, cap: int | None = None, max_pages: int | None = None) -> None:
@@ -127,7 +132,9 @@ class RolloutBook:
                 break
             cap *= 2
         self._alloc_slots(cap, max_pages)
-        for dst, src in zip((self._hnd, self._len, self._owner, self._budget, self._ver, self._last, self._taken_len), old):
+        for dst, src in zip(
+            (self._hnd, self._len, self._owner, self._budget, self._ver, self._last, self._taken_len), old
+        ):
             dst[new_slots] = src[live]
         self._pt[new_slots, : old[7].shape[1]] = old[7][live]
         for s_old, s_new in zip(live.tolist(), new_slots.tolist()):
@@ -208,7 +215,12 @@ class RolloutBook:
         pages = self._pt[s]
         used = pages[pages >= 0]
         if used.size:
-            self._free_pages.append(used.copy())
+            if self._nfree + used.size > self._free.size:
+                grown = np.zeros(max(2 * self._free.size, self._nfree + used.size), _I64)
+                grown[: self._nfree] = self._free[: self._nfree]
+                self._free = grown
+            self._free[self._nfree : self._nfree + used.size] = used
+            self._nfree += used.size
         self._pt[s] = -1
         self._hnd[s], self._owner[s], self._len[s] = -1, -1, 0
         self._resp[s] = None
@@ -320,17 +332,34 @@ class RolloutBook:
         h = handles.astype(_I64, copy=False)
         slot = h & (self._cap - 1)
         own = (h >= 0) & (self._hnd[slot] == h) & (self._owner[slot] == e)
-        if not own.any():
-            return 0
         if not own.all():  # late frames for responses this engine no longer holds: drop those chunks
+            if not own.any():
+                return 0
             tok_mask = np.repeat(own, counts.astype(_I64, copy=False))
             h, slot, offsets, counts = h[own], slot[own], offsets[own], counts[own]
             ids, lps = ids[tok_mask], lps[tok_mask]
-        if np.unique(slot).size != slot.size:
+            k = h.shape[0]
+        # one response named twice in a frame? (a scratch mark per slot instead of a sort)
+        order = np.arange(k, dtype=_I64)
+        self._mark[slot] = order
+        if (self._mark[slot] != order).any():
             return self._accept_one_by_one(engine, version, h, offsets, counts, ids, lps)
         cnt = counts.astype(_I64, copy=False)
         off = offsets.astype(_I64, copy=False)
         cur = self._len[slot]
+        if (off == cur).all() and not (
+            (self._ver[slot] != version) | (cur + cnt > self._budget[slot]) | (self._last[slot] == self.eos_id)
+        ).any():
+            # the common case: every chunk continues its response exactly, within budget
+            n = ids.shape[0]
+            starts = np.cumsum(cnt) - cnt
+            t_slot = np.repeat(slot, cnt)
+            t_pos = np.arange(n, dtype=_I64) + np.repeat(off - starts, cnt)
+            self._store(t_slot, t_pos, ids, lps)
+            self._len[slot] = cur + cnt
+            has = cnt > 0
+            self._last[slot[has]] = ids[(starts + cnt - 1)[has]]
+            return n
         wrong = self._ver[slot] != version
         if wrong.any():
             i = int(np.argmax(wrong))
@@ -375,29 +404,34 @@ class RolloutBook:
         for i in range(h.shape[0]):
             c = int(counts[i])
             total += self.accept_columns(
-                engine, version, h[i : i + 1], offsets[i : i + 1], counts[i : i + 1], ids[pos : pos + c], lps[pos : pos + c]
+                engine,
+                version,
+                h[i : i + 1],
+                offsets[i : i + 1],
+                counts[i : i + 1],
+                ids[pos : pos + c],
+                lps[pos : pos + c],
             )
             pos += c
         return total
 
     def _store(self, t_slot: np.ndarray, t_pos: np.ndarray, t_ids: np.ndarray, t_lps: np.ndarray) -> None:
-        P = self._page
-        pg = t_pos // P
-        need = self._pt[t_slot, pg] < 0
-        if need.any():
-            W = self._pt.shape[1]
-            keys = np.unique(t_slot[need] * W + pg[need])
-            self._pt[keys // W, keys % W] = self._alloc_pages(keys.size)
-        flat = self._pt[t_slot, pg] * P + t_pos % P
+        pt = self._pt.reshape(-1)  # a view: one flat gather is cheaper than a 2-D one
+        key = t_slot * self._pt.shape[1] + (t_pos >> self._page_shift)
+        page = pt[key]
+        if (page < 0).any():
+            keys = np.unique(key[page < 0])
+            pt[keys] = self._alloc_pages(keys.size)
+            page = pt[key]
+        flat = (page << self._page_shift) | (t_pos & (self._page - 1))
         self._pool_ids[flat] = t_ids
         self._pool_lps[flat] = t_lps
 
     def _alloc_pages(self, n: int) -> np.ndarray:
-        free = np.concatenate(self._free_pages) if self._free_pages else np.zeros(0, _I64)
-        got = free[:n]
-        rest = free[n:]
-        self._free_pages = [rest] if rest.size else []
-        short = n - got.size
+        take = min(n, self._nfree)
+        got = self._free[self._nfree - take : self._nfree].copy()
+        self._nfree -= take
+        short = n - take
         if short > 0:
             first = self._pool_pages
             self._pool_pages += short
@@ -408,7 +442,8 @@ class RolloutBook:
                 ids[: self._pool_ids.shape[0]] = self._pool_ids
                 lp[: self._pool_lps.shape[0]] = self._pool_lps
                 self._pool_ids, self._pool_lps = ids, lp
-            got = np.concatenate([got, np.arange(first, first + short, dtype=_I64)])
+            fresh = np.arange(first, first + short, dtype=_I64)
+            got = np.concatenate([got, fresh]) if take else fresh
         return got
 
     def _rid(self, slot: int) -> str:

@@ -26,8 +26,8 @@ from trainer import distributed, scheduling
 from trainer.coordinator import Coordinator, CoordinatorConfig, RolloutRequest
 from trainer.learner import Sample, make_learner
 from trainer.policies.tail_batching import TailBatcher
-from trainer.synthetic_learner import SyntheticLearner
 from trainer.server import build_app
+from trainer.synthetic_learner import SyntheticLearner
 from trainer.tasks import make_task
 from trainer.weights import WeightPublisher
 

@@ -24,7 +24,7 @@ LEVEL = 1  # level 1 already takes the zero runs; higher levels cost CPU on the 
 
 def shuffle_widths(tensors: Sequence[TensorInfo], chunks: Sequence[ChunkInfo]) -> list[int]:
     """Per chunk, the element size of the tensor that covers most of it (the shuffle width)."""
-    from trainer.weights import dtype_of
+    from trainer.weights import itemsize
 
     widths = []
     t = 0
@@ -38,7 +38,7 @@ def shuffle_widths(tensors: Sequence[TensorInfo], chunks: Sequence[ChunkInfo]) -
             ti = tensors[j]
             overlap = min(end, ti.offset + ti.nbytes) - max(c.offset, ti.offset)
             if overlap > 0:
-                w = dtype_of(ti.dtype).itemsize
+                w = itemsize(ti.dtype)
                 cover[w] = cover.get(w, 0) + overlap
             j += 1
         widths.append(max(cover, key=lambda w: cover[w]) if cover else 1)

@@ -32,14 +32,16 @@ import time
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import IO, Literal, Protocol
+from typing import IO, TYPE_CHECKING, Literal, Protocol
 
-import torch
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field
 
 from trainer import weight_delta
 from trainer.weight_tracker import SwarmTracker, add_swarm_route
+
+if TYPE_CHECKING:
+    import torch
 
 log = logging.getLogger("rlboost.weights")
 
@@ -49,23 +51,21 @@ _MAX_PARAM = 1 << 62  # path ints above this are nonsense, not a lookup miss
 _INT_RE = re.compile(r"[0-9]{1,19}")
 _RANGE_RE = re.compile(r"bytes=([0-9]*)-([0-9]*)")
 _SEND_SLICE = 1 << 20  # bytes per sendfile/write call when a rate limit applies
-_DTYPES = {
-    name: getattr(torch, name)
-    for name in (
-        "float64",
-        "float32",
-        "float16",
-        "bfloat16",
-        "int64",
-        "int32",
-        "int16",
-        "int8",
-        "uint8",
-        "bool",
-        "float8_e4m3fn",
-        "float8_e5m2",
-    )
-    if hasattr(torch, name)
+# dtype name -> bytes per element. torch is imported lazily: a worker's transfer path (and the
+# peer server) does not need it, and importing it costs seconds of CPU on a small node.
+ITEMSIZE = {
+    "float64": 8,
+    "float32": 4,
+    "float16": 2,
+    "bfloat16": 2,
+    "int64": 8,
+    "int32": 4,
+    "int16": 2,
+    "int8": 1,
+    "uint8": 1,
+    "bool": 1,
+    "float8_e4m3fn": 1,
+    "float8_e5m2": 1,
 }
 
 
@@ -126,15 +126,22 @@ def root_of(chunks: list[ChunkInfo]) -> str:
     return hashlib.sha256(b"".join(bytes.fromhex(c.sha256) for c in chunks)).hexdigest()
 
 
-def dtype_of(name: str) -> torch.dtype:
-    if name not in _DTYPES:
+def itemsize(name: str) -> int:
+    if name not in ITEMSIZE:
         raise ValueError(f"unsupported weight dtype {name!r}")
-    return _DTYPES[name]
+    return ITEMSIZE[name]
+
+
+def dtype_of(name: str) -> torch.dtype:
+    import torch
+
+    itemsize(name)
+    return getattr(torch, name)
 
 
 def dtype_name(dtype: torch.dtype) -> str:
     name = str(dtype).removeprefix("torch.")
-    dtype_of(name)  # rejects what a receiver could not rebuild
+    itemsize(name)  # rejects what a receiver could not rebuild
     return name
 
 
@@ -151,6 +158,8 @@ def layout(tensors: Mapping[str, torch.Tensor]) -> tuple[list[TensorInfo], int]:
 
 def tensor_views(buf: object, infos: list[TensorInfo]) -> dict[str, torch.Tensor]:
     """Tensors that are views into `buf` (no copy); they keep `buf` alive."""
+    import torch
+
     flat = torch.frombuffer(buf, dtype=torch.uint8) if len(memoryview(buf)) else torch.empty(0, dtype=torch.uint8)
     out = {}
     for ti in infos:
@@ -275,6 +284,8 @@ class WeightPublisher:
         with self._lock:
             if self._latest is not None and version <= self._latest:
                 raise ValueError(f"version {version} is not newer than latest {self._latest}")
+        import torch
+
         t0 = time.monotonic()
         infos, total = layout(tensors)
         buf = HostBuffer(total, f"rlboost-w{version}")

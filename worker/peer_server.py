@@ -23,14 +23,17 @@ import sys
 import threading
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import aiohttp
-import torch
 from aiohttp import web
 
 from trainer.weight_tracker import encode_bits
 from trainer.weights import ChunkInfo, HostBuffer, Manifest, RateLimit, ServeCounters, add_chunk_routes
 from worker.weight_pull import PullStats, pull_weights
+
+if TYPE_CHECKING:
+    import torch
 
 log = logging.getLogger("rlboost.weights")
 
@@ -228,7 +231,9 @@ class WeightNode:
         if self.server is not None:
             await self.server.close()
 
-    async def pull(self, base_url: str, version: int, session: aiohttp.ClientSession) -> dict[str, torch.Tensor]:
+    async def pull(
+        self, base_url: str, version: int, session: aiohttp.ClientSession, as_tensors: bool = True
+    ) -> dict[str, torch.Tensor]:
         """Pull `version`; the tensors are views into the store's buffer, valid until the pull after
         next reuses it (the engine copies them at once)."""
         await self.start()
@@ -249,6 +254,7 @@ class WeightNode:
                 local=self.local,
                 ingress_bps=self.ingress_bps,
                 on_progress=bar.update if bar else None,
+                as_tensors=as_tensors,
             )
         finally:
             if bar:

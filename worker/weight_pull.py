@@ -31,7 +31,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import aiohttp
-import torch
 from pydantic import ValidationError
 
 from trainer.weight_delta import decode_into
@@ -41,13 +40,15 @@ from trainer.weights import (
     HostBuffer,
     Manifest,
     RateLimit,
-    dtype_of,
+    itemsize,
     root_of,
     tensor_views,
 )
 from worker.chunk_http import HttpConn, Partial, SourceError
 
 if TYPE_CHECKING:
+    import torch
+
     from worker.peer_server import WeightStore
 
 ORIGIN = "origin"
@@ -417,7 +418,7 @@ def _check_manifest(m: Manifest, version: int) -> None:
         raise WeightPullError(f"weight version {version}: manifest root hash does not match its chunks")
     for t in m.tensors:
         try:
-            itemsize = dtype_of(t.dtype).itemsize
+            size = itemsize(t.dtype)
         except ValueError as e:
             raise WeightPullError(f"weight version {version}: {e}") from e
         numel = 1
@@ -425,7 +426,7 @@ def _check_manifest(m: Manifest, version: int) -> None:
             if s < 0:
                 raise WeightPullError(f"weight version {version}: {t.name} has a negative dimension")
             numel *= s
-        if numel * itemsize != t.nbytes or t.offset + t.nbytes > m.total_bytes or t.offset % itemsize:
+        if numel * size != t.nbytes or t.offset + t.nbytes > m.total_bytes or t.offset % size:
             raise WeightPullError(f"weight version {version}: tensor {t.name} does not fit the buffer")
 
 
@@ -511,13 +512,15 @@ async def pull_weights(
     ingress_bps: float | None = None,
     verify: bool = True,
     announce_s: float = 0.25,
+    as_tensors: bool = True,
 ) -> dict[str, torch.Tensor]:
     """Fetch, verify and load weight `version`; returns tensors that are views into one buffer.
 
     `timeout_s` bounds each request; `retries` bounds origin attempts per chunk. With a `store`
     (worker/peer_server.py) verified chunks are served to peers as they land, and the version held
     before is the base for a delta. `swarm` asks the trainer's tracker for peers; `local` maps the
-    trainer's buffer when on the same machine. `verify=False` exists for benchmarks only."""
+    trainer's buffer when on the same machine. `verify=False` and `as_tensors=False` (return {}
+    and leave the bytes in the store, so torch is never imported) exist for benchmarks only."""
     base = base_url.rstrip("/")
     st = stats if stats is not None else PullStats()
     st.version, t0 = version, time.monotonic()
@@ -588,7 +591,7 @@ async def pull_weights(
             store.complete(version)
         if on_progress:
             on_progress(m.total_bytes, m.total_bytes)
-        return tensor_views(buf.view, m.tensors)
+        return tensor_views(buf.view, m.tensors) if as_tensors else {}
     finally:
         if own:
             await cl.session.close()

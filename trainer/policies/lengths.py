@@ -63,7 +63,7 @@ class LengthModel:
             rec = self.recorded
             return rec[min(len(rec) - 1, int(u * len(rec)))]
         z = self.sigma * _STD_NORMAL.inv_cdf(u) + self.prompt_sigma * _STD_NORMAL.inv_cdf(unit(pkey))
-        return max(1, int(round(self.median * math.exp(z))))
+        return max(1, round(self.median * math.exp(z)))
 
     def mean(self, budget: int) -> float:
         """Expected response length under a budget (tokens actually generated)."""
@@ -137,7 +137,9 @@ class LengthStats:
     def mean(self) -> float:
         return float(self._recent.mean()) if self._n else self.prior_mean
 
-    def expected_remaining(self, generated: np.ndarray | Sequence[int], budget_left: np.ndarray | Sequence[int]) -> np.ndarray:
+    def expected_remaining(
+        self, generated: np.ndarray | Sequence[int], budget_left: np.ndarray | Sequence[int]
+    ) -> np.ndarray:
         """E[L - l | L > l], capped by each response's remaining budget (vectorised)."""
         g = np.asarray(generated, dtype=np.float64)
         cap = np.asarray(budget_left, dtype=np.float64)
@@ -153,7 +155,9 @@ class LengthStats:
         out = np.where(n_above > 0, cond, tail)
         return np.minimum(np.maximum(out, 1.0), cap)
 
-    def sample_remaining(self, generated: np.ndarray | Sequence[int], budget_left: np.ndarray | Sequence[int]) -> np.ndarray:
+    def sample_remaining(
+        self, generated: np.ndarray | Sequence[int], budget_left: np.ndarray | Sequence[int]
+    ) -> np.ndarray:
         """A plausible draw of every response's remaining tokens: conditional quantiles of L - l | L > l
         at evenly spread levels (deterministic), so the set has the right bulk *and* the right longest
         one - E[max] is what bounds a step's tail, and the max of expectations underestimates it."""

@@ -87,7 +87,11 @@ def plan_migrations(
     return moves
 
 
-def worth_a_look(expected_left: np.ndarray, seq_time_src: float, on_engine_s: np.ndarray, cfg: MigrationConfig) -> np.ndarray:
+def worth_a_look(
+    expected_left: np.ndarray, seq_time_src: float, on_engine_s: np.ndarray, cfg: MigrationConfig
+) -> np.ndarray:
     """Cheap vectorised pre-filter of one source engine's responses: those plan_migrations could move
     (settled long enough, and staying would take longer than the smallest gain it accepts)."""
-    return (np.asarray(on_engine_s) >= cfg.min_on_engine_s) & (np.asarray(expected_left) * seq_time_src >= cfg.min_gain_s)
+    return (np.asarray(on_engine_s) >= cfg.min_on_engine_s) & (
+        np.asarray(expected_left) * seq_time_src >= cfg.min_gain_s
+    )

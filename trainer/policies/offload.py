@@ -48,6 +48,7 @@ class StepProgress:
     remaining_sample: np.ndarray | None = None
     remote_models: tuple[EngineModel, ...] = ()  # models of the ready remote engines (when known)
     handoff_prefill_s: float = 0.0  # re-prefill of the reserved engine's partial responses, remotely
+    reserved_rate: float = 0.0  # the reserved engine's decode tokens/s now
 
 
 @dataclass(frozen=True)
@@ -74,6 +75,9 @@ class OffloadPolicy(Protocol):
     def should_offload(self, p: StepProgress) -> bool:
         """Called periodically until it says yes (or the step's generation ends)."""
 
+    def next_check_s(self, p: StepProgress) -> float:
+        """How long the answer cannot turn to yes (callers may skip checks until then)."""
+
     def end_step(self, o: StepOutcome) -> None:
         """Learn from the finished step."""
 
@@ -86,6 +90,9 @@ class NoOffload:
 
     def should_offload(self, p: StepProgress) -> bool:
         return False
+
+    def next_check_s(self, p: StepProgress) -> float:
+        return float("inf")
 
     def end_step(self, o: StepOutcome) -> None:
         pass
@@ -115,6 +122,9 @@ class RLBoostOffload:
 
     def should_offload(self, p: StepProgress) -> bool:
         return p.remote_engines > 0 and self.box is not None and p.elapsed >= self.box
+
+    def next_check_s(self, p: StepProgress) -> float:
+        return float("inf") if self.box is None else max(0.0, self.box - p.elapsed)
 
     def end_step(self, o: StepOutcome) -> None:
         if o.n_remote <= 0:
@@ -168,6 +178,19 @@ class PredictiveOffload:
         if not self.overlap or p.remote_engines <= 0 or p.unfinished <= 0:
             return False
         return self.remote_finish_s(p) <= self.trainer_finish_s(p) * (1.0 + self.margin)
+
+    def next_check_s(self, p: StepProgress) -> float:
+        """The gap between the two finish times closes at most at 1 + reserved/remote rate per second
+        (the remotes work down their share; the reserved engine removes work they would have done);
+        half of that bound leaves room for length predictions that grow as responses do."""
+        if not self.overlap or p.unfinished <= 0:
+            return float("inf")
+        if p.remote_engines <= 0:
+            return 0.0  # re-check as soon as any remote engine is ready
+        gap = self.remote_finish_s(p) - self.trainer_finish_s(p) * (1.0 + self.margin)
+        if gap <= 0:
+            return 0.0
+        return 0.5 * gap / (1.0 + p.reserved_rate / max(p.remote_rate, 1e-9))
 
     def end_step(self, o: StepOutcome) -> None:
         if o.train_busy_s > 0 and o.train_tokens > 0:

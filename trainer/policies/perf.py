@@ -77,7 +77,9 @@ class EngineModel:
         # step_time(n) is on every scheduling path: precompute its two coefficients
         t1 = 1.0 / self.seq_tokens_per_s
         # a batch can never be slower per step than running its sequences one by one
-        slope = max(0.0, (self.ref_batch / self.tokens_per_s - t1) / (self.ref_batch - 1)) if self.ref_batch > 1 else 0.0
+        slope = (
+            max(0.0, (self.ref_batch / self.tokens_per_s - t1) / (self.ref_batch - 1)) if self.ref_batch > 1 else 0.0
+        )
         object.__setattr__(self, "_t1", t1)
         object.__setattr__(self, "_slope", slope)
 
@@ -131,4 +133,3 @@ def train_rate(accelerator: str | None, table: dict[str, AcceleratorPerf], nodes
     if perf is None:
         raise KeyError(f"no performance model for accelerator {name!r}")
     return perf.train_tokens_per_s * count * nodes
-

@@ -95,9 +95,7 @@ class PlacementTracker:
 
     def useful(self, offer: OfferLike, clock: float) -> float:
         s = self.stats.get(offer.key) or OfferStats()
-        live_h = sum(
-            max(0.0, clock - self.started_at[i]) / 3600.0 for i, k in self.offer_of.items() if k == offer.key
-        )
+        live_h = sum(max(0.0, clock - self.started_at[i]) / 3600.0 for i, k in self.offer_of.items() if k == offer.key)
         lam = (s.preemptions + 1.0) / (s.worker_hours + live_h + self.prior_lifetime_h)
         boots = lam * (1.0 + self.failure_weight * s.capacity_failures / max(1, s.launches))
         return max(0.05, 1.0 - (self.boot_s / 3600.0) * boots)

@@ -1,0 +1,137 @@
+"""`rlboost simulate`: the replay runs the real policies on a virtual clock, deterministically and fast."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from providers.spot_market import AvailabilityTrace
+from rlboost_cli.pricing import spot_offers, trainer_offer
+from rlboost_cli.spec import parse_spec
+from simulator import PRESETS, simulate_job
+from simulator.core import policy_from_spec
+from tests.conftest import run_cli
+
+
+def job(**over) -> dict:
+    raw = {
+        "name": "simjob",
+        "model": {"kind": "synthetic", "train_tokens_per_s": 4000},
+        "algorithm": {
+            "prompts_per_step": 16,
+            "group_size": 8,
+            "max_new_tokens": 512,
+            "steps": 20,
+            "warm_start_steps": 0,
+        },
+        "trainer": {"accelerators": "A100:1", "hourly_price": 4.0},
+        "rollout": {
+            "engine": "synthetic",
+            "engine_batch": 64,
+            "max_workers": 4,
+            "candidates": [{"accelerator": "A100", "clouds": ["local"], "spot_price": 1.2, "on_demand_price": 3.6}],
+            "synthetic": {"lengths": {"median_tokens": 60, "sigma": 0.8, "prompt_sigma": 0.5}},
+        },
+        "perf": {"A100": {"tokens_per_s": 800, "seq_tokens_per_s": 40, "ref_batch": 64}},
+        "local": {"time_scale": 1.0, "notice_seconds": 2.0, "notice_fraction": 0.5},
+        "simulate": {"boot_s": 5.0, "pull_s": 0.5, "reserved_pull_s": 0.2, "step_overhead_s": 0.5},
+    }
+    for k, v in over.items():
+        raw[k] = {**raw.get(k, {}), **v} if isinstance(v, dict) else v
+    return raw
+
+
+# capacity 4 with drops to 1 (at 60 s, 93 s, 127 s and 161 s, for 15 s each)
+TRACE = AvailabilityTrace(
+    [0.0, 60.0, 75.0, 93.0, 108.0, 127.0, 142.0, 161.0, 176.0, 3600.0], [4, 1, 4, 1, 4, 1, 4, 1, 4, 4], "t"
+)
+
+
+def run(spec, policies, trace=TRACE, **kw):
+    return simulate_job(spec, trace, policies, trainer_offer(spec), spot_offers(spec), **kw)
+
+
+def test_replay_is_deterministic_and_complete():
+    spec = parse_spec(job())
+    a = run(spec, [PRESETS["rlboost"]])[0]
+    b = run(spec, [PRESETS["rlboost"]])[0]
+    assert a.steps == b.steps == 20
+    assert (a.trained_tokens, a.dollars, a.run_s, a.preemptions) == (
+        b.trained_tokens,
+        b.dollars,
+        b.run_s,
+        b.preemptions,
+    )
+    assert a.preemptions >= 3 and a.migrations > 0  # the drop at 60 s took workers mid-step
+    assert [s["step"] for s in a.step_log] == list(range(20))
+
+
+def test_every_policy_trains_the_same_tokens_and_spot_helps():
+    spec = parse_spec(job())
+    res = {
+        r.policy.name: r
+        for r in run(spec, [PRESETS[p] for p in ("on-demand", "spot-restart", "rlboost-rule", "rlboost")])
+    }
+    tokens = {r.trained_tokens for r in res.values()}
+    assert len(tokens) == 1  # same prompts, same lengths: only time and money differ
+    od = res["on-demand"]
+    assert od.spot_dollars == 0 and od.preemptions == 0
+    assert res["rlboost"].tokens_per_s > 1.3 * od.tokens_per_s  # spot capacity is used
+    assert res["rlboost"].tokens_per_s >= res["spot-restart"].tokens_per_s
+    assert res["spot-restart"].restarted_tokens > 0 and res["rlboost"].restarted_tokens == 0
+
+
+def test_tail_batching_keeps_prompts_and_drops_tail_tokens():
+    spec = parse_spec(job(algorithm={"steps": 12}))
+    r = run(spec, [PRESETS["rlboost-tail"]])[0]
+    assert r.steps == 12 and r.restarted_tokens > 0
+    assert any(s["long"] for s in r.step_log)  # parked prompts came back as a long round
+
+
+def test_policy_from_the_job_file_and_horizon():
+    spec = parse_spec(job(rollout={"offload_policy": "rlboost", "dispatch_policy": "spread", "migration": False}))
+    p = policy_from_spec(spec)
+    assert (p.offload, p.dispatch, p.migration, p.spot) == ("rlboost", "spread", False, True)
+    r = run(spec, [p], max_steps=10**9, horizon_s=300.0)[0]
+    assert 0 < r.steps < 10**9 and r.job_s == pytest.approx(300.0)
+
+
+def test_a_day_of_trace_runs_in_seconds():
+    """A day of an LLM-sized job (built-in A100 model, minute-long steps) replays in seconds."""
+    spec = parse_spec(
+        job(
+            algorithm={"max_new_tokens": 4096},
+            rollout={"synthetic": {"lengths": {"median_tokens": 500, "sigma": 0.8, "prompt_sigma": 0.5}}},
+            model={"train_tokens_per_s": 2500},
+            perf={},
+            simulate={"boot_s": 120, "pull_s": 5, "reserved_pull_s": 1, "step_overhead_s": 2},
+        )
+    )
+    day = AvailabilityTrace([0.0, 3600.0 * 6, 3600.0 * 7, 86400.0], [4, 0, 4, 4], "day")
+    t0 = time.process_time()
+    r = run(spec, [PRESETS["rlboost"]], trace=day, max_steps=10**9)[0]
+    took = time.process_time() - t0
+    assert r.job_s == pytest.approx(86400.0) and r.steps > 500 and r.preemptions >= 4
+    assert took < 45, f"a day took {took:.1f} CPU seconds"
+
+
+def test_cli_prints_a_table_json_and_a_plot(tmp_path, home):
+    import yaml
+
+    trace = tmp_path / "trace.json"
+    trace.write_text(json.dumps({"metadata": {"gap_seconds": 30}, "data": [4, 4, 1, 4, 4, 4, 4, 4, 4, 4]}))
+    jf = tmp_path / "job.yaml"
+    jf.write_text(yaml.safe_dump(job(algorithm={"steps": 6})))
+    out = run_cli("simulate", str(jf), "--trace", str(trace), "--json", "--plot", str(tmp_path / "p.png"), home=home)
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    names = [r["policy"] for r in doc["results"]]
+    assert names == ["on-demand", "spot-restart", "rlboost-rule", "rlboost"]
+    assert doc["results"][0]["throughput_vs_on_demand"] == 1.0
+    assert (tmp_path / "p.png").stat().st_size > 1000
+    table = run_cli("simulate", str(jf), "--trace", str(trace), "--policy", "rlboost", home=home)
+    assert table.returncode == 0 and "rlboost" in table.stdout and "tokens/$" in table.stdout
+    bad = run_cli("simulate", str(jf), "--policy", "magic", home=home)
+    assert bad.returncode == 2 and "unknown policy" in bad.stderr

@@ -252,22 +252,22 @@ async def coordinator_main(args, port_q, result_q) -> None:
     freed: dict[str, float] = {}
     refill: list[float] = []
     orig_on_message = coord._on_message
-    orig_send = coord._send
+    orig_post = coord._post
 
     async def on_message(conn, msg):  # timestamps for the slot-refill latency (only while work waits)
         if isinstance(msg, P.Finished) and coord.book.queue:
             freed.setdefault(conn.id, time.monotonic())
         await orig_on_message(conn, msg)
 
-    async def send(conn, msg):
-        if isinstance(msg, P.Generate):
+    def post(conn, text):  # the dispatch decision: slot freed -> `generate` queued for that engine
+        if text.startswith('{"type":"generate"'):
             t = freed.pop(conn.id, None)
             if t is not None:
                 refill.append(time.monotonic() - t)
-        return await orig_send(conn, msg)
+        orig_post(conn, text)
 
     coord._on_message = on_message
-    coord._send = send
+    coord._post = post
     app = web.Application()
     app.router.add_get("/v1/worker", coord.handle_ws)
     runner = web.AppRunner(app, handle_signals=False, access_log=None)
@@ -279,8 +279,13 @@ async def coordinator_main(args, port_q, result_q) -> None:
     await coord.publish(0)
     port_q.put(port)
     t_wait = time.monotonic()
+    last_note = t_wait
     while sum(1 for c in coord.engines.values() if c.state == "ready") < args.engines:
         await asyncio.sleep(0.05)
+        if time.monotonic() - last_note > 10:
+            last_note = time.monotonic()
+            ready = sum(1 for c in coord.engines.values() if c.state == "ready")
+            print(f"connecting: {len(coord.engines)} connected, {ready} ready", file=sys.stderr, flush=True)
         if time.monotonic() - t_wait > 300:
             break
     connect_s = time.monotonic() - t_wait
@@ -302,6 +307,20 @@ async def coordinator_main(args, port_q, result_q) -> None:
         while not task.done():
             await asyncio.sleep(0.002)
             now = time.monotonic()
+            if now - last_note > 10:
+                last_note = now
+                print(
+                    f"step {step}: {now - t0:.0f}s, {coord.tokens_total - k0} tokens, queue {len(coord.book.queue)}, "
+                    f"open {coord.book.outstanding(step)}, cpu {cpu_s() - c0:.1f}s, redispatched "
+                    f"{coord.book.redispatches}, rejected {coord.rejected_frames}, gone {len(coord.gone)}, "
+                    f"tail-migrated {coord.tail_migrations}, dirty {len(coord._dirty)} full {coord._full_dispatch} "
+                    f"free {sum(c.capacity - len(coord.book.assigned(c.id)) for c in coord.engines.values())} "
+                    f"states {sorted({(c.state, c.version, c.capacity) for c in coord.engines.values()})}",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                if os.environ.get("BENCH_STACKS"):
+                    task.print_stack(file=sys.stderr)
             if coord.book.queue and now >= next_sample:
                 samples.append((now, coord.tokens_total, cpu_s()))
                 next_sample = now + 0.25
@@ -354,10 +373,17 @@ async def coordinator_main(args, port_q, result_q) -> None:
 async def measure_migration(coord, args) -> dict:
     """Cue the fleet to drain engines holding >= args.migrate partial responses; time the recovery."""
     need = args.migrate
-    held = 0
-    n_eng = 0
-    for c in sorted(coord.engines.values(), key=lambda c: c.id)[: args.engines // args.procs]:
-        held += sum(1 for rid in coord.book.assigned(c.id) if coord.book.responses[rid].generated > 0)
+    pool = sorted(coord.engines.values(), key=lambda c: c.id)[: min(args.engines // args.procs, args.engines // 2)]
+
+    def partial(c) -> int:
+        return sum(1 for rid in coord.book.assigned(c.id) if coord.book.responses[rid].generated > 0)
+
+    deadline = time.monotonic() + 60
+    while sum(partial(c) for c in pool) < need and time.monotonic() < deadline:
+        await asyncio.sleep(0.1)  # let responses get going first
+    held = n_eng = 0
+    for c in pool:
+        held += partial(c)
         n_eng += 1
         if held >= need:
             break

@@ -64,7 +64,7 @@ def spot_run(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("spot")
     home = tmp / "home"
     job = write_job(tmp, "itest", max_workers=3)
-    proc = run_cli("launch", str(job), "--record-rollouts", home=home, timeout=400)
+    proc = run_cli("launch", str(job), "--record-rollouts", home=home, timeout=540)
     return home, proc
 
 
@@ -100,7 +100,7 @@ def test_every_response_complete_unique_and_version_pinned(spot_run):
     assert migrated == sum(s.migrated for s in store.steps(job.id))
     assert migrated >= 1, "no partial response was continued on another engine"
     # rewards are not all zero, so training really changed the weights between versions
-    assert 0 < sum(s.reward for s in store.steps(job.id))
+    assert sum(s.reward for s in store.steps(job.id)) > 0
 
 
 def test_tokens_match_the_step_weights(spot_run):
@@ -164,7 +164,7 @@ def test_same_responses_with_and_without_preemptions(spot_run, tmp_path):
     spot_rows = {r["rid"]: r["tokens"] for r in load_rollouts(trainer_dir(home, "itest", spot_job.id))}
     home2 = tmp_path / "home2"
     job = write_job(tmp_path, "itest-alone", max_workers=0)
-    proc = run_cli("launch", str(job), "--record-rollouts", home=home2, timeout=400)
+    proc = run_cli("launch", str(job), "--record-rollouts", home=home2, timeout=540)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     alone = StateStore(home2 / "state.db").get_job("itest-alone")
     alone_rows = {r["rid"]: r["tokens"] for r in load_rollouts(trainer_dir(home2, "itest-alone", alone.id))}
@@ -202,7 +202,7 @@ def test_down_stops_a_running_job_and_everything_it_owns(tmp_path):
         assert live["status"] == "running"
         down = run_cli("down", "downer", home=home)
         assert down.returncode == 0, down.stderr
-        out, err = launch.communicate(timeout=60)
+        _out, err = launch.communicate(timeout=60)
     finally:
         if launch.poll() is None:
             launch.kill()

@@ -44,23 +44,40 @@ log = logging.getLogger("rlboost.coordinator")
 
 
 class RateMeter:
-    """Tokens per second over a sliding window (the coordinator's own measurement of an engine)."""
+    """The coordinator's own measurement of an engine: tokens per *sequence-second* over a sliding
+    window (tokens / integral of the number of sequences it held), so a batch that grows or shrinks
+    does not read as a faster or slower engine. `rate()` is that times the sequences held now."""
 
     def __init__(self, window_s: float = 3.0) -> None:
         self.window_s = window_s
-        self.events: deque[tuple[float, int]] = deque()
-        self.total = 0
+        self.events: deque[tuple[float, int, float]] = deque()  # (t, tokens, sequence-seconds)
+        self.tokens = 0
+        self.seq_s = 0.0
+        self.last_t: float | None = None
+        self.last_active = 0
 
-    def add(self, now: float, n: int) -> None:
-        self.events.append((now, n))
-        self.total += n
+    def add(self, now: float, n: int, active: int | None = None) -> None:
+        seq_s = 0.0
+        if self.last_t is not None:
+            seq_s = self.last_active * max(0.0, now - self.last_t)
+        self.last_t = now
+        if active is not None:
+            self.last_active = active
+        self.events.append((now, n, seq_s))
+        self.tokens += n
+        self.seq_s += seq_s
 
-    def rate(self, now: float, since: float) -> float:
-        """Rate over the window, counting only tokens after `since` (when the engine last went busy)."""
+    def per_seq(self, now: float, since: float) -> float:
+        """Tokens/s of one sequence, from tokens after `since` (when the engine last went busy)."""
         while self.events and (now - self.events[0][0] > self.window_s or self.events[0][0] < since):
-            self.total -= self.events.popleft()[1]
-        span = min(self.window_s, now - since)
-        return self.total / span if span > 0.2 else 0.0
+            _, n, q = self.events.popleft()
+            self.tokens -= n
+            self.seq_s -= q
+        return self.tokens / self.seq_s if self.seq_s > 0.5 else 0.0
+
+    def rate(self, now: float, since: float, active: int | None = None) -> float:
+        """Aggregate tokens/s at `active` sequences (default: as many as it holds now)."""
+        return self.per_seq(now, since) * (self.last_active if active is None else active)
 
 
 @dataclass
@@ -86,6 +103,9 @@ class EngineConn:
     # rids this engine was told to abort and has not confirmed yet (`finished`): never send them back
     # to it before, or two copies of one request could run there
     aborting: set[str] = field(default_factory=set)
+    # outgoing messages, written by one task per connection: a slow reader delays only itself
+    outq: asyncio.Queue = field(default_factory=asyncio.Queue)
+    writer: asyncio.Task | None = None
 
 
 @dataclass(frozen=True)
@@ -184,7 +204,7 @@ class Coordinator:
         for conn in list(self.engines.values()):
             if conn.state in ("ready", "pulling"):
                 conn.state = "pulling"
-                await self._send_raw(conn, msg)
+                self._post(conn, msg)
 
     # ---- a step ------------------------------------------------------------------------
     async def run_step(
@@ -350,7 +370,7 @@ class Coordinator:
                     kind=c.kind,
                     capacity=c.capacity,
                     active=active,
-                    tokens_per_s=c.meter.rate(now, c.busy_since) if active else 0.0,
+                    tokens_per_s=c.meter.rate(now, c.busy_since, active) if active else 0.0,
                     model=self._model_of(c),
                     accepting=c.state == "ready" and c.version == v and not c.offloaded,
                 )
@@ -390,7 +410,7 @@ class Coordinator:
             if c.state == "ready" and c.version == v and not c.offloaded:
                 active = len(self.book.assigned(c.id))
                 if active < c.capacity:
-                    rate = c.meter.rate(now, c.busy_since) if active else 0.0
+                    rate = c.meter.rate(now, c.busy_since, active) if active else 0.0
                     views.append(EngineView(c.id, c.kind, c.capacity, active, rate, self._model_of(c), True))
         total_free = sum(e.free for e in views)
         if total_free <= 0:
@@ -444,8 +464,7 @@ class Coordinator:
                     for r in batch
                 ]
             )
-            if not await self._send(conn, msg):
-                await self._drop(conn, "send failed")
+            self._post(conn, msg.model_dump_json())
 
     async def _tick(self, now: float) -> None:
         """Offload and tail migration, decided by the policies from fresh measurements."""
@@ -581,6 +600,7 @@ class Coordinator:
             self.engines[conn.id] = conn
             self.gone.pop(conn.id, None)
             await self._send(conn, self._welcome(conn.id))
+            conn.writer = asyncio.get_running_loop().create_task(self._writer(conn))
             log.info("engine %s (%s, %s) connected", conn.id, conn.kind, conn.engine)
             async for frame in ws:
                 if frame.type == WSMsgType.BINARY:
@@ -610,6 +630,8 @@ class Coordinator:
         finally:
             if conn is not None and self.engines.get(conn.id) is conn:
                 await self._drop(conn, "connection closed")
+            if conn is not None and conn.writer is not None:
+                conn.writer.cancel()
         return ws
 
     def _welcome(self, worker_id: str) -> P.Welcome:
@@ -644,7 +666,7 @@ class Coordinator:
         if n:
             conn.tokens += n
             self.tokens_total += n
-            conn.meter.add(self.clock(), n)
+            conn.meter.add(self.clock(), n, len(self.book.assigned(conn.id)))
 
     async def _on_message(self, conn: EngineConn, msg) -> None:
         if isinstance(msg, P.Tokens):
@@ -653,7 +675,7 @@ class Coordinator:
             if n:
                 conn.tokens += n
                 self.tokens_total += n
-                conn.meter.add(self.clock(), n)
+                conn.meter.add(self.clock(), n, len(self.book.assigned(conn.id)))
         elif isinstance(msg, P.Finished):
             if not len(msg.rids) == len(msg.reasons) == len(msg.lengths):
                 raise ProtocolViolation("finished: rids, reasons and lengths differ in length")
@@ -697,7 +719,23 @@ class Coordinator:
         conn.aborting.update(rids)
         for rid in rids:
             conn.dispatched_at.pop(rid, None)
-        await self._send(conn, P.Abort(rids=rids))
+        self._post(conn, P.Abort(rids=rids).model_dump_json())
+
+    def _post(self, conn: EngineConn, text: str) -> None:
+        """Queue a message for the connection's writer (never blocks the caller)."""
+        if conn.state == "gone":
+            return
+        if conn.outq.qsize() > 100_000:  # it reads nothing: treat it as dead
+            asyncio.get_running_loop().create_task(self._drop(conn, "not reading its messages"))
+            return
+        conn.outq.put_nowait(text)
+
+    async def _writer(self, conn: EngineConn) -> None:
+        while True:
+            text = await conn.outq.get()
+            if not await self._send_raw(conn, text):
+                await self._drop(conn, "send failed")
+                return
 
     async def _send(self, conn: EngineConn, msg: P.Msg) -> bool:
         return await self._send_raw(conn, msg.model_dump_json())

@@ -329,8 +329,9 @@ def _full_loop(ctx: _Ctx, plan: _Plan, m: Manifest, buf: HostBuffer, mark: Calla
                     c,
                     src,
                     e,
-                    # A peer that served bytes of a bad chunk is dropped, and so is a dead one.
-                    drop=suspects | ({src} if isinstance(e, SourceError) and e.status is None else set()),
+                    # A peer that served bytes of a bad chunk is dropped, and so is one that failed
+                    # a request for any reason but 404 (which only means it no longer holds v).
+                    drop=(suspects | ({src} if isinstance(e, SourceError) and e.status != 404 else set())) - {ORIGIN},
                     forget=src if isinstance(e, SourceError) and e.status == 404 else None,
                 )
                 if src == ORIGIN:

@@ -27,7 +27,7 @@ class MigrationConfig:
     min_gain_s: float = 0.5
     min_gain_frac: float = 0.25
     rtt_s: float = 0.05  # abort + requeue + dispatch round trip
-    min_on_engine_s: float = 0.5  # let a response settle before moving it again
+    min_on_engine_s: float = 2.0  # let a response settle (and its engine's rate be measured) first
     max_moves: int = 10_000
 
 

@@ -268,6 +268,19 @@ async def coordinator_main(args, port_q, result_q) -> None:
 
     coord._on_message = on_message
     coord._post = post
+    if os.environ.get("BENCH_STACKS"):
+        orig_dispatch = coord._dispatch
+        stats = coord._dispatch_stats = {"calls": 0, "s": 0.0, "max": 0.0}
+
+        async def dispatch():
+            t = time.monotonic()
+            await orig_dispatch()
+            d = time.monotonic() - t
+            stats["calls"] += 1
+            stats["s"] += d
+            stats["max"] = max(stats["max"], d)
+
+        coord._dispatch = dispatch
     app = web.Application()
     app.router.add_get("/v1/worker", coord.handle_ws)
     runner = web.AppRunner(app, handle_signals=False, access_log=None)
@@ -321,6 +334,25 @@ async def coordinator_main(args, port_q, result_q) -> None:
                 )
                 if os.environ.get("BENCH_STACKS"):
                     task.print_stack(file=sys.stderr)
+                    v = coord.step_version
+                    head = [coord.book.responses.get(r) for r in list(coord.book.queue)[:50]]
+                    print(
+                        "  head:",
+                        [(r.rid, r.engine, r.done, r.version, r.generated) if r else None for r in head[:5]],
+                        "stepv",
+                        v,
+                        "ready-free",
+                        sum(
+                            c.capacity - len(coord.book.assigned(c.id))
+                            for c in coord.engines.values()
+                            if c.state == "ready" and c.version == v and not c.offloaded
+                        ),
+                        "aborting",
+                        sum(len(c.aborting) for c in coord.engines.values()),
+                        "dispatch",
+                        coord._dispatch_stats,
+                        file=sys.stderr,
+                    )
             if coord.book.queue and now >= next_sample:
                 samples.append((now, coord.tokens_total, cpu_s()))
                 next_sample = now + 0.25
@@ -403,6 +435,103 @@ async def measure_migration(coord, args) -> dict:
     }
 
 
+def inproc(args) -> dict:
+    """The coordinator's own work without sockets (CPU time, no fleet competing for the cores): a
+    full dispatch round of a step, token ingest, and the migration of `--migrate` partial responses
+    (engines drain at once -> everything they held is dispatched again with its prefix)."""
+    from trainer.coordinator import Coordinator, CoordinatorConfig, EngineConn
+    from trainer.rollout_book import Response
+
+    async def run() -> dict:
+        cfg = CoordinatorConfig(
+            job_seed=0,
+            temperature=1.0,
+            chunk_tokens=4,
+            heartbeat_s=1.0,
+            heartbeat_timeout_s=60.0,
+            weights_url="",
+            model={},
+            engine_dtype="float32",
+            engine_batch=args.capacity,
+            eos_id=EOS,
+            max_new_tokens=args.max_new,
+        )
+        coord = Coordinator(cfg)
+        for i in range(args.engines):
+            c = EngineConn(f"e{i:05d}", "spot", "synthetic", args.capacity, None, state="ready", version=0)
+            coord.engines[c.id] = c
+        coord.step_version = 0
+        n = args.engines * args.capacity
+        rng = np.random.default_rng(0)
+        prompts = [rng.integers(4, 40, 16).tolist() for _ in range(256)]
+        coord.book.add(
+            Response(rid=f"r{i}", step=0, version=0, prompt=prompts[i % 256], max_new_tokens=args.max_new, seed=i)
+            for i in range(n)
+        )
+        out: dict = {"engines": args.engines, "requests": n}
+        c0 = time.process_time()
+        await coord._dispatch()
+        out["dispatch_full_round_s"] = round(time.process_time() - c0, 3)
+        frames = []
+        for c in coord.engines.values():
+            hs = np.fromiter((coord.book.responses[r].handle for r in coord.book.assigned(c.id)), np.int64)
+            frames.append((c, hs))
+        tokens = 0
+        c0 = time.process_time()
+        per = 8
+        for rounds in range(8):  # 8 frames per engine, `per` tokens per response per frame
+            for c, hs in frames:
+                k = hs.size
+                data = token_frames.encode(
+                    0, hs, np.full(k, rounds * per), np.full(k, per), np.full(k * per, 7), np.full(k * per, -1.0)
+                )
+                coord._on_tokens(c, token_frames.decode(data))
+                tokens += k * per
+        ingest = time.process_time() - c0
+        out["ingest_tokens"] = tokens
+        out["ingest_cpu_s_per_million_tokens"] = round(ingest / tokens * 1e6, 3)
+        out["ingest_tokens_per_s_one_core"] = round(tokens / ingest)
+        # migration: drain engines until `migrate` partial responses are released
+        need, drained, held = args.migrate, [], 0
+        for c, hs in frames:
+            drained.append(c)
+            held += hs.size
+            if held >= need:
+                break
+        # make room: free slots elsewhere (half of each remaining engine's responses finish)
+        for c, _ in frames[len(drained) :]:
+            for rid in sorted(coord.book.assigned(c.id))[: args.capacity // 2]:
+                r = coord.book.responses[rid]
+                coord.book.accept(c.id, rid, r.generated, [EOS], [-1.0], 0)
+                coord.book.finish(c.id, rid, "eos", r.generated)
+        m0 = coord.book.migrations
+        c0 = time.process_time()
+        for c in drained:
+            await coord._on_message(c, P.Draining(reason="bench"))
+        released = time.process_time() - c0
+        rounds = 0
+        while coord.book.queue and rounds < 100:
+            coord._full_dispatch = True
+            await coord._dispatch()
+            rounds += 1
+        total = time.process_time() - c0
+        out |= {
+            "migrate_partial_responses": held,
+            "migrate_engines": len(drained),
+            "migrate_release_cpu_s": round(released, 3),
+            "migrate_total_cpu_s": round(total, 3),
+            "migrate_dispatch_rounds": rounds,
+            "migrated": coord.book.migrations - m0,
+            "migrate_generate_bytes": sum(
+                sum(len(t) for t in c.outq._queue)
+                for c, _ in frames[len(drained) :]  # type: ignore[attr-defined]
+            ),
+        }
+        return out
+
+    return asyncio.run(run())
+
+
 def coordinator_proc(args, port_q, result_q) -> None:
     try:
         import uvloop
@@ -437,7 +566,11 @@ def main() -> None:
     ap.add_argument("--no-migration", action="store_true", help="disable tail migration")
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--profile", action="store_true", help="cProfile the coordinator process (stderr)")
+    ap.add_argument("--inproc", action="store_true", help="the coordinator's own work only, no sockets")
     args = ap.parse_args()
+    if args.inproc:
+        print(json.dumps(inproc(args), indent=2))
+        return
     global FLEET_MEAN
     FLEET_MEAN = args.mean_len
     args.cue = f"/tmp/rlboost-bench-drain-{os.getpid()}"

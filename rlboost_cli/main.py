@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import secrets
@@ -431,6 +432,8 @@ def simulate(
         spec = load_spec(job_file)
     except SpecError as e:
         fail(str(e), 2)
+    if plot is not None and importlib.util.find_spec("matplotlib") is None:
+        fail("--plot needs matplotlib: pip install 'rlboost[plot]'", 2)
     t0 = time.monotonic()
     try:
         tr, results = sim_cli.run(

@@ -15,6 +15,7 @@ from safetensors.torch import load_file
 from rlboost_cli.ledger import summarize
 from rlboost_cli.spec import JobSpec
 from rlboost_cli.state import StateStore
+from tests.chaos import BusyWorkerKiller
 from tests.conftest import rlboost_pids, run_cli, run_json
 from trainer.learner import Learner
 
@@ -64,7 +65,13 @@ def spot_run(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("spot")
     home = tmp / "home"
     job = write_job(tmp, "itest", max_workers=3)
+    # besides the trace's preemptions, kill two workers exactly while they generate: a trace alone
+    # mostly lands between rollouts on a fast machine, where steps are dominated by training
+    killer = BusyWorkerKiller(home, "itest", kills=2)
+    killer.start()
     proc = run_cli("launch", str(job), "--record-rollouts", home=home, timeout=540)
+    killer.stop.set()
+    assert len(killer.killed) == 2, killer.killed
     return home, proc
 
 

@@ -28,10 +28,10 @@ from tests.conftest import run_cli
 
 pytestmark = pytest.mark.integration
 
-STEPS = 14
-# trace minutes; time_scale 60 -> one wall second each. Capacity drops (3 -> 1, later 3 -> 2) come late
-# enough to hit steps even when this machine takes a minute to start a Python process.
-TRACE = {"metadata": {"gap_seconds": 60}, "data": [3] * 110 + [1] * 8 + [3] * 30 + [2] * 8 + [3] * 600}
+STEPS = 12
+# trace minutes; time_scale 60 -> one wall second each. Capacity drops from 3 to 1 for 4 s every 26 s,
+# so the stepping meets preemptions whether this machine starts a Python process in 2 s or in 60.
+TRACE = {"metadata": {"gap_seconds": 60}, "data": ([3] * 22 + [1] * 4) * 40}
 
 
 def job_dict() -> dict:

@@ -399,21 +399,43 @@ class RolloutBook:
         return total
 
     def _accept_one_by_one(self, engine, version, h, offsets, counts, ids, lps) -> int:
-        """A frame that names one response twice: apply its chunks in order (rare)."""
-        total, pos = 0, 0
-        for i in range(h.shape[0]):
-            c = int(counts[i])
-            total += self.accept_columns(
-                engine,
-                version,
-                h[i : i + 1],
-                offsets[i : i + 1],
-                counts[i : i + 1],
-                ids[pos : pos + c],
-                lps[pos : pos + c],
-            )
+        """A frame that names one response twice (rare): check its chunks in order against running
+        lengths, then store everything at once - still all-or-nothing."""
+        del engine  # ownership was checked by the caller
+        slot = (h & (self._cap - 1)).tolist()
+        cur: dict[int, int] = {}
+        last: dict[int, int] = {}
+        t_slot: list[int] = []
+        t_pos: list[int] = []
+        t_idx: list[int] = []
+        pos = 0
+        for s, off, c in zip(slot, offsets.tolist(), counts.tolist()):
+            n = cur.get(s, int(self._len[s]))
+            lt = last.get(s, int(self._last[s]))
+            if int(self._ver[s]) != version:
+                raise ProtocolViolation(f"{self._rid(s)}: tokens of version {version}, step needs {int(self._ver[s])}")
+            if off > n:
+                raise ProtocolViolation(f"{self._rid(s)}: gap (offset {off}, have {n})")
+            kk = max(c - (n - off), 0)
+            if kk > int(self._budget[s]) - n:
+                raise ProtocolViolation(f"{self._rid(s)}: {kk} tokens exceed the remaining budget")
+            if kk and lt == self.eos_id:
+                raise ProtocolViolation(f"{self._rid(s)}: tokens after EOS")
+            if kk:
+                t_idx.extend(range(pos + c - kk, pos + c))
+                t_slot.extend([s] * kk)
+                t_pos.extend(range(n, n + kk))
+                cur[s] = n + kk
+                last[s] = int(ids[pos + c - 1])
             pos += c
-        return total
+        if not t_idx:
+            return 0
+        idx = np.asarray(t_idx, _I64)
+        self._store(np.asarray(t_slot, _I64), np.asarray(t_pos, _I64), ids[idx], lps[idx])
+        for s, n in cur.items():
+            self._len[s] = n
+            self._last[s] = last[s]
+        return len(t_idx)
 
     def _store(self, t_slot: np.ndarray, t_pos: np.ndarray, t_ids: np.ndarray, t_lps: np.ndarray) -> None:
         pt = self._pt.reshape(-1)  # a view: one flat gather is cheaper than a 2-D one

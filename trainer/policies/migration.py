@@ -25,7 +25,7 @@ from trainer.policies.views import EngineView, ReqView
 @dataclass(frozen=True)
 class MigrationConfig:
     min_gain_s: float = 0.5
-    min_gain_frac: float = 0.25
+    min_gain_frac: float = 0.4
     rtt_s: float = 0.05  # abort + requeue + dispatch round trip
     min_on_engine_s: float = 2.0  # let a response settle (and its engine's rate be measured) first
     max_moves: int = 10_000

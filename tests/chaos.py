@@ -1,0 +1,83 @@
+"""Fault injection against a running local job, from outside it (as a real preemption would come).
+
+`BusyWorkerKiller` SIGKILLs spot workers at the moment the trainer reports them holding in-flight
+responses, so a test is sure to exercise migration of partial responses however fast or slow the
+machine is (a trace alone lands mostly between rollouts when steps are dominated by training).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import httpx
+
+from rlboost_cli.state import StateStore
+
+
+def instance_pids(instance_id: str) -> list[int]:
+    """Live processes started for this instance (their environment names it)."""
+    want = f"RLBOOST_INSTANCE_ID={instance_id}".encode()
+    out = []
+    for p in Path("/proc").iterdir():
+        if not p.name.isdigit():
+            continue
+        try:
+            if want in (p / "environ").read_bytes().split(b"\0"):
+                out.append(int(p.name))
+        except OSError:
+            continue
+    return out
+
+
+class BusyWorkerKiller(threading.Thread):
+    """Kill up to `kills` spot workers (SIGKILL, no notice), each while it is generating."""
+
+    def __init__(self, home: Path, job: str, kills: int = 2, min_gap_s: float = 1.0, start_step: int = 1) -> None:
+        super().__init__(daemon=True)
+        self.home, self.job, self.kills, self.min_gap_s, self.start_step = home, job, kills, min_gap_s, start_step
+        self.killed: list[str] = []
+        self.stop = threading.Event()
+
+    def _endpoint(self) -> tuple[str, str] | None:
+        db = self.home / "state.db"
+        if not db.exists():
+            return None
+        try:
+            row = StateStore(db).get_job(self.job)
+        except Exception:  # not created yet
+            return None
+        token_file = self.home / "jobs" / f"{self.job}-{row.id}" / "token"
+        if not row.trainer_url or not token_file.exists():
+            return None
+        return row.trainer_url, token_file.read_text().strip()
+
+    def run(self) -> None:
+        last = 0.0
+        while not self.stop.is_set() and len(self.killed) < self.kills:
+            time.sleep(0.01)
+            target = self._endpoint()
+            if target is None:
+                time.sleep(0.2)
+                continue
+            url, token = target
+            try:
+                st = httpx.get(f"{url}/v1/status", headers={"Authorization": f"Bearer {token}"}, timeout=2).json()
+            except (httpx.HTTPError, ValueError):
+                continue
+            if st.get("step", 0) < self.start_step or time.monotonic() - last < self.min_gap_s:
+                continue
+            for w in st.get("workers", []):
+                if w["kind"] == "spot" and w["state"] == "ready" and w["active"] > 0 and w["tokens"] > 0:
+                    pids = instance_pids(w["worker_id"])
+                    for pid in pids:
+                        with contextlib.suppress(OSError):
+                            os.killpg(pid, signal.SIGKILL)
+                    if pids:
+                        self.killed.append(w["worker_id"])
+                        last = time.monotonic()
+                    break

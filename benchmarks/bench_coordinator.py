@@ -255,7 +255,9 @@ async def coordinator_main(args, port_q, result_q) -> None:
     orig_post = coord._post
 
     async def on_message(conn, msg):  # timestamps for the slot-refill latency (only while work waits)
-        if isinstance(msg, P.Finished) and coord.book.queue:
+        if not coord.book.queue:
+            freed.clear()  # nothing left to refill with: those slots are not waiting on the coordinator
+        elif isinstance(msg, P.Finished):
             freed.setdefault(conn.id, time.monotonic())
         await orig_on_message(conn, msg)
 
@@ -414,23 +416,35 @@ async def measure_migration(coord, args) -> dict:
     while sum(partial(c) for c in pool) < need and time.monotonic() < deadline:
         await asyncio.sleep(0.1)  # let responses get going first
     held = n_eng = 0
+    moving: list[str] = []
     for c in pool:
-        held += partial(c)
+        mine = [rid for rid in coord.book.assigned(c.id) if coord.book.responses[rid].generated > 0]
+        held += len(mine)
+        moving.extend(mine)
         n_eng += 1
         if held >= need:
             break
+    drained = {c.id for c in pool[:n_eng]}
     migrations0 = coord.book.migrations
     t0 = time.monotonic()
     Path(args.cue + ".tmp").write_text(str(n_eng))
     os.replace(args.cue + ".tmp", args.cue)
-    # the drain arrives as `draining` messages; wait until that many partial responses moved
-    while coord.book.migrations - migrations0 < held and time.monotonic() - t0 < 60:
-        await asyncio.sleep(0.001)
+
+    def placed(rid: str) -> bool:  # running on an engine that is not draining, or already complete
+        r = coord.book.responses.get(rid)
+        return r is None or r.done or (r.engine is not None and r.engine not in drained)
+
+    # the drain arrives as `draining` messages; wait until every partial response runs elsewhere
+    pending = list(moving)
+    while pending and time.monotonic() - t0 < 120:
+        await asyncio.sleep(0.005)
+        pending = [rid for rid in pending if not placed(rid)]
     t_dispatched = time.monotonic() - t0
     return {
         "migrate_engines": n_eng,
         "migrate_partial_responses": held,
         "migrate_redispatched_s": round(t_dispatched, 4),
+        "migrate_not_placed": len(pending),
         "migrated": coord.book.migrations - migrations0,
     }
 

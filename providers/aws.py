@@ -198,6 +198,13 @@ class AwsProvider:
     def list_owned(self, job: str) -> list[str]:
         return sorted(self._owned(job))
 
+    def adopt(self, req: LaunchRequest) -> bool:
+        where = self._find(req.instance_id)
+        if where is None:
+            return False
+        self.ec2_ids[req.instance_id], self.reqs[req.instance_id] = where, req
+        return True
+
     def close(self) -> None:
         pass
 

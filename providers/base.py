@@ -85,6 +85,11 @@ class Provider(Protocol):
     def list_owned(self, job: str) -> list[str]:
         """Instance ids this provider holds for the job (live ones), for orphan reconciliation."""
 
+    def adopt(self, req: LaunchRequest) -> bool:
+        """Track an instance a previous controller launched (after a controller restart), so poll()
+        and terminate() cover it; False when it no longer exists. `req` is rebuilt from the state
+        store (no command or secrets)."""
+
     def clock(self) -> float:
         """Billing clock in seconds (wall time for clouds, trace time for the local market)."""
 

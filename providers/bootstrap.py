@@ -31,11 +31,12 @@ def template(name: str) -> str:
 
 
 def instance_name_re(job: str) -> re.Pattern[str]:
-    """Names rlboost gives a job's instances: `{job}-{job id}-trainer` / `{job}-{job id}-w001`.
+    """Names rlboost gives a job's instances: `{job}-{job id}-trainer` (`-trainer-r1`... when a lost
+    trainer is relaunched) / `{job}-{job id}-w001`.
 
     Anchored, so job `demo` never claims the instances of job `demo-2`.
     """
-    return re.compile(rf"^{re.escape(job)}-\d+-(trainer|w\d+)$")
+    return re.compile(rf"^{re.escape(job)}-\d+-(trainer(-r\d+)?|w\d+)$")
 
 
 def is_source_checkout() -> bool:

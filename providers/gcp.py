@@ -136,6 +136,13 @@ class GcpProvider:
     def list_owned(self, job: str) -> list[str]:
         return sorted(self._owned(job))
 
+    def adopt(self, req: LaunchRequest) -> bool:
+        zone = self._owned(req.job).get(req.instance_id)
+        if zone is None:
+            return False
+        self.zones[req.instance_id], self.reqs[req.instance_id] = zone, req
+        return True
+
     def close(self) -> None:
         pass
 

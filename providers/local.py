@@ -151,6 +151,14 @@ class LocalProvider:
         # one run dir per job, but the same rule as the clouds: only this job's names
         return sorted(i for i in out if instance_name_re(job).match(i))
 
+    def adopt(self, req: LaunchRequest) -> bool:
+        pid = self._pid(req.instance_id)
+        if pid is None:
+            return False
+        self.procs[req.instance_id] = _Adopted(pid)  # type: ignore[assignment]
+        self.reqs[req.instance_id] = req
+        return True
+
     def close(self) -> None:
         pass
 
@@ -231,6 +239,20 @@ class LocalProvider:
 
     def _emit(self, iid: str, state: InstanceState, detail: str = "", endpoint: str | None = None) -> None:
         self.events.append(InstanceEvent(iid, state, self.clock(), detail, endpoint))
+
+
+class _Adopted:
+    """A process an earlier controller started: not our child, so watched by pid (the env check in
+    LocalProvider._pid guards against pid reuse when it is looked up)."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None and not _alive(self.pid):
+            self.returncode = -9  # its real status went to its dead parent
+        return self.returncode
 
 
 def _alive(pid: int) -> bool:

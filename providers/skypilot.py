@@ -42,7 +42,7 @@ log = logging.getLogger("rlboost.skypilot")
 # Worker nodes get no cloud identity at all (task YAML cannot override this key, so it is set as a
 # client-side config override for the worker launch request).
 WORKER_IDENTITY = {"aws": {"remote_identity": "NO_UPLOAD"}, "gcp": {"remote_identity": "NO_UPLOAD"}}
-SECRET_KEYS = ("RLBOOST_JOB_TOKEN",)
+SECRET_KEYS = ("RLBOOST_JOB_TOKEN", "RLBOOST_TLS_KEY_PEM")  # redacted by SkyPilot, never in task files
 GONE_STATES = ("INIT", "STOPPED")
 
 
@@ -203,6 +203,13 @@ class SkyPilotProvider:
             if (pat.match(name) or labels.get("rlboost-job") == job) and name not in self.gone:
                 out.append(name)
         return sorted(out)
+
+    def adopt(self, req: LaunchRequest) -> bool:
+        if req.instance_id not in self.list_owned(req.job):
+            return False
+        self.up.add(req.instance_id)
+        self.reqs[req.instance_id] = req
+        return True
 
     def close(self) -> None:
         self.pool.shutdown(wait=False, cancel_futures=True)

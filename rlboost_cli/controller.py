@@ -32,6 +32,7 @@ from rlboost_cli.pricing import Offer
 from rlboost_cli.progress import JobProgress
 from rlboost_cli.spec import JobSpec
 from rlboost_cli.state import StateStore, UnknownInstanceError
+from trainer.tls import https_url
 
 
 class Stop(Exception):
@@ -86,20 +87,38 @@ class Controller:
         self.placement = placement_tracker(self.spec, self.spot_offers)
         self.steps_recorded = 0
         self.snapshot: dict = {}
-        self.http = httpx.Client(timeout=5.0, headers={"Authorization": f"Bearer {self.token}"})
+        from trainer.tls import client_context, job_tls
+
+        # TLS unless the trainer binds loopback (trainer.tls: auto): a per-job certificate that the
+        # controller trusts and every worker pins by fingerprint
+        bind = "127.0.0.1" if self.provider.name == "local" else "0.0.0.0"
+        self.tls = job_tls(self.spec.trainer.tls, self.run_dir, bind)
+        self.http = httpx.Client(
+            timeout=5.0,
+            headers={"Authorization": f"Bearer {self.token}"},
+            verify=client_context(self.tls.files.cert) if self.tls else True,
+        )
         self.trainer_exit: str | None = None
+        self.trainer_restarts = 0
 
     # ---- main --------------------------------------------------------------------------
-    def run(self) -> str:
-        """Run the job to the end; returns the final job status."""
+    def run(self, resume: bool = False) -> str:
+        """Run the job to the end; returns the final job status. `resume`: a previous controller of
+        this job died or was stopped; reattach to what still runs, relaunch what does not."""
         prev = signal.signal(signal.SIGTERM, _raise_stop)
         status, error = "failed", None
         progress = JobProgress(self.console, self.spec.algorithm.steps)
         try:
-            self.store.update_job(self.job_id, status="running", started_at=time.time())
+            if resume:
+                self.store.update_job(self.job_id, status="running", ended_at=None, error=None)
+            else:
+                self.store.update_job(self.job_id, status="running", started_at=time.time())
             with progress:
-                self._reconcile_on_start()
-                self._launch_trainer(progress)
+                if resume:
+                    self._reattach(progress)
+                else:
+                    self._reconcile_on_start()
+                    self._launch_trainer(progress)
                 status, error = self._supervise(progress)
         except KeyboardInterrupt:
             status, error = "stopped", "interrupted (Ctrl-C)"
@@ -121,6 +140,14 @@ class Controller:
     def _launch_trainer(self, progress: JobProgress) -> None:
         o = self.trainer_offer
         cmd = [sys.executable, "-m", "trainer", "--spec", str(self.run_dir / "spec.yaml"), "--linger", "30"]
+        env = {
+            "RLBOOST_JOB_TOKEN": self.token,
+            "RLBOOST_ENGINE": self.spec.rollout.engine,
+            **(self.tls.trainer_env if self.tls else {}),
+        }
+        if self.provider.name == "local":  # checkpoints outlive the trainer process (clouds: trainer.checkpoint_dir)
+            env["RLBOOST_CHECKPOINT_DIR"] = str(self.run_dir / "checkpoints")
+            env["RLBOOST_RECORD_DIR"] = str(self.run_dir / "records")
         if self.record_rollouts:
             cmd.append("--record-rollouts")
         req = LaunchRequest(
@@ -132,7 +159,7 @@ class Controller:
             region=o.region,
             accelerator=o.accelerator,
             hourly_price=o.hourly_price,
-            env={"RLBOOST_JOB_TOKEN": self.token, "RLBOOST_ENGINE": self.spec.rollout.engine},
+            env=env,
             command=cmd,
         )
         self._launch(req, o.on_demand_price)
@@ -162,15 +189,95 @@ class Controller:
                     with contextlib.suppress(httpx.HTTPError):
                         self.http.post(f"{self.trainer_url}/v1/shutdown")
                     return "succeeded", None
-            if self.trainer_exit:
-                return "failed", f"trainer exited before the job finished ({self.trainer_exit}); {self._log_hint()}"
-            if time.monotonic() - last_ok > 60:
-                return "failed", "trainer status unreachable for 60s"
+            if self.trainer_exit or time.monotonic() - last_ok > 60:
+                why = (
+                    f"trainer exited before the job finished ({self.trainer_exit})"
+                    if self.trainer_exit
+                    else "trainer status unreachable for 60s"
+                )
+                if self.trainer_restarts >= self.spec.trainer.max_restarts:
+                    return "failed", f"{why}; {self._log_hint()}"
+                self._recover_trainer(progress, why)
+                last_ok = time.monotonic()
+                continue
             if self._over_budget():
                 return "stopped", f"budget cap ${self.spec.budget_usd:.2f} reached"
             self._reconcile_workers(progress)
             progress.update(self.snapshot, self._live_workers(), self._preemptions())
             time.sleep(self.poll_s)
+
+    # ---- recovery ----------------------------------------------------------------------
+    def _recover_trainer(self, progress: JobProgress, why: str) -> None:
+        """The trainer is lost: relaunch it (it resumes from its last checkpoint). Workers dialled the
+        old endpoint, so they are replaced by ones that know the new one."""
+        self.trainer_restarts += 1
+        self.store.add_event(
+            self.job_id, "trainer-lost", f"{why}; relaunching ({self.trainer_restarts}/"
+            f"{self.spec.trainer.max_restarts})", self.trainer_id, self.provider.clock(),
+        )
+        progress.note(f"trainer lost ({why}); relaunching from the last checkpoint")
+        for inst in self.store.live_instances(self.job_id):
+            self.provider.terminate(inst.id)
+        self._apply_events()
+        clock = self.provider.clock()
+        for inst in self.store.live_instances(self.job_id):  # the provider may confirm later; billing stops now
+            self.store.update_instance(inst.id, InstanceState.TERMINATED, clock, "replaced after the trainer was lost")
+        self.trainer_id = f"{self.prefix}-trainer-r{self.trainer_restarts}"
+        self.trainer_url, self.trainer_exit = None, None
+        self.steps_recorded = 0  # the new trainer reports its whole history (records are idempotent)
+        self._launch_trainer(progress)
+
+    def _reattach(self, progress: JobProgress) -> None:
+        """After a controller restart: adopt every recorded instance the provider still runs, close
+        the records of those it does not, terminate what it runs that no record names."""
+        clock = self.provider.clock()
+        owned = set(self.provider.list_owned(self.spec.name))
+        records = self.store.instances(self.job_id)
+        by_key = {(o.cloud, o.region, o.accelerator): o.key for o in self.spot_offers}
+        adopted: list[str] = []
+        for inst in self.store.live_instances(self.job_id):
+            req = LaunchRequest(
+                instance_id=inst.id,
+                job=self.spec.name,
+                role=Role(inst.role),
+                kind=InstanceKind(inst.kind),
+                cloud=inst.cloud,
+                region=inst.region,
+                accelerator=inst.accelerator,
+                hourly_price=inst.hourly_price,
+            )
+            if inst.id in owned and self.provider.adopt(req):
+                adopted.append(inst.id)
+                key = by_key.get((inst.cloud, inst.region, inst.accelerator))
+                if key is not None and req.role is Role.WORKER:
+                    self.worker_offer[inst.id] = key
+                    self.placement.launched(inst.id, key, clock)
+            else:
+                self.store.update_instance(inst.id, InstanceState.EXITED, clock, "gone while the controller was down")
+        for iid in sorted(owned - set(adopted)):  # running, but no live record: not ours to keep
+            self.provider.terminate(iid)
+        workers = [int(i.id.rsplit("-w", 1)[1]) for i in records if i.role == Role.WORKER.value]
+        self.worker_seq = max(workers, default=0)
+        trainers = [i for i in records if i.role == Role.TRAINER.value]
+        self.trainer_restarts = max(len(trainers) - 1, 0)
+        self.store.add_event(self.job_id, "reattached", f"adopted {adopted}", clock=clock)
+        progress.note(f"reattached to {len(adopted)} running instance(s)")
+        latest = trainers[-1].id if trainers else None
+        if latest is not None and latest in adopted:
+            self.trainer_id = latest
+            deadline = time.monotonic() + self.trainer_boot_timeout_s
+            while self.trainer_url is None and self.trainer_exit is None and time.monotonic() < deadline:
+                self._apply_events()  # the provider reports the endpoint of a serving trainer
+                time.sleep(self.poll_s)
+            if self.trainer_url is not None:
+                self.store.update_job(self.job_id, trainer_url=self.trainer_url)
+                progress.provisioned(f"trainer {latest} still serving at {self.trainer_url}")
+                return
+        if latest is not None:
+            self.trainer_restarts += 1
+            self.trainer_id = f"{self.prefix}-trainer-r{self.trainer_restarts}"
+        self.trainer_url, self.trainer_exit = None, None
+        self._launch_trainer(progress)
 
     # ---- instances ---------------------------------------------------------------------
     def _launch(self, req: LaunchRequest, on_demand_price: float | None) -> None:
@@ -212,8 +319,8 @@ class Controller:
             if key is not None and ev.state.terminal:
                 self.placement.ended(ev.instance_id, ev.at, preempted=ev.state is InstanceState.PREEMPTED)
             if ev.instance_id == self.trainer_id:
-                if ev.endpoint:
-                    self.trainer_url = ev.endpoint
+                if ev.endpoint:  # clouds report http://ip:port
+                    self.trainer_url = https_url(ev.endpoint) if self.tls else ev.endpoint
                 if ev.state.terminal:
                     self.trainer_exit = f"{ev.state.value}: {ev.detail}"
 
@@ -252,6 +359,7 @@ class Controller:
                     "RLBOOST_WORKER_KIND": "spot",
                     "RLBOOST_ENGINE": self.spec.rollout.engine,
                     "RLBOOST_ACCELERATOR": offer.accelerator or "",  # synthetic engines model it
+                    **(self.tls.worker_env if self.tls else {}),
                 },
                 command=[sys.executable, "-m", "worker"],
             )

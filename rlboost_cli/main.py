@@ -86,28 +86,35 @@ def _check_budget(spec: JobSpec) -> None:
 
 @app.command()
 def launch(
-    job_file: Annotated[Path, typer.Argument(help="the job YAML, e.g. examples/local.yaml")],
+    job_file: Annotated[
+        str, typer.Argument(help="the job YAML, e.g. examples/local.yaml (with --resume: the job's name or YAML)")
+    ],
     dryrun: Annotated[bool, typer.Option("--dryrun", help="print the plan (offers, prices) and exit")] = False,
+    resume: Annotated[
+        bool,
+        typer.Option(
+            "--resume",
+            help="continue a job whose controller died or was stopped: reattach to what still runs, "
+            "relaunch the rest; the trainer continues from its last checkpoint",
+        ),
+    ] = False,
     record_rollouts: Annotated[
         bool, typer.Option(help="write every response and the final weights to the trainer's run dir")
     ] = False,
 ) -> None:
     """Provision the trainer, train, and keep bidding for spot rollout workers until the job ends."""
+    if resume:
+        _resume(job_file, record_rollouts)
+        return
     try:
-        spec = load_spec(job_file)
+        spec = load_spec(Path(job_file))
     except SpecError as e:
         fail(str(e), 2)
     _check_provider(spec, dryrun)
     if not dryrun:
         _check_budget(spec)
-    from providers import make_provider, price_lookup
-
-    prices = price_lookup(spec)
-    try:
-        t_offer, s_offers = trainer_offer(spec, prices), spot_offers(spec, prices)
-    except PricingError as e:
-        fail(str(e), 2)
-    market = _market(spec)
+    t_offer, s_offers, prices = _offers(spec)  # before any record exists: bad prices or traces fail here
+    _market(spec)
     if dryrun:
         _print_plan(spec, t_offer, s_offers, prices)
         return
@@ -131,20 +138,38 @@ def launch(
     token_file = run_dir / "token"
     token_file.touch(mode=0o600)
     token_file.write_text(token)
+    console.print(
+        f"[bold]rlboost[/] job [cyan]{spec.name}[/] (#{job_id}) on provider [cyan]{spec.provider}[/]: "
+        f"{spec.algorithm.steps} GRPO steps × {spec.algorithm.prompts_per_step} prompts × "
+        f"group {spec.algorithm.group_size}, up to {spec.rollout.max_workers} spot workers"
+    )
+    _run_controller(spec, store, job_id, run_dir, token, record_rollouts, resume=False)
 
+
+def _offers(spec: JobSpec):
+    from providers import price_lookup
+
+    prices = price_lookup(spec)
+    try:
+        return trainer_offer(spec, prices), spot_offers(spec, prices), prices
+    except PricingError as e:
+        fail(str(e), 2)
+
+
+def _run_controller(
+    spec: JobSpec, store: StateStore, job_id: int, run_dir: Path, token: str, record_rollouts: bool, resume: bool
+) -> None:
+    from providers import make_provider
     from rlboost_cli.controller import Controller
 
+    t_offer, s_offers, _ = _offers(spec)
+    market = _market(spec)
     try:
         provider = make_provider(spec, run_dir, market=market)
     except Exception as e:
         store.update_job(job_id, status="failed", ended_at=time.time(), error=str(e))
         fail(f"provider {spec.provider}: {e}", 2)
     cloud = spec.provider != "local"
-    console.print(
-        f"[bold]rlboost[/] job [cyan]{spec.name}[/] (#{job_id}) on provider [cyan]{spec.provider}[/]: "
-        f"{spec.algorithm.steps} GRPO steps × {spec.algorithm.prompts_per_step} prompts × "
-        f"group {spec.algorithm.group_size}, up to {spec.rollout.max_workers} spot workers"
-    )
     ctl = Controller(
         spec=spec,
         store=store,
@@ -161,12 +186,44 @@ def launch(
         backoff_cap_s=600.0 if cloud else 30.0,
         teardown_wait_s=600.0 if cloud else 60.0,
     )
-    status = ctl.run()
+    status = ctl.run(resume=resume)
     provider.close()
     job = store.job_by_id(job_id)
     _print_outcome(store, job_id)
     if status != "succeeded":
         fail(f"job {spec.name} {status}: {job.error}")
+
+
+def _resume(ref: str, record_rollouts: bool) -> None:
+    """`launch --resume NAME|FILE`: the same job id, run dir, token and ledger; a new controller."""
+    from rlboost_cli.reconcile import controller_alive
+    from rlboost_cli.state import UnknownJobError
+
+    name = ref
+    if ref.endswith((".yaml", ".yml")) and Path(ref).is_file():
+        try:
+            name = load_spec(Path(ref)).name
+        except SpecError as e:
+            fail(str(e), 2)
+    store = _store()
+    try:
+        job = store.get_job(name)
+    except UnknownJobError:
+        fail(f"no job named {name!r} to resume; `rlboost status` lists jobs", 2)
+    if job.status == "succeeded":
+        fail(f"job {name!r} already succeeded; nothing to resume", 2)
+    if job.active and controller_alive(job.controller_pid):
+        fail(f"job {name!r} is still running (controller pid {job.controller_pid}); watch it with `rlboost status`")
+    run_dir = rlboost_home() / "jobs" / f"{job.name}-{job.id}"
+    try:
+        spec = load_spec(run_dir / "spec.yaml")  # the job as launched, not a file edited since
+        token = (run_dir / "token").read_text().strip()
+    except (OSError, SpecError) as e:
+        fail(f"job {name!r} cannot be resumed: its run dir {run_dir} is incomplete ({e})", 2)
+    _check_provider(spec)
+    store.update_job(job.id, controller_pid=os.getpid())
+    console.print(f"[bold]rlboost[/] resuming job [cyan]{spec.name}[/] (#{job.id}) at step {job.step or 0}")
+    _run_controller(spec, store, job.id, run_dir, token, record_rollouts, resume=True)
 
 
 def _replace_dead_job(store: StateStore, spec: JobSpec) -> int | None:

@@ -133,6 +133,17 @@ class TrainerSpec(Strict):
     # Training across the cluster's GPUs/nodes when launched under torchrun (trainer/distributed.py):
     # ddp = replicated weights, gradients all-reduced; fsdp = weights, gradients and optimizer sharded.
     strategy: Literal["ddp", "fsdp"] = "ddp"
+    # TLS on the trainer's port (self-signed per job, pinned by fingerprint in every worker):
+    # auto = on unless the trainer binds a loopback address (local jobs), on, off.
+    tls: Literal["auto", "on", "off"] = "auto"
+    # Checkpoint (model, optimizer, step, data position, RNG) every N steps; also at the end and on a
+    # drain (SIGTERM). 0 = only then.
+    checkpoint_every: Annotated[int, Field(ge=0, le=1_000_000)] = 10
+    # Where the trainer writes checkpoints. Local provider: the job's run dir (always). Clouds: a path
+    # on the trainer node; make it durable (a bucket mounted by SkyPilot) to survive losing the node.
+    checkpoint_dir: str | None = None
+    # Relaunch a lost trainer (it resumes from its last checkpoint) this many times before failing.
+    max_restarts: Annotated[int, Field(ge=0, le=1000)] = 3
 
     _acc = field_validator("accelerators")(classmethod(lambda cls, v: _parse_accelerator(v)))
 

@@ -336,6 +336,9 @@ class Simulation:
         self.offload.start_step(n_remote)
         if self.first_step_t is None:
             self.first_step_t = self.now
+        for e in self.engines:  # indices are per step: nothing of the previous step may stay live
+            assert not e.live, f"engine {e.id} still holds {sorted(e.live)[:5]} at step {k}"
+            e.heap.clear()
         self._step = s
         s.prev_step_s = self.step_log[-1]["step_s"] if self.step_log else 0.0
         s.tick = max(0.1, s.prev_step_s * 0.02)
@@ -372,11 +375,13 @@ class Simulation:
         if not open_e:
             return
         free = sum(e.cap - len(e.live) for e in open_e)
-        head = []
+        head: list[int] = []
+        seen: set[int] = set()  # a response requeued twice sits in the queue twice: place it once
         while s.queue and len(head) < free:
             i = s.queue.popleft()
-            if not s.done[i] and s.eng[i] < 0:
+            if not s.done[i] and s.eng[i] < 0 and i not in seen:
                 head.append(i)
+                seen.add(i)
         if not head:
             return
         if len(head) == free and all(s.held[i] == 0 for i in head):
@@ -437,10 +442,12 @@ class Simulation:
         finished = []
         while e.heap and e.heap[0][0] <= e.P + 1e-9:
             tgt, i = heapq.heappop(e.heap)
+            # discard at once: a response that left and came back to this engine can have two heap
+            # entries with the same target (its progress counter moved by exactly what it generated)
             if i in e.live and s.tgt[i] == tgt:
+                e.live.discard(i)
                 finished.append(i)
         for i in finished:
-            e.live.discard(i)
             self._complete(s, i)
         if finished:
             s.changed = True
@@ -450,6 +457,7 @@ class Simulation:
             self._after_completions(s)
 
     def _complete(self, s: _Step, i: int) -> None:
+        assert not s.done[i], f"response {i} of step {s.k} completed twice"  # would end the replay early
         s.done[i] = True
         s.eng[i] = -1
         s.held[i] = s.end[i]
@@ -472,6 +480,8 @@ class Simulation:
 
     # ---- offload, migration, preemption: requeue with tokens held -------------------------
     def _requeue(self, s: _Step, i: int, keep_tokens: bool = True) -> None:
+        if s.done[i] or s.eng[i] < 0:  # completed in the meantime (a plan made at the same instant)
+            return
         e = self.engines[s.eng[i]]
         e.advance(self.now)
         gen = min(int(s.end[i]), int(s.pos0[i] + math.floor(e.P - s.p0[i] + 1e-9)))
@@ -789,6 +799,7 @@ class Simulation:
         if s is not None and e.live:
             for i in sorted(e.live):
                 self._requeue(s, i, keep_tokens=keep)
+            e.live.clear()
             e.set_load()
             if s.open == 0 and s.gen_end is None:
                 self._generation_done(s)

@@ -12,6 +12,7 @@ import os
 import signal
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -81,3 +82,41 @@ class BusyWorkerKiller(threading.Thread):
                         self.killed.append(w["worker_id"])
                         last = time.monotonic()
                     break
+
+
+# ---- the fault suite's summary (printed by tests/conftest.py at the end of a run) --------------
+@dataclass
+class FaultRecord:
+    fault: str
+    injected: int
+    recovered: int
+    lost: int  # responses missing or duplicated in the run's record
+    longest_recovery_s: float | None = None
+
+
+FAULTS: list[FaultRecord] = []
+
+
+def kill_instance(instance_id: str) -> int:
+    """SIGKILL every process group of an instance; how many processes were found."""
+    pids = instance_pids(instance_id)
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            os.killpg(pid, signal.SIGKILL)
+    return len(pids)
+
+
+def job_step(home: Path, job: str) -> int:
+    """The job's recorded step (0 before any), read from the state store like `rlboost status`."""
+    try:
+        return StateStore(home / "state.db").get_job(job).step or 0
+    except Exception:  # not created yet
+        return 0
+
+
+def wait_until_step(home: Path, job: str, step: int, timeout_s: float = 300) -> None:
+    deadline = time.monotonic() + timeout_s
+    while job_step(home, job) < step:
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{job} never reached step {step}")
+        time.sleep(0.05)

@@ -53,3 +53,19 @@ def rlboost_pids(marker: str) -> list[int]:
         if stat[2] != "Z" and marker.encode() in env:
             out.append(int(p.name))
     return out
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
+    """The fault-injection suite's summary table (tests/chaos.py FAULTS), when any fault test ran."""
+    from tests.chaos import FAULTS
+
+    if not FAULTS:
+        return
+    tr = terminalreporter
+    tr.section("fault injection summary")
+    head = f"{'fault':<58} {'injected':>8} {'recovered':>9} {'data lost':>9} {'longest recovery':>16}"
+    tr.write_line(head)
+    tr.write_line("-" * len(head))
+    for f in FAULTS:
+        rec = f"{f.longest_recovery_s:.1f}s" if f.longest_recovery_s is not None else "-"
+        tr.write_line(f"{f.fault:<58} {f.injected:>8} {f.recovered:>9} {f.lost:>9} {rec:>16}")

@@ -256,7 +256,8 @@ def test_controller_bids_backs_off_replaces_preempted_and_tears_everything_down(
         {
             "name": "sky-demo",
             "provider": "skypilot",
-            "trainer": {"cloud": "aws", "region": "us-east-1", "accelerators": "A100:8"},
+            # the stub trainer speaks plain HTTP (TLS wiring: tests/test_tls_wiring.py)
+            "trainer": {"cloud": "aws", "region": "us-east-1", "accelerators": "A100:8", "tls": "off"},
             "rollout": {
                 "max_workers": 3,
                 "candidates": [
@@ -325,7 +326,8 @@ def test_a_worker_draining_on_its_notice_is_marked_notice_so_a_replacement_start
         {
             "name": "drain",
             "provider": "skypilot",
-            "trainer": {"cloud": "aws", "region": "us-east-1", "accelerators": "A100:8"},
+            # the stub trainer speaks plain HTTP (TLS wiring: tests/test_tls_wiring.py)
+            "trainer": {"cloud": "aws", "region": "us-east-1", "accelerators": "A100:8", "tls": "off"},
             "rollout": {"max_workers": 1, "candidates": [{"accelerator": "V100", "clouds": ["aws"]}]},
         }
     )

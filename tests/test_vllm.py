@@ -141,7 +141,7 @@ def test_local_job_with_vllm_workers(assets, tmp_path) -> None:
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert f"done: {STEPS} steps" in proc.stdout or "succeeded" in proc.stdout, proc.stdout[-2000:]
     rollouts = [
-        json.loads(line) for line in (home / "jobs").glob("*/instances/*-trainer/rollouts.jsonl").__next__().open()
+        json.loads(line) for line in (home / "jobs").glob("*/records/rollouts.jsonl").__next__().open()
     ]
     assert len(rollouts) == STEPS * 4 * 4
     assert all(r["tokens"] and len(r["tokens"]) <= 24 for r in rollouts)

@@ -25,7 +25,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--port", type=int, default=0)
     ap.add_argument("--record-rollouts", action="store_true", help="write rollouts.jsonl + final weights")
     ap.add_argument("--linger", type=float, default=60.0, help="seconds to keep serving status when done")
+    ap.add_argument(
+        "--checkpoint-dir",
+        type=Path,
+        default=Path(os.environ["RLBOOST_CHECKPOINT_DIR"]) if os.environ.get("RLBOOST_CHECKPOINT_DIR") else None,
+        help="resume from / write checkpoints here (default: $RLBOOST_CHECKPOINT_DIR, the job file's "
+        "trainer.checkpoint_dir, else RUN_DIR/checkpoints)",
+    )
+    ap.add_argument("--tls-cert", type=Path, help="PEM certificate to serve HTTPS with (default: $RLBOOST_TLS_CERT)")
+    ap.add_argument("--tls-key", type=Path, help="its private key (default: $RLBOOST_TLS_KEY)")
     args = ap.parse_args(argv)
+    if args.tls_cert or args.tls_key:
+        if not (args.tls_cert and args.tls_key):
+            print("error: --tls-cert and --tls-key go together", file=sys.stderr)
+            return 2
+        # read by TrainerRuntime.serve (trainer/tls.py server_files); TLS is then on unless trainer.tls: off
+        os.environ["RLBOOST_TLS_CERT"], os.environ["RLBOOST_TLS_KEY"] = str(args.tls_cert), str(args.tls_key)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     token = os.environ.get("RLBOOST_JOB_TOKEN")
     if not token:
@@ -45,9 +60,14 @@ def main(argv: list[str] | None = None) -> int:
     from trainer.runtime import main_async
 
     args.run_dir.mkdir(parents=True, exist_ok=True)
+    ckpt_dir = args.checkpoint_dir or (
+        Path(spec.trainer.checkpoint_dir).expanduser() if spec.trainer.checkpoint_dir else args.run_dir / "checkpoints"
+    )
     try:
         return asyncio.run(
-            main_async(spec, token, args.host, args.port, args.run_dir, args.record_rollouts, args.linger)
+            main_async(
+                spec, token, args.host, args.port, args.run_dir, args.record_rollouts, args.linger, ckpt_dir
+            )
         )
     finally:
         distributed.finish()

@@ -108,6 +108,9 @@ class EngineConn:
     writer: asyncio.Task | None = None
 
 
+MAX_GONE = 1024  # departed engines kept for status
+
+
 @dataclass(frozen=True)
 class RolloutRequest:
     rid: str
@@ -752,7 +755,10 @@ class Coordinator:
         if self.engines.get(conn.id) is conn:
             del self.engines[conn.id]
         conn.state = "gone"
+        self.gone.pop(conn.id, None)
         self.gone[conn.id] = conn
+        while len(self.gone) > MAX_GONE:  # bounded: hostile or churning ids must not grow status forever
+            del self.gone[next(iter(self.gone))]
         moved = self.book.release(conn.id)
         self._full_dispatch = True
         if moved:

@@ -228,6 +228,25 @@ class Learner:
             out[k] = v.to("cpu", self.publish_dtype).clone().contiguous()
         return out
 
+    def checkpoint_state(self) -> dict:
+        """Everything a resumed run needs to continue bit for bit: full-precision weights (not the
+        publish dtype), optimizer moments, update count and RNGs. Single process or DDP (replicas
+        are equal, rank 0's is saved); FSDP shards are not gathered here."""
+        return {
+            "model": {k: v.detach().to("cpu").clone() for k, v in self.model.state_dict().items()},
+            "optimizer": self.optimizer.state_dict(),
+            "steps_done": self.steps_done,
+            "demo_rng": self._demo_rng.bit_generator.state,
+            "torch_rng": torch.get_rng_state(),
+        }
+
+    def load_checkpoint_state(self, state: Mapping) -> None:
+        self.model.load_state_dict({k: v.to(self.device) for k, v in state["model"].items()})
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.steps_done = int(state["steps_done"])
+        self._demo_rng.bit_generator.state = state["demo_rng"]
+        torch.set_rng_state(state["torch_rng"])
+
     def load_state_dict(self, tensors: Mapping[str, Tensor]) -> None:
         """Restore weights (e.g. from a checkpoint); optimizer state is not part of it."""
         if self.hf:

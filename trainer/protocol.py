@@ -22,7 +22,8 @@ MAX_IDS = 1 << 20
 
 Rid = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.:-]+$")]
 TokenIds = Annotated[list[Annotated[int, Field(ge=0, lt=1 << 31)]], Field(max_length=MAX_IDS)]
-Logprobs = Annotated[list[float], Field(max_length=MAX_IDS)]
+Logprobs = Annotated[list[Annotated[float, Field(allow_inf_nan=False)]], Field(max_length=MAX_IDS)]
+Rate = Annotated[float, Field(ge=0, le=1e12, allow_inf_nan=False)]  # finite: it feeds scheduling arithmetic
 WorkerId = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")]
 
 
@@ -49,7 +50,7 @@ class Ready(Msg):
 
     type: Literal["ready"] = "ready"
     version: Annotated[int, Field(ge=0)]
-    pull_seconds: Annotated[float, Field(ge=0)] = 0.0
+    pull_seconds: Rate = 0.0
     # concurrent sequences, once the engine is built (hello is sent before the worker knows it)
     capacity: Annotated[int, Field(ge=1, le=100_000)] | None = None
 
@@ -85,8 +86,8 @@ class Draining(Msg):
 
 class Heartbeat(Msg):
     type: Literal["heartbeat"] = "heartbeat"
-    tokens_per_s: Annotated[float, Field(ge=0)] = 0.0
-    active: Annotated[int, Field(ge=0)] = 0
+    tokens_per_s: Rate = 0.0
+    active: Annotated[int, Field(ge=0, le=1 << 31)] = 0
 
 
 WorkerMsg = Annotated[Hello | Ready | Tokens | Finished | Draining | Heartbeat, Field(discriminator="type")]

@@ -22,7 +22,7 @@ import torch
 from aiohttp import web
 
 from rlboost_cli.spec import JobSpec
-from trainer import distributed, scheduling
+from trainer import checkpoint, distributed, scheduling
 from trainer.coordinator import Coordinator, CoordinatorConfig, RolloutRequest
 from trainer.learner import Sample, make_learner
 from trainer.policies.tail_batching import TailBatcher
@@ -50,8 +50,24 @@ def child_dies_with_parent() -> None:
 
 
 class TrainerRuntime:
-    def __init__(self, spec: JobSpec, token: str, run_dir: Path, record_rollouts: bool = False) -> None:
+    def __init__(
+        self,
+        spec: JobSpec,
+        token: str,
+        run_dir: Path,
+        record_rollouts: bool = False,
+        checkpoint_dir: Path | None = None,
+    ) -> None:
         self.spec = spec
+        self.checkpoint_dir = checkpoint_dir
+        # --record-rollouts output; the controller points a local job's at its run dir, so that a
+        # relaunched trainer appends to the same files
+        self.record_dir = Path(os.environ.get("RLBOOST_RECORD_DIR") or run_dir)
+        if record_rollouts:
+            self.record_dir.mkdir(parents=True, exist_ok=True)
+        self.saved_step = -1  # next_step of the newest checkpoint on disk
+        self.rng: np.random.Generator | None = None  # the prompt sampler, once training starts
+        self.updating = asyncio.Lock()  # held from a step's update until its record is kept
         self.token = token
         self.run_dir = run_dir
         self.record_rollouts = record_rollouts
@@ -114,10 +130,20 @@ class TrainerRuntime:
         app = build_app(self.token, self.coord, self.publisher, self.status, self.shutdown_requested.set)
         runner = web.AppRunner(app, handle_signals=False)
         await runner.setup()
-        site = web.TCPSite(runner, host, port)
+        # TLS (spec trainer.tls; auto = on off loopback): the controller's certificate from env, or a
+        # self-signed one made here (its fingerprint is written to run_dir/tls-fingerprint).
+        from trainer import tls
+
+        ssl_ctx, self.tls_fingerprint = None, None
+        if tls.server_tls_on(spec.trainer.tls, host):
+            files = tls.server_files(self.run_dir, sorted({url_host, "127.0.0.1", "localhost"}))
+            ssl_ctx, self.tls_fingerprint = tls.server_context(files.cert, files.key), files.fingerprint
+            write_atomic(self.run_dir / "tls-fingerprint", files.fingerprint)
+            log.info("TLS on; certificate sha256 fingerprint %s", files.fingerprint)
+        site = web.TCPSite(runner, host, port, ssl_context=ssl_ctx)
         await site.start()
         bound = runner.addresses[0][1]
-        url = f"http://{url_host}:{bound}"
+        url = f"{'https' if ssl_ctx else 'http'}://{url_host}:{bound}"
         self.coord.cfg.weights_url = url
         self.coord.start()
         return runner, url
@@ -133,6 +159,10 @@ class TrainerRuntime:
             "RLBOOST_ENGINE": self.spec.rollout.engine,
             "RLBOOST_ACCELERATOR": scheduling.reserved_accelerator(self.spec),  # the whole trainer cluster
         }
+        if getattr(self, "tls_fingerprint", None):
+            env["RLBOOST_TLS_FINGERPRINT"] = self.tls_fingerprint
+        for k in ("RLBOOST_TLS_KEY_PEM", "RLBOOST_TLS_CERT_PEM", "RLBOOST_TLS_KEY", "RLBOOST_TLS_CERT"):
+            env.pop(k, None)  # the engine needs only the pin, never the key
         env.pop("RLBOOST_NOTICE_FILE", None)  # the reserved cluster is on-demand: no notices
         log_path = self.run_dir / "reserved-engine.log"
         with open(log_path, "ab") as out:
@@ -154,26 +184,66 @@ class TrainerRuntime:
 
     async def train(self) -> None:
         algo = self.spec.algorithm
-        self.phase = "warm-start"
-        ws = await asyncio.to_thread(self.learner.warm_start, algo.warm_start_steps)
-        print(f"warm start: {algo.warm_start_steps} supervised steps, {_fmt(ws)}", flush=True)
-        await self.publish(0)
-        rng = np.random.default_rng(algo.seed)
-        with RolloutRecorder(self.run_dir if self.record_rollouts else None) as recorder:
-            for step in range(algo.steps):
-                responses, rec = await self.run_step(step, rng, recorder)
-                recorder.write(responses)
-                self.history.append(rec)
+        # the prompt sampler: its state is the data position
+        rng = self.rng = np.random.default_rng(algo.seed)
+        first = await asyncio.to_thread(self.restore, rng)
+        if first is None:
+            self.phase = "warm-start"
+            ws = await asyncio.to_thread(self.learner.warm_start, algo.warm_start_steps)
+            print(f"warm start: {algo.warm_start_steps} supervised steps, {_fmt(ws)}", flush=True)
+            first = 0
+        await self.publish(first)
+        with RolloutRecorder(self.record_dir if self.record_rollouts else None, from_step=first) as recorder:
+            for step in range(first, algo.steps):
+                rec = await self.run_step(step, rng, recorder)
                 print(
                     f"step {step + 1:>3}/{algo.steps}  reward {rec['reward']:.3f}  tokens {rec['tokens']:>5}"
                     f"  engines {rec['engines']}  migrated {rec['migrated']}  {rec['seconds']:.2f}s",
                     flush=True,
                 )
-            recorder.save_weights("final.safetensors", self.learner.state_dict())
+                every = self.spec.trainer.checkpoint_every
+                if step + 1 == algo.steps or (every and (step + 1) % every == 0):
+                    await self.checkpoint()
+            if first < algo.steps:
+                recorder.save_weights("final.safetensors", self.learner.state_dict())
         self.phase = "done"
         print(f"done: {algo.steps} steps", flush=True)
 
-    async def run_step(self, step: int, rng: np.random.Generator, recorder: RolloutRecorder) -> tuple[list, dict]:
+    # ---- checkpoints -------------------------------------------------------------------
+    def restore(self, rng: np.random.Generator) -> int | None:
+        """Continue from the newest checkpoint, if any: the step to run next."""
+        if self.checkpoint_dir is None:
+            return None
+        ck = checkpoint.load_latest(self.checkpoint_dir)
+        if ck is None:
+            return None
+        self.learner.load_checkpoint_state(ck.payload["learner"])
+        rng.bit_generator.state = ck.payload["rng"]
+        self.history = list(ck.payload["history"])
+        self.step = self.saved_step = ck.next_step
+        print(f"resumed from {ck.path.name}: continuing at step {ck.next_step + 1}", flush=True)
+        return ck.next_step
+
+    async def checkpoint(self) -> None:
+        """Save the state after the last completed step (under the lock: never mid-update)."""
+        rng = self.rng
+        if self.checkpoint_dir is None or rng is None:
+            return
+        async with self.updating:
+            if self.saved_step == self.step:
+                return
+            payload = {
+                "learner": self.learner.checkpoint_state(),
+                "rng": rng.bit_generator.state,
+                "history": list(self.history),
+            }
+            next_step = self.step
+        t0 = time.monotonic()
+        await asyncio.to_thread(checkpoint.save, self.checkpoint_dir, next_step, payload)
+        self.saved_step = next_step
+        log.info("checkpoint at step %d in %.2fs", next_step, time.monotonic() - t0)
+
+    async def run_step(self, step: int, rng: np.random.Generator, recorder: RolloutRecorder) -> dict:
         """Generate step `step` with weights version `step`, train on it, publish version step+1."""
         algo = self.spec.algorithm
         assert self.coord is not None
@@ -222,9 +292,18 @@ class TrainerRuntime:
             )
             for r in responses
         ]
-        metrics = await asyncio.to_thread(self.learner.train_step, samples)
-        await self.publish(step + 1)
-        self.step = step + 1
+        async with self.updating:  # a drain checkpoint waits for this step's update to land
+            metrics = await asyncio.to_thread(self.learner.train_step, samples)
+            await self.publish(step + 1)
+            rec = self._step_record(step, responses, samples, metrics, migrated0, t0, t_gen)
+            self.history.append(rec)
+            recorder.write(responses)
+            self.step = step + 1
+        return rec
+
+    def _step_record(self, step: int, responses: list, samples: list, metrics: dict, migrated0: int,
+                     t0: float, t_gen: float) -> dict:
+        assert self.coord is not None
         sched = {}
         if isinstance(self.learner, SyntheticLearner):
             m = self.coord.marks
@@ -235,7 +314,7 @@ class TrainerRuntime:
             )
         else:
             sched = self.coord.end_step()
-        rec = {
+        return {
             "step": step,
             "version": step,
             "reward": float(np.mean([s.reward for s in samples])),
@@ -248,7 +327,6 @@ class TrainerRuntime:
             "loss": float(metrics.get("loss", 0.0)),
             **{k: v for k, v in sched.items() if k not in ("step",)},
         }
-        return responses, rec
 
     async def shutdown(self, runner: web.AppRunner) -> None:
         if self.coord:
@@ -265,13 +343,18 @@ class TrainerRuntime:
 class RolloutRecorder:
     """Optionally writes every response (rollouts.jsonl) and weight snapshots, for audits and tests."""
 
-    def __init__(self, run_dir: Path | None) -> None:
+    def __init__(self, run_dir: Path | None, from_step: int = 0) -> None:
         self.run_dir = run_dir
+        self.from_step = from_step
         self.file = None
 
     def __enter__(self) -> RolloutRecorder:
         if self.run_dir is not None:
-            self.file = open(self.run_dir / "rollouts.jsonl", "a")
+            path = self.run_dir / "rollouts.jsonl"
+            if self.from_step and path.exists():  # resumed: steps past the checkpoint are generated again
+                keep = [line for line in path.read_text().splitlines() if json.loads(line)["step"] < self.from_step]
+                write_atomic(path, "".join(line + "\n" for line in keep))
+            self.file = open(path, "a")
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -301,17 +384,37 @@ def _fmt(d: dict) -> str:
 
 
 async def main_async(
-    spec: JobSpec, token: str, host: str, port: int, run_dir: Path, record: bool, linger_s: float
+    spec: JobSpec,
+    token: str,
+    host: str,
+    port: int,
+    run_dir: Path,
+    record: bool,
+    linger_s: float,
+    checkpoint_dir: Path | None = None,
 ) -> int:
     torch.set_num_threads(1)
-    rt = TrainerRuntime(spec, token, run_dir, record)
+    rt = TrainerRuntime(spec, token, run_dir, record, checkpoint_dir)
     runner, url = await rt.serve(host, port)
     write_atomic(run_dir / "endpoint", url)
     print(f"trainer serving at {url}", flush=True)
+    training = asyncio.ensure_future(rt.train())
+
+    async def drain() -> None:
+        # SIGTERM (`rlboost down`, a cloud's maintenance event): keep the last completed step
+        print("SIGTERM: checkpointing the last completed step, then stopping", flush=True)
+        with contextlib.suppress(Exception):
+            await rt.checkpoint()
+        training.cancel()
+
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, lambda: asyncio.ensure_future(drain()))
     try:
         if spec.rollout.trainer_engine:
             rt.start_reserved_engine(url)
-        await rt.train()
+        try:
+            await training
+        except asyncio.CancelledError:
+            return 143
         # Keep serving status until the controller has read the final state (or a deadline).
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(rt.shutdown_requested.wait(), timeout=linger_s)

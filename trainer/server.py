@@ -23,7 +23,8 @@ def auth_middleware(token: str):
 
     @web.middleware
     async def check(request: web.Request, handler: Handler) -> web.StreamResponse:
-        got = request.headers.get("Authorization", "").encode()
+        # surrogateescape: a header with bytes that are not UTF-8 is a wrong token (401), not a 500
+        got = request.headers.get("Authorization", "").encode("utf-8", "surrogateescape")
         # constant-time compare: the token is the only thing guarding the port
         if not hmac.compare_digest(got, expected):
             return _error(401, "missing or wrong job token (Authorization: Bearer <token>)")

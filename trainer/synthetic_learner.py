@@ -30,6 +30,12 @@ class SyntheticLearner:
     def warm_start(self, steps: int) -> dict[str, float]:
         return {"loss": 0.0}
 
+    def checkpoint_state(self) -> dict:
+        return {"steps_done": self.steps_done, "tokens_trained": self.tokens_trained}
+
+    def load_checkpoint_state(self, state: dict) -> None:
+        self.steps_done, self.tokens_trained = int(state["steps_done"]), int(state["tokens_trained"])
+
     def state_dict(self) -> dict:
         import torch  # the weight publisher serialises torch tensors; a tiny set exercises the pull path
 

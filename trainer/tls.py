@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime
 import hashlib
+import hmac
 import ipaddress
 import os
 import ssl
@@ -100,3 +101,111 @@ def client_context(cert: Path) -> ssl.SSLContext:
     ctx = ssl.create_default_context(cafile=str(cert))
     ctx.check_hostname = False  # the address may be an IP a cloud assigned; the pin is the check
     return ctx
+
+
+# ---- wiring: which env carries what ----------------------------------------------------------
+
+ENV_CERT, ENV_KEY = "RLBOOST_TLS_CERT", "RLBOOST_TLS_KEY"  # paths on the trainer's machine
+# the same as PEM text, for a trainer on another machine (cloud nodes): written 0600 under its run dir
+ENV_CERT_PEM, ENV_KEY_PEM = "RLBOOST_TLS_CERT_PEM", "RLBOOST_TLS_KEY_PEM"
+ENV_FINGERPRINT = "RLBOOST_TLS_FINGERPRINT"  # what workers pin (sha256 of the DER certificate, hex)
+SECRET_ENV = (ENV_KEY_PEM,)  # never log, never put in a task file in clear
+
+
+class TlsConfigError(Exception):
+    pass
+
+
+def tls_wanted(mode: str, bind_host: str) -> bool:
+    """spec `trainer.tls`: on, off, or auto (on unless the trainer binds loopback)."""
+    if mode == "on":
+        return True
+    if mode == "off":
+        return False
+    return not is_loopback(bind_host)
+
+
+def server_tls_on(mode: str, bind_host: str, env: dict[str, str] | None = None) -> bool:
+    """The trainer's choice: as tls_wanted, and also on under `auto` when it was handed a certificate."""
+    env = dict(os.environ) if env is None else env
+    given = any(env.get(k) for k in (ENV_CERT, ENV_CERT_PEM))
+    return tls_wanted(mode, bind_host) or (mode == "auto" and given)
+
+
+def normalize_fingerprint(fp: str) -> str:
+    """Accept `AB:CD:..` or plain hex; return lowercase hex of a sha256, or raise ValueError."""
+    h = fp.strip().replace(":", "").lower()
+    if len(h) != 64 or any(c not in "0123456789abcdef" for c in h):
+        raise ValueError("a TLS fingerprint is the sha256 of the certificate: 64 hex digits")
+    return h
+
+
+def server_files(run_dir: Path, hosts: list[str], env: dict[str, str] | None = None) -> TlsFiles:
+    """The trainer's certificate: files named in env, PEM text in env (written 0600 into run_dir/tls),
+    or else a fresh self-signed one in run_dir/tls (its fingerprint is written next to it)."""
+    env = dict(os.environ) if env is None else env
+    cert, key = env.get(ENV_CERT), env.get(ENV_KEY)
+    if cert or key:
+        if not (cert and key and Path(cert).is_file() and Path(key).is_file()):
+            raise TlsConfigError(f"{ENV_CERT} and {ENV_KEY} must both name existing files")
+        return TlsFiles(Path(cert), Path(key), fingerprint_of(Path(cert)))
+    d = run_dir / "tls"
+    cert_pem, key_pem = env.get(ENV_CERT_PEM), env.get(ENV_KEY_PEM)
+    if cert_pem or key_pem:
+        if not (cert_pem and key_pem):
+            raise TlsConfigError(f"{ENV_CERT_PEM} and {ENV_KEY_PEM} must be given together")
+        d.mkdir(parents=True, exist_ok=True, mode=0o700)
+        for name, text in (("trainer-cert.pem", cert_pem), ("trainer-key.pem", key_pem)):
+            fd = os.open(d / name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(text)
+        return TlsFiles(d / "trainer-cert.pem", d / "trainer-key.pem", fingerprint_of(d / "trainer-cert.pem"))
+    return make_self_signed(d, hosts)
+
+
+@dataclass(frozen=True)
+class JobTls:
+    """What the controller hands out: the trainer gets the key pair, workers only the fingerprint."""
+
+    files: TlsFiles
+    trainer_env: dict[str, str]
+    worker_env: dict[str, str]
+
+
+def job_tls(mode: str, run_dir: Path, bind_host: str, *, remote: bool | None = None) -> JobTls | None:
+    """For the controller, before the trainer launches: None when TLS is off for this job, else a
+    certificate in run_dir/tls and the env entries for the trainer's and the workers' LaunchRequests.
+
+    `bind_host` is the address the trainer binds (127.0.0.1 for the local provider, 0.0.0.0 on
+    clouds). `remote`: the trainer runs on another machine, so the key pair travels as PEM text
+    (default: whenever the bind host is not loopback)."""
+    if not tls_wanted(mode, bind_host):
+        return None
+    files = make_self_signed(run_dir / "tls", ["127.0.0.1", "localhost"])
+    remote = (not is_loopback(bind_host)) if remote is None else remote
+    if remote:
+        trainer_env = {ENV_CERT_PEM: files.cert.read_text(), ENV_KEY_PEM: files.key.read_text()}
+    else:
+        trainer_env = {ENV_CERT: str(files.cert), ENV_KEY: str(files.key)}
+    return JobTls(files, {**trainer_env, ENV_FINGERPRINT: files.fingerprint}, {ENV_FINGERPRINT: files.fingerprint})
+
+
+def https_url(url: str) -> str:
+    """A provider reports http://host:port for the trainer; with TLS on it is https."""
+    return "https://" + url[len("http://") :] if url.startswith("http://") else url
+
+
+def pinned_socket_context() -> ssl.SSLContext:
+    """For blocking clients that check the pin themselves (worker/chunk_http.py): no CA, no hostname."""
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE  # the fingerprint comparison below is the verification
+    return ctx
+
+
+def check_pin(sock: ssl.SSLSocket, fingerprint: str) -> None:
+    der = sock.getpeercert(binary_form=True) or b""
+    got = hashlib.sha256(der).hexdigest()
+    if not hmac.compare_digest(got, fingerprint):
+        raise ssl.SSLError(f"certificate fingerprint {got[:16]}... does not match the pinned one")

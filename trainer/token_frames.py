@@ -82,4 +82,6 @@ def decode(data: bytes | bytearray | memoryview) -> TokenColumns:
         raise FrameError("token id out of range")
     if version >= 1 << 31 or (k and int(offsets.max()) >= 1 << 31):
         raise FrameError("version or offset out of range")
+    if n and not np.isfinite(lps).all():
+        raise FrameError("logprob not finite")
     return TokenColumns(version, handles, offsets, counts, ids, lps)

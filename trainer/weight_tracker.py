@@ -31,7 +31,11 @@ MAX_CHUNKS = 1 << 22
 class Announce(BaseModel):
     model_config = ConfigDict(extra="forbid")
     peer_id: str = Field(min_length=1, max_length=128)
-    url: str | None = Field(default=None, max_length=512)  # None: pulls but does not serve
+    # None: pulls but does not serve. Relayed to other pullers, so it must be an http(s) base URL
+    # (optionally pinned: #sha256=<hex>, see worker/peer_server.py), never anything they cannot parse
+    url: str | None = Field(
+        default=None, max_length=512, pattern=r"^https?://[A-Za-z0-9.\-\[\]:]+(/[A-Za-z0-9._~/-]*)?(#sha256=[0-9a-f]{64})?$"
+    )
     n_chunks: int = Field(ge=0, le=MAX_CHUNKS)
     have: str = Field(default="", max_length=MAX_CHUNKS // 6 + 8)
     want: int = Field(default=0, ge=0, le=4096)

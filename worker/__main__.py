@@ -2,7 +2,8 @@
 
 RLBOOST_TRAINER_URL, RLBOOST_JOB_TOKEN, RLBOOST_WORKER_ID, RLBOOST_WORKER_KIND (spot | reserved),
 RLBOOST_ENGINE (torch), RLBOOST_NOTICE (aws | gcp | file: where preemption notices come from),
-RLBOOST_NOTICE_FILE (the local provider's notice file), RLBOOST_METADATA_URL (metadata server override).
+RLBOOST_NOTICE_FILE (the local provider's notice file), RLBOOST_METADATA_URL (metadata server override),
+RLBOOST_TLS_FINGERPRINT (sha256 of the trainer's certificate; required when the trainer URL is https).
 """
 
 from __future__ import annotations
@@ -36,6 +37,15 @@ def main() -> int:
         engine=os.environ.get("RLBOOST_ENGINE", "torch"),
         accelerator=os.environ.get("RLBOOST_ACCELERATOR") or None,
     )
+    fp = os.environ.get("RLBOOST_TLS_FINGERPRINT") or None
+    if fp:
+        from trainer.tls import normalize_fingerprint
+
+        try:
+            cfg.tls_fingerprint = normalize_fingerprint(fp)
+        except ValueError as e:
+            print(f"error: RLBOOST_TLS_FINGERPRINT: {e}", file=sys.stderr)
+            return 2
     notice = watcher_from_env()
     return asyncio.run(WorkerAgent(cfg, notice).run())
 

@@ -11,11 +11,12 @@ import logging
 import time
 from collections import deque
 from dataclasses import dataclass
+from urllib.parse import urlsplit
 
 import aiohttp
 
 from trainer import protocol as P
-from trainer import token_frames
+from trainer import tls, token_frames
 from worker.engines import Engine, GenRequest, make_engine
 from worker.notice import NoticeWatcher
 from worker.peer_server import WeightNode
@@ -34,6 +35,12 @@ class WorkerConfig:
     reconnect_deadline_s: float = 60.0
     flush_s: float = 0.02  # the welcome's flush_s wins once connected
     accelerator: str | None = None  # e.g. "A100:8", told to the coordinator in hello
+    # sha256 of the trainer's certificate (hex): required for an https trainer URL, checked on every
+    # connection (WebSocket, weights, tracker); there is no CA
+    tls_fingerprint: str | None = None
+    # WebSocket ping period; no pong (or any frame) within half of it = the trainer is gone: reconnect
+    ws_heartbeat_s: float = 10.0
+    handshake_timeout_s: float = 30.0  # connect + upgrade, and the wait for the welcome
 
 
 class Disconnected(Exception):
@@ -62,14 +69,25 @@ class WorkerAgent:
         self.version_event = asyncio.Event()
         self.tokens_window: deque[tuple[float, int]] = deque()
         self.exit_reason = ""
+        self._gen: asyncio.Future | None = None  # the engine thread's current batch
         # Pulls weights (peers, delta, shared memory on the trainer's node) and serves them to peers.
         self.weights = WeightNode.from_env(cfg.token, cfg.worker_id, cfg.kind)
 
     # ---- entry -------------------------------------------------------------------------
     async def run(self) -> int:
         headers = {"Authorization": f"Bearer {self.cfg.token}"}
-        timeout = aiohttp.ClientTimeout(total=None, connect=10, sock_read=None)
-        async with aiohttp.ClientSession(headers=headers, timeout=timeout) as session, self.weights:
+        if self.cfg.trainer_url.startswith("https://") and not self.cfg.tls_fingerprint:
+            log.error("https trainer URL without RLBOOST_TLS_FINGERPRINT: refusing to connect unpinned")
+            return 2
+        # every request is bounded: connect, and each read (the WebSocket's own liveness is its
+        # heartbeat: aiohttp lifts the read timeout once upgraded)
+        hs = self.cfg.handshake_timeout_s
+        timeout = aiohttp.ClientTimeout(total=None, connect=hs, sock_connect=hs, sock_read=hs)
+        connector = aiohttp.TCPConnector(ssl=tls.pinned(self.cfg.tls_fingerprint))
+        async with (
+            aiohttp.ClientSession(headers=headers, timeout=timeout, connector=connector) as session,
+            self.weights,
+        ):
             self.session = session
             deadline = time.monotonic() + self.cfg.reconnect_deadline_s
             while True:
@@ -80,6 +98,9 @@ class WorkerAgent:
                     if self.draining:
                         return 0
                     log.warning("lost the trainer (%s); reconnecting", e)
+                except aiohttp.ServerFingerprintMismatch as e:
+                    log.error("the trainer's TLS certificate does not match RLBOOST_TLS_FINGERPRINT: %s", e)
+                    return 5
                 except aiohttp.WSServerHandshakeError as e:
                     if e.status == 401:
                         log.error("trainer refused the job token (401); check RLBOOST_JOB_TOKEN")
@@ -94,9 +115,24 @@ class WorkerAgent:
                     return 4
                 await asyncio.sleep(1.0)
 
+    async def _settle_engine(self) -> None:
+        """Before a new connection: the batch of the lost one stops (its requests were aborted when
+        the connection dropped; the coordinator moved them) and its leftovers are forgotten."""
+        gen = self._gen
+        if gen is not None and not gen.done():
+            await asyncio.wait([gen], timeout=self.cfg.handshake_timeout_s)
+        for q in (self.pending, self.outbox, self.finished_outbox):
+            q.clear()
+        self.lengths.clear()
+        self.handles.clear()
+        self.aborted.clear()
+
     async def _session_once(self) -> None:
+        await self._settle_engine()
         url = self.cfg.trainer_url.rstrip("/") + "/v1/worker"
-        async with self.session.ws_connect(url, max_msg_size=P.MAX_FRAME_BYTES, heartbeat=None) as ws:
+        async with self.session.ws_connect(
+            url, max_msg_size=P.MAX_FRAME_BYTES, heartbeat=self.cfg.ws_heartbeat_s
+        ) as ws:
             self.ws = ws
             # Work from a previous connection was released by the coordinator when it dropped.
             self.pending.clear()
@@ -109,7 +145,7 @@ class WorkerAgent:
                     accelerator=self.cfg.accelerator,
                 )
             )
-            first = await asyncio.wait_for(ws.receive(), timeout=30)
+            first = await asyncio.wait_for(ws.receive(), timeout=self.cfg.handshake_timeout_s)
             if first.type != aiohttp.WSMsgType.TEXT:
                 raise Disconnected(f"no welcome ({first.type.name})")
             welcome = P.coord_msg.validate_json(first.data)
@@ -137,6 +173,8 @@ class WorkerAgent:
                     t.cancel()
                 await asyncio.gather(*tasks, return_exceptions=True)
                 self.ws = None
+                self.pending.clear()
+                self.aborted.update(self.lengths)  # the engine thread stops these at its next step
 
     def _capacity(self) -> int:
         cap = getattr(self.engine, "max_batch", None)  # a synthetic node may hold several GPUs' batches
@@ -183,7 +221,7 @@ class WorkerAgent:
                 await self.idle.wait()  # never swap weights under a running batch
                 t0 = time.monotonic()
                 try:
-                    tensors = await self.weights.pull(self.welcome.weights_url, v, self.session)
+                    tensors = await self.weights.pull(self._weights_base(), v, self.session)
                 except WeightPullError as e:  # e.g. the trainer restarting: try again, don't hang
                     log.warning("weight pull of version %d failed: %s; retrying", v, e)
                     await asyncio.sleep(1.0)
@@ -196,6 +234,15 @@ class WorkerAgent:
                 pull_s = 0.0
             if self.want_version == v and not self.draining:
                 await self._send(P.Ready(version=v, pull_seconds=pull_s, capacity=self._capacity()))
+
+    def _weights_base(self) -> str:
+        """Weights are served on the port this worker dialed. The welcome's URL is the trainer's own
+        view (127.0.0.1 when it binds 0.0.0.0): used only when it names a different, routable server."""
+        offered = self.welcome.weights_url if self.welcome else ""
+        host = urlsplit(offered).hostname if offered else None
+        if not host or tls.is_loopback(host):
+            return self.cfg.trainer_url
+        return offered
 
     # ---- generation --------------------------------------------------------------------
     async def _engine_loop(self) -> None:
@@ -210,10 +257,10 @@ class WorkerAgent:
                 await self._flush()  # requests aborted before they started: report them
                 continue
             self.idle.clear()
-            try:
-                if getattr(self.engine, "continuous", False):
-                    # continuous batching: requests join mid-batch, each end is reported as it happens
-                    await asyncio.to_thread(
+            if getattr(self.engine, "continuous", False):
+                # continuous batching: requests join mid-batch, each end is reported as it happens
+                gen = asyncio.ensure_future(
+                    asyncio.to_thread(
                         self.engine.generate,  # type: ignore[call-arg]
                         reqs,
                         self._on_tokens,
@@ -222,18 +269,28 @@ class WorkerAgent:
                         admit=self._admit,
                         on_finish=self._on_finish,
                     )
-                    reasons = {}
-                else:
-                    reasons = await asyncio.to_thread(
+                )
+            else:
+                gen = asyncio.ensure_future(
+                    asyncio.to_thread(
                         self.engine.generate, reqs, self._on_tokens, self._should_abort, self.welcome.temperature
                     )
+                )
+            self._gen = gen
+            try:
+                # shielded: a lost connection cancels this loop, not the engine thread (which cannot be
+                # cancelled); the next session waits for it to stop (_settle_engine)
+                reasons = await asyncio.shield(gen) or {}
             except Exception:
                 # never let one bad batch kill the loop: hand back everything not reported yet
                 log.exception("engine failed; returning its requests to the coordinator")
                 ended = {r for r, _ in self.finished_outbox}
                 reasons = {rid: "aborted" for rid in self.lengths if rid not in ended}
             finally:
-                self.idle.set()
+                if gen.done():
+                    self.idle.set()
+                else:  # never swap weights under a batch that is still running
+                    gen.add_done_callback(lambda _f: self.idle.set())
             for rid, why in reasons.items():
                 self.finished_outbox.append((rid, why))
             await self._flush()

@@ -11,6 +11,7 @@ Only what weight transfer needs: GET, keep-alive, Content-Length or chunked bodi
 from __future__ import annotations
 
 import hashlib
+import os
 import socket
 import ssl
 import threading
@@ -18,6 +19,7 @@ import time
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
+from trainer.tls import check_pin, normalize_fingerprint, pinned_socket_context
 from trainer.weights import RateLimit
 
 PIECE = 256 * 1024  # bytes per readinto: hashed while hot in cache
@@ -46,11 +48,15 @@ class Partial:
 
 
 class HttpConn:
-    def __init__(self, base_url: str, token: str | None, timeout_s: float) -> None:
+    def __init__(self, base_url: str, token: str | None, timeout_s: float, fingerprint: str | None = None) -> None:
         u = urlsplit(base_url)
         if u.scheme not in ("http", "https") or not u.hostname:
             raise ValueError(f"not an http(s) URL: {base_url!r}")
-        self.base = base_url.rstrip("/")
+        self.base = base_url.split("#", 1)[0].rstrip("/")
+        # https is pinned, never CA-checked: to the fingerprint given, else the one a peer advertises in
+        # its URL (`#sha256=<hex>`), else the trainer's (RLBOOST_TLS_FINGERPRINT)
+        frag = u.fragment[len("sha256=") :] if u.fragment.startswith("sha256=") else None
+        self.fingerprint = fingerprint or frag or os.environ.get("RLBOOST_TLS_FINGERPRINT") or None
         self.host, self.tls = u.hostname, u.scheme == "https"
         self.port = u.port or (443 if self.tls else 80)
         self.prefix = u.path.rstrip("/")
@@ -69,7 +75,15 @@ class HttpConn:
         sock = socket.create_connection((self.host, self.port), timeout=self.timeout_s)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         if self.tls:
-            sock = ssl.create_default_context().wrap_socket(sock, server_hostname=self.host)
+            if not self.fingerprint:
+                sock.close()
+                raise SourceError(f"{self.base}: https without a pinned fingerprint", retryable=False)
+            try:
+                sock = pinned_socket_context().wrap_socket(sock, server_hostname=self.host)
+                check_pin(sock, normalize_fingerprint(self.fingerprint))
+            except (OSError, ValueError) as e:
+                sock.close()
+                raise SourceError(f"{self.base}: TLS: {e}", retryable=False) from e
         self._sock, self._rfile = sock, sock.makefile("rb", buffering=PIECE)
 
     def _send(self, path: str, headers: dict[str, str]) -> None:

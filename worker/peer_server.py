@@ -7,7 +7,9 @@ with the same routes as the trainer, behind the same job token. `WeightNode` is 
 uses: it starts the server, pulls through the store, and keeps announcing what it holds.
 
 Reachability: a worker advertises http://RLBOOST_PEER_HOST:port (bind host, default 127.0.0.1;
-RLBOOST_PEER_URL overrides what is advertised). Workers dial home, so nothing else needs to reach
+RLBOOST_PEER_URL overrides what is advertised); in a TLS job it serves https with its own self-signed
+certificate and advertises https://host:port#sha256=<fingerprint>, which pullers pin (the URL reaches
+them from the tracker over the trainer's pinned connection). Workers dial home, so nothing else needs to reach
 them; peers do. On clouds, bind to the private address and expect peers to help only within one
 region / VPC; where they cannot connect, pullers drop them and fetch from the trainer.
 """
@@ -20,9 +22,11 @@ import hmac
 import logging
 import os
 import sys
+import tempfile
 import threading
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import aiohttp
@@ -130,7 +134,8 @@ def _auth(token: str) -> Callable:
 
     @web.middleware
     async def check(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]):
-        if not hmac.compare_digest(request.headers.get("Authorization", "").encode(), expected):
+        got = request.headers.get("Authorization", "").encode("utf-8", "surrogateescape")
+        if not hmac.compare_digest(got, expected):
             return web.json_response({"error": "missing or wrong job token"}, status=401)
         return await handler(request)
 
@@ -138,8 +143,9 @@ def _auth(token: str) -> Callable:
 
 
 class PeerServer:
-    def __init__(self, store: WeightStore, token: str, egress_bps: float | None = None) -> None:
-        self.store, self.token = store, token
+    def __init__(self, store: WeightStore, token: str, egress_bps: float | None = None, tls: bool = False) -> None:
+        self.store, self.token, self.tls = store, token, tls
+        self._tls_dir: tempfile.TemporaryDirectory | None = None
         self.counters = ServeCounters()
         self.limit = RateLimit(egress_bps) if egress_bps else None
         self._runner: web.AppRunner | None = None
@@ -150,16 +156,27 @@ class PeerServer:
         add_chunk_routes(app, self.store, self.counters, self.limit)
         self._runner = web.AppRunner(app, handle_signals=False, access_log=None)
         await self._runner.setup()
-        await web.TCPSite(self._runner, host, port).start()
+        ssl_ctx, pin = None, ""
+        if self.tls:  # a TLS job: peers get this worker's own self-signed certificate, pinned via the URL
+            from trainer.tls import make_self_signed, server_context
+
+            self._tls_dir = tempfile.TemporaryDirectory(prefix="rlboost-peer-tls-")
+            files = make_self_signed(Path(self._tls_dir.name), [host if host not in ("0.0.0.0", "::") else "127.0.0.1"])
+            ssl_ctx, pin = server_context(files.cert, files.key), f"#sha256={files.fingerprint}"
+        await web.TCPSite(self._runner, host, port, ssl_context=ssl_ctx).start()
         bound_host, bound_port = self._runner.addresses[0][:2]
         url_host = bound_host if bound_host not in ("0.0.0.0", "::") else "127.0.0.1"
-        self.url = advertise or f"http://{url_host}:{bound_port}"
+        scheme = "https" if ssl_ctx else "http"
+        self.url = (advertise.split("#", 1)[0] + pin) if advertise else f"{scheme}://{url_host}:{bound_port}{pin}"
         return self.url
 
     async def close(self) -> None:
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
+        if self._tls_dir is not None:
+            self._tls_dir.cleanup()
+            self._tls_dir = None
 
 
 class WeightNode:
@@ -179,10 +196,11 @@ class WeightNode:
         egress_bps: float | None = None,
         ingress_bps: float | None = None,
         seed_every_s: float = 2.0,
+        tls: bool = False,
     ) -> None:
         self.token, self.peer_id = token, peer_id
         self.store = WeightStore()
-        self.server = PeerServer(self.store, token, egress_bps) if serve else None
+        self.server = PeerServer(self.store, token, egress_bps, tls=tls) if serve else None
         self.host, self.port, self.advertise = host, port, advertise
         self.parallel, self.local, self.ingress_bps = parallel, local, ingress_bps
         self.seed_every_s = seed_every_s
@@ -203,6 +221,7 @@ class WeightNode:
             advertise=env.get("RLBOOST_PEER_URL") or None,
             parallel=int(env.get("RLBOOST_PULL_PARALLEL", "4")),
             local=env.get("RLBOOST_WEIGHTS_LOCAL", "1" if reserved else "0") == "1",
+            tls=bool(env.get("RLBOOST_TLS_FINGERPRINT")),  # a TLS job: the job token never crosses in clear
         )
 
     async def __aenter__(self) -> WeightNode:

@@ -282,7 +282,10 @@ class _Ctx:
 
     def conn(self, pool: dict[str, HttpConn], src: str) -> HttpConn:
         if src not in pool:
-            pool[src] = HttpConn(self.base if src == ORIGIN else src, self.token, self.timeout_s)
+            try:
+                pool[src] = HttpConn(self.base if src == ORIGIN else src, self.token, self.timeout_s)
+            except ValueError as e:  # a peer URL that is no URL (the tracker relays what peers say)
+                raise SourceError(str(e), retryable=False) from e
         return pool[src]
 
     def count(self, n: int, **fields: int) -> None:

@@ -217,11 +217,8 @@ class Controller:
         )
         progress.note(f"trainer lost ({why}); relaunching from the last checkpoint")
         for inst in self.store.live_instances(self.job_id):
-            self.provider.terminate(inst.id)
+            self.provider.terminate(inst.id)  # records close when the provider confirms (billing too)
         self._apply_events()
-        clock = self.provider.clock()
-        for inst in self.store.live_instances(self.job_id):  # the provider may confirm later; billing stops now
-            self.store.update_instance(inst.id, InstanceState.TERMINATED, clock, "replaced after the trainer was lost")
         self.trainer_id = f"{self.prefix}-trainer-r{self.trainer_restarts}"
         self.trainer_url, self.trainer_exit = None, None
         self.steps_recorded = 0  # the new trainer reports its whole history (records are idempotent)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import json
 import logging
 import os
@@ -66,7 +67,8 @@ class TrainerRuntime:
         if record_rollouts:
             self.record_dir.mkdir(parents=True, exist_ok=True)
         self.saved_step = -1  # next_step of the newest checkpoint on disk
-        self.rng: np.random.Generator | None = None  # the prompt sampler, once training starts
+        self.rng_state: dict | None = None  # the prompt sampler's state after the last completed step
+        self.batcher_state: TailBatcher | None = None
         self.updating = asyncio.Lock()  # held from a step's update until its record is kept
         self.token = token
         self.run_dir = run_dir
@@ -184,8 +186,7 @@ class TrainerRuntime:
 
     async def train(self) -> None:
         algo = self.spec.algorithm
-        # the prompt sampler: its state is the data position
-        rng = self.rng = np.random.default_rng(algo.seed)
+        rng = np.random.default_rng(algo.seed)  # the prompt sampler: its state is the data position
         first = await asyncio.to_thread(self.restore, rng)
         if first is None:
             self.phase = "warm-start"
@@ -218,7 +219,9 @@ class TrainerRuntime:
         if ck is None:
             return None
         self.learner.load_checkpoint_state(ck.payload["learner"])
-        rng.bit_generator.state = ck.payload["rng"]
+        rng.bit_generator.state = self.rng_state = ck.payload["rng"]
+        if self.batcher is not None and ck.payload.get("batcher") is not None:
+            self.batcher = copy.deepcopy(ck.payload["batcher"])
         self.history = list(ck.payload["history"])
         self.step = self.saved_step = ck.next_step
         print(f"resumed from {ck.path.name}: continuing at step {ck.next_step + 1}", flush=True)
@@ -226,15 +229,15 @@ class TrainerRuntime:
 
     async def checkpoint(self) -> None:
         """Save the state after the last completed step (under the lock: never mid-update)."""
-        rng = self.rng
-        if self.checkpoint_dir is None or rng is None:
+        if self.checkpoint_dir is None or self.rng_state is None:
             return
         async with self.updating:
             if self.saved_step == self.step:
                 return
             payload = {
                 "learner": self.learner.checkpoint_state(),
-                "rng": rng.bit_generator.state,
+                "rng": self.rng_state,
+                "batcher": self.batcher_state,
                 "history": list(self.history),
             }
             next_step = self.step
@@ -299,6 +302,10 @@ class TrainerRuntime:
             self.history.append(rec)
             recorder.write(responses)
             self.step = step + 1
+            # the sampler as step+1 will find it (a drain mid-step must not save it after the next
+            # step already drew its prompts)
+            self.rng_state = rng.bit_generator.state
+            self.batcher_state = copy.deepcopy(self.batcher)  # tail batching's parked prompts
         return rec
 
     def _step_record(self, step: int, responses: list, samples: list, metrics: dict, migrated0: int,

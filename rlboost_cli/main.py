@@ -234,7 +234,10 @@ def _replace_dead_job(store: StateStore, spec: JobSpec) -> int | None:
     results = reconcile_all(store, names=[spec.name])
     if store.get_job(spec.name).active:
         return None  # its controller is alive
-    console.print(f"job {spec.name!r}: an earlier controller died; reconciled what it left behind")
+    console.print(
+        f"job {spec.name!r}: an earlier controller died; reconciled what it left behind and starting over "
+        f"(`rlboost launch --resume {spec.name}` continues a job from its last checkpoint instead)"
+    )
     _report_gc(results)
     try:
         return store.create_job(spec.name, spec_to_yaml(spec), spec.provider)

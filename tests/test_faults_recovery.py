@@ -132,9 +132,14 @@ def test_controller_kill_at_a_random_point_then_resume(reference, tmp_path, seed
     env = {**os.environ, "RLBOOST_HOME": str(home), "COLUMNS": "200"}
     cmd = [sys.executable, "-m", "rlboost_cli.main", "launch", str(job), "--record-rollouts"]
     ctl = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    # a random moment while launching, in the first steps, or late in the job
-    time.sleep(random.Random(seed).uniform(*[(0.5, 3.0), (9.0, 12.0), (13.0, 18.0)][seed]))
+    # a random moment while launching, in the first steps, or late in the job (by progress, not
+    # wall time, so a fast machine does not finish the job first)
+    rnd = random.Random(seed)
+    if seed:
+        wait_until_step(home, name, [0, 3, 20][seed] + rnd.randrange(3))
+    time.sleep(rnd.uniform(0.0, 1.0) if seed else rnd.uniform(0.5, 3.0))
     at_step = job_step(home, name)
+    assert ctl.poll() is None, "the job ended before the kill"
     os.kill(ctl.pid, signal.SIGKILL)
     ctl.wait(10)
     resumed_at = time.time()

@@ -10,6 +10,7 @@ connections and still produce exactly the right responses, step after step.
 from __future__ import annotations
 
 import json
+import re
 import socket
 import string
 import time
@@ -265,7 +266,8 @@ near_messages = st.one_of(
     st.builds(lambda v: hello("fz-a", protocol=v), st.integers().filter(lambda v: v != P.PROTOCOL_VERSION)),
     st.builds(lambda k: hello("fz-a", kind=k), st.text(max_size=10).filter(lambda k: k not in KINDS)),
     st.builds(lambda c: hello("fz-a", capacity=c), st.integers().filter(lambda c: not 1 <= c <= 100_000)),
-    st.builds(lambda w: hello(w), st.text(max_size=80).filter(lambda w: not w.isalnum() or len(w) > 64)),
+    # ids outside the protocol's WorkerId pattern (letters, digits, `_.-`; 1-64 chars)
+    st.builds(lambda w: hello(w), st.text(max_size=80).filter(lambda w: not re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", w))),
     json_values.map(json.dumps),
     st.dictionaries(st.sampled_from(["type", "worker_id", "protocol", "chunks", "rids"]), json_values).map(json.dumps),
     st.text(max_size=200),

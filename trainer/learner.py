@@ -14,6 +14,7 @@ summation order. Micro-batches (algorithm.micro_batch_size) accumulate gradients
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
@@ -234,7 +235,8 @@ class Learner:
         are equal, rank 0's is saved); FSDP shards are not gathered here."""
         return {
             "model": {k: v.detach().to("cpu").clone() for k, v in self.model.state_dict().items()},
-            "optimizer": self.optimizer.state_dict(),
+            # a copy: the save runs in the background while the next step trains in place
+            "optimizer": copy.deepcopy(self.optimizer.state_dict()),
             "steps_done": self.steps_done,
             "demo_rng": self._demo_rng.bit_generator.state,
             "torch_rng": torch.get_rng_state(),

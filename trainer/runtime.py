@@ -70,6 +70,7 @@ class TrainerRuntime:
         self.rng_state: dict | None = None  # the prompt sampler's state after the last completed step
         self.batcher_state: TailBatcher | None = None
         self.updating = asyncio.Lock()  # held from a step's update until its record is kept
+        self.saving = asyncio.Lock()
         self.token = token
         self.run_dir = run_dir
         self.record_rollouts = record_rollouts
@@ -231,6 +232,10 @@ class TrainerRuntime:
         """Save the state after the last completed step (under the lock: never mid-update)."""
         if self.checkpoint_dir is None or self.rng_state is None:
             return
+        async with self.saving:  # one save at a time (a drain may come during a periodic one)
+            await self._checkpoint()
+
+    async def _checkpoint(self) -> None:
         async with self.updating:
             if self.saved_step == self.step:
                 return

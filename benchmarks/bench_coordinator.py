@@ -34,6 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from trainer import protocol as P
 from trainer import token_frames
+from trainer.policies.migration import MigrationConfig
 
 EOS = 2
 
@@ -226,27 +227,35 @@ def cpu_s() -> float:
     return t.user + t.system
 
 
-async def coordinator_main(args, port_q, result_q) -> None:
-    from aiohttp import web
 
-    from trainer.coordinator import Coordinator, CoordinatorConfig, RolloutRequest
+def bench_config(args, **over):
+    """The coordinator's config in both modes: a synthetic fleet, `args`' batch size and budget."""
+    from trainer.coordinator import CoordinatorConfig
 
-    cfg = CoordinatorConfig(
+    return CoordinatorConfig(
         job_seed=0,
         temperature=1.0,
         chunk_tokens=4,
         heartbeat_s=1.0,
         heartbeat_timeout_s=60.0,
         weights_url="",
-        model={"kind": "synthetic"},
         engine_dtype="float32",
         engine_batch=args.capacity,
         eos_id=EOS,
         max_new_tokens=args.max_new,
+        **over,
+    )
+
+async def coordinator_main(args, port_q, result_q) -> None:
+    from aiohttp import web
+
+    from trainer.coordinator import Coordinator, RolloutRequest
+
+    cfg = bench_config(
+        args,
+        model={"kind": "synthetic"},
         flush_s=args.flush_s,
-        migration=None
-        if args.no_migration
-        else __import__("trainer.policies.migration", fromlist=["x"]).MigrationConfig(),
+        migration=None if args.no_migration else MigrationConfig(),
     )
     coord = Coordinator(cfg)
     freed: dict[str, float] = {}
@@ -453,23 +462,11 @@ def inproc(args) -> dict:
     """The coordinator's own work without sockets (CPU time, no fleet competing for the cores): a
     full dispatch round of a step, token ingest, and the migration of `--migrate` partial responses
     (engines drain at once -> everything they held is dispatched again with its prefix)."""
-    from trainer.coordinator import Coordinator, CoordinatorConfig, EngineConn
+    from trainer.coordinator import Coordinator, EngineConn
     from trainer.rollout_book import Response
 
     async def run() -> dict:
-        cfg = CoordinatorConfig(
-            job_seed=0,
-            temperature=1.0,
-            chunk_tokens=4,
-            heartbeat_s=1.0,
-            heartbeat_timeout_s=60.0,
-            weights_url="",
-            model={},
-            engine_dtype="float32",
-            engine_batch=args.capacity,
-            eos_id=EOS,
-            max_new_tokens=args.max_new,
-        )
+        cfg = bench_config(args, model={})
         coord = Coordinator(cfg)
         for i in range(args.engines):
             c = EngineConn(f"e{i:05d}", "spot", "synthetic", args.capacity, None, state="ready", version=0)

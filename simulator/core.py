@@ -30,7 +30,7 @@ from trainer import scheduling
 from trainer.policies.dispatch import plan_dispatch
 from trainer.policies.lengths import LengthModel, LengthStats, prompt_key
 from trainer.policies.migration import plan_migrations, worth_a_look
-from trainer.policies.offload import OffloadPolicy, StepOutcome, StepProgress, make_offload, trainer_idle
+from trainer.policies.offload import OffloadPolicy, StepOutcome, StepProgress, make_offload
 from trainer.policies.perf import EngineModel
 from trainer.policies.tail_batching import TailBatcher
 from trainer.policies.views import EngineView, ReqView
@@ -662,14 +662,8 @@ class Simulation:
         s = self._step
         busy_total = sum(b - a for a, b in s.busy)
         busy_tail = sum(max(0.0, min(b, s.gen_end) - max(a, s.offload_at)) for a, b in s.busy) if s.offload_at else 0.0
-        outcome = StepOutcome(
-            n_remote=s.n_remote,
-            step_s=self.now - s.t0,
-            gen_s=s.gen_end - s.t0,
-            box_s=None if s.offload_at is None else s.offload_at - s.t0,
-            trainer_idle_s=trainer_idle(s.offload_at, s.gen_end, busy_tail),
-            train_tokens=total,
-            train_busy_s=busy_total,
+        outcome = StepOutcome.from_marks(
+            s.n_remote, s.t0, self.now, s.gen_end, s.offload_at, busy_tail, total, busy_total
         )
         self.offload.end_step(outcome)
         self.step_log.append(

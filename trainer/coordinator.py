@@ -34,7 +34,7 @@ from trainer import token_frames
 from trainer.policies.dispatch import plan_dispatch
 from trainer.policies.lengths import LengthStats
 from trainer.policies.migration import MigrationConfig, plan_migrations
-from trainer.policies.offload import NoOffload, OffloadPolicy, StepOutcome, StepProgress, trainer_idle
+from trainer.policies.offload import NoOffload, OffloadPolicy, StepOutcome, StepProgress
 from trainer.policies.perf import AcceleratorPerf, EngineModel, engine_model
 from trainer.policies.views import EngineView, ReqView
 from trainer.rollout_book import ProtocolViolation, Response, RolloutBook
@@ -295,14 +295,8 @@ class Coordinator:
         if m is None or m.gen_end is None:
             return {}
         now = self.clock()
-        outcome = StepOutcome(
-            n_remote=m.n_remote,
-            step_s=now - m.t0,
-            gen_s=m.gen_end - m.t0,
-            box_s=None if m.offload_at is None else m.offload_at - m.t0,
-            trainer_idle_s=trainer_idle(m.offload_at, m.gen_end, busy_during_tail_s),
-            train_tokens=train_tokens,
-            train_busy_s=train_busy_s,
+        outcome = StepOutcome.from_marks(
+            m.n_remote, m.t0, now, m.gen_end, m.offload_at, busy_during_tail_s, train_tokens, train_busy_s
         )
         self.offload.end_step(outcome)
         rec = {

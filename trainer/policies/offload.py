@@ -65,6 +65,29 @@ class StepOutcome:
     def remote_idle_s(self) -> float:  # R_b
         return max(0.0, self.step_s - self.gen_s)
 
+    @classmethod
+    def from_marks(
+        cls,
+        n_remote: int,
+        t0: float,
+        now: float,
+        gen_end: float,
+        offload_at: float | None,
+        busy_during_tail_s: float,
+        train_tokens: int,
+        train_busy_s: float,
+    ) -> StepOutcome:
+        """From one clock's marks of a step (the live coordinator and the simulator alike)."""
+        return cls(
+            n_remote=n_remote,
+            step_s=now - t0,
+            gen_s=gen_end - t0,
+            box_s=None if offload_at is None else offload_at - t0,
+            trainer_idle_s=trainer_idle(offload_at, gen_end, busy_during_tail_s),
+            train_tokens=train_tokens,
+            train_busy_s=train_busy_s,
+        )
+
 
 class OffloadPolicy(Protocol):
     name: str

@@ -18,21 +18,12 @@ from pathlib import Path
 import httpx
 
 from rlboost_cli.state import StateStore
+from tests.conftest import rlboost_pids
 
 
 def instance_pids(instance_id: str) -> list[int]:
     """Live processes started for this instance (their environment names it)."""
-    want = f"RLBOOST_INSTANCE_ID={instance_id}".encode()
-    out = []
-    for p in Path("/proc").iterdir():
-        if not p.name.isdigit():
-            continue
-        try:
-            if want in (p / "environ").read_bytes().split(b"\0"):
-                out.append(int(p.name))
-        except OSError:
-            continue
-    return out
+    return rlboost_pids(f"RLBOOST_INSTANCE_ID={instance_id}", exact=True)
 
 
 class BusyWorkerKiller(threading.Thread):
@@ -74,11 +65,7 @@ class BusyWorkerKiller(threading.Thread):
                 continue
             for w in st.get("workers", []):
                 if w["kind"] == "spot" and w["state"] == "ready" and w["active"] > 0 and w["tokens"] > 0:
-                    pids = instance_pids(w["worker_id"])
-                    for pid in pids:
-                        with contextlib.suppress(OSError):
-                            os.killpg(pid, signal.SIGKILL)
-                    if pids:
+                    if kill_instance(w["worker_id"]):
                         self.killed.append(w["worker_id"])
                         last = time.monotonic()
                     break

@@ -39,8 +39,9 @@ def run_json(*args: str, home: Path) -> dict:
     return json.loads(run_cli(*args, "--json", home=home, check=True).stdout)
 
 
-def rlboost_pids(marker: str) -> list[int]:
-    """Live processes whose environment names an instance of this test's jobs."""
+def rlboost_pids(marker: str, exact: bool = False) -> list[int]:
+    """Live processes whose environment names an instance of this test's jobs (`exact`: one of its
+    variables is `marker`, not merely contains it: `x-trainer` must not match `x-trainer-r1`)."""
     out = []
     for p in Path("/proc").iterdir():
         if not p.name.isdigit():
@@ -50,7 +51,8 @@ def rlboost_pids(marker: str) -> list[int]:
             stat = (p / "stat").read_text().split()
         except OSError:
             continue
-        if stat[2] != "Z" and marker.encode() in env:
+        found = marker.encode() in env.split(b"\0") if exact else marker.encode() in env
+        if stat[2] != "Z" and found:
             out.append(int(p.name))
     return out
 

@@ -109,6 +109,9 @@ def serve_main(args: argparse.Namespace) -> None:
         timings["stage_s"] = time.monotonic() - t0
         fut.result()
         timings["stage_and_hash_s"] = time.monotonic() - t0
+        if args.sha256_copy:  # version 1: the same bytes with SHA-256 digests (the ablation)
+            pub.digest_alg = "sha256"
+            pub.publish(1, t)
         del t
     else:
         v0, v1 = local_model_steps() if args.model == "local" else mlp_steps(args.bytes, args.model.split("-")[1])
@@ -155,6 +158,13 @@ def node_main(args: argparse.Namespace) -> None:
                         parallel=args.parallel,
                     )
                     await node.start()
+                prepare_s = 0.0
+                if args.prepare and r == 0:  # what a booting worker does while its engine starts
+                    t0 = time.time()
+                    await node.prepare(args.url, args.versions[0], s)
+                    if node._reserving is not None:
+                        await node._reserving
+                    prepare_s = time.time() - t0
                 if args.start_at and r == 0:  # wait for "go <unix time>" on stdin: all start at once
                     print(json.dumps({"ready": True}), flush=True)
                     line = await asyncio.to_thread(sys.stdin.readline)
@@ -166,7 +176,7 @@ def node_main(args: argparse.Namespace) -> None:
                     for v in args.versions:  # bytes only: these processes never import torch
                         await node.pull(args.url, v, s, as_tensors=False)
                     st = node.last
-                else:  # transport-only ablation: same path, no sha256
+                else:  # transport-only ablation: same path, no digest
                     st = PullStats()
                     await pull_weights(
                         args.url, args.versions[-1], session=s, stats=st, verify=False, swarm=False, as_tensors=False
@@ -175,7 +185,9 @@ def node_main(args: argparse.Namespace) -> None:
                 assert st is not None
                 ru = resource.getrusage(resource.RUSAGE_SELF)
                 cpu = {"cpu_s": round(ru.ru_utime + ru.ru_stime, 2)}
-                results.append({"start": t0, "end": t1, "seconds": st.seconds, "stats": st.__dict__, **cpu})
+                results.append(
+                    {"start": t0, "end": t1, "seconds": st.seconds, "prepare_s": prepare_s, "stats": st.__dict__, **cpu}
+                )
                 print(json.dumps(results[-1]), flush=True)
                 if args.hold:
                     await asyncio.sleep(args.hold)
@@ -191,11 +203,19 @@ def node_main(args: argparse.Namespace) -> None:
 
 
 class Trainer:
-    def __init__(self, nbytes: int, link_bps: float = 0, model: str = "synthetic", chunk_kib: int = 4096) -> None:
+    def __init__(
+        self,
+        nbytes: int,
+        link_bps: float = 0,
+        model: str = "synthetic",
+        chunk_kib: int = 4096,
+        sha256_copy: bool = False,
+    ) -> None:
         self.tmp = tempfile.mkdtemp(prefix="bench-weights-")
         ready = Path(self.tmp) / "ready.json"
         cmd = [sys.executable, __file__, "_serve", "--bytes", str(nbytes), "--ready", str(ready)]
         cmd += ["--link-bps", str(link_bps), "--model", model, "--chunk-kib", str(chunk_kib)]
+        cmd += ["--sha256-copy", str(int(sha256_copy))]
         self.proc = subprocess.Popen(cmd)
         while not ready.exists():
             if self.proc.poll() is not None:
@@ -231,13 +251,14 @@ def run_node(url: str, **kw: object) -> list[dict]:
     return [json.loads(line) for line in out.splitlines() if line.startswith("{") and "ready" not in line]
 
 
-def curl_rate(url: str, runs: int) -> list[float]:
+def curl_rate(url: str, runs: int, dest: str = "/dev/null") -> list[float]:
+    """curl's download rate; `dest` other than /dev/null is a fresh file, removed afterwards."""
     rates = []
     for _ in range(runs):
-        out = subprocess.run(
-            ["curl", "-s", "-o", "/dev/null", "-w", "%{speed_download}", url], capture_output=True, text=True
-        )
+        out = subprocess.run(["curl", "-s", "-o", dest, "-w", "%{speed_download}", url], capture_output=True, text=True)
         rates.append(float(out.stdout))
+        if dest != "/dev/null":
+            Path(dest).unlink(missing_ok=True)
     return rates
 
 
@@ -265,48 +286,67 @@ def static_server(path: str) -> tuple[subprocess.Popen, str]:
 
 
 def bench_single(args: argparse.Namespace) -> None:
+    """One worker pulls the whole model from the trainer, against curl of the same bytes.
+
+    Two ceilings, both measured in this run: curl to /dev/null (the transport alone), and curl into a
+    fresh file on tmpfs (/dev/shm: the transport plus landing the bytes in memory never touched
+    before, which every new receive buffer pays). Pulls: a fresh worker process (fresh buffer); a
+    fresh worker that paged its buffer in first, as the agent does while its engine builds
+    (`prepare`, timed apart); the same worker's third pull (buffers recycled: every pull after a
+    worker's first); for models up to 1 GiB, that again with SHA-256 digests instead of BLAKE3."""
+    variants = ("curl", "curl_fresh_mem", "pull", "prepared", "warm", "warm_sha256", "no_verify")
     for gib in args.gib:
         nbytes = int(gib * (1 << 30))
-        tr = Trainer(nbytes)
+        with_sha = gib <= 1
+        tr = Trainer(nbytes, sha256_copy=with_sha)
         try:
             st = tr.stats()
             static, blob_url = static_server(st["manifest0"])
+            shm = f"/dev/shm/rlboost-bench-{os.getpid()}"
+            rates: dict[str, list[float]] = {k: [] for k in variants}
+            prepare_s: list[float] = []
             try:
-                curl, ours, warm, transport = [], [], [], []
                 for _ in range(args.runs):  # interleave, so load changes hit all of them alike
-                    curl += curl_rate(blob_url, 1)
-                    ours += [nbytes / r["seconds"] for r in run_node(tr.url, versions=[0], runs=1, serve=0)]
+                    rates["curl"] += curl_rate(blob_url, 1)
+                    rates["curl_fresh_mem"] += curl_rate(blob_url, 1, shm)
+                    rates["pull"] += [nbytes / r["seconds"] for r in run_node(tr.url, versions=[0], runs=1)]
+                    # a fresh worker that paged its buffer in at boot (WeightNode.prepare), then pulls
+                    rec = run_node(tr.url, versions=[0], prepare=1)
+                    rates["prepared"].append(nbytes / rec[0]["seconds"])
+                    prepare_s.append(rec[0]["prepare_s"])
                     # a worker's third pull: its buffers are recycled, no first-touch page faults
-                    rec = run_node(tr.url, versions=[0], runs=3, serve=0, reuse=1)
-                    warm.append(nbytes / rec[-1]["seconds"])
-                    transport += [
-                        nbytes / r["seconds"] for r in run_node(tr.url, versions=[0], runs=1, serve=0, verify=0)
-                    ]
+                    rates["warm"].append(nbytes / run_node(tr.url, versions=[0], runs=3, reuse=1)[-1]["seconds"])
+                    if with_sha:
+                        rec = run_node(tr.url, versions=[1], runs=3, reuse=1)
+                        rates["warm_sha256"].append(nbytes / rec[-1]["seconds"])
+                    rates["no_verify"] += [nbytes / r["seconds"] for r in run_node(tr.url, versions=[0], verify=0)]
             finally:
                 static.kill()
-            c, o, w, t = (statistics.median(x) for x in (curl, ours, warm, transport))
-            print(
-                json.dumps(
-                    {
-                        "bench": "single",
-                        "gib": gib,
-                        "curl_MBps": round(c / 1e6),
-                        "pull_MBps": round(o / 1e6),
-                        "ratio": round(o / c, 3),
-                        "warm_pull_MBps": round(w / 1e6),
-                        "warm_ratio": round(w / c, 3),
-                        "pull_no_verify_MBps": round(t / 1e6),
-                        "ratio_no_verify": round(t / c, 3),
-                        "publish_stage_s": round(st["timings"]["stage_s"], 3),
-                        "publish_stage_and_hash_s": round(st["timings"]["stage_and_hash_s"], 3),
-                        "runs_MBps": {
-                            k: [round(x / 1e6) for x in v]
-                            for k, v in (("curl", curl), ("pull", ours), ("warm", warm), ("no_verify", transport))
-                        },
-                    }
-                ),
-                flush=True,
-            )
+                Path(shm).unlink(missing_ok=True)
+            med = {k: statistics.median(v) for k, v in rates.items() if v}
+            c, cf = med["curl"], med["curl_fresh_mem"]
+            out = {
+                "bench": "single",
+                "gib": gib,
+                "curl_MBps": round(c / 1e6),
+                "curl_fresh_mem_MBps": round(cf / 1e6),
+                "pull_MBps": round(med["pull"] / 1e6),
+                "ratio": round(med["pull"] / c, 3),
+                "ratio_vs_fresh_mem": round(med["pull"] / cf, 3),
+                "prepared_pull_MBps": round(med["prepared"] / 1e6),
+                "prepared_ratio": round(med["prepared"] / c, 3),
+                "prepare_s": round(statistics.median(prepare_s), 3),
+                "warm_pull_MBps": round(med["warm"] / 1e6),
+                "warm_ratio": round(med["warm"] / c, 3),
+                "pull_no_verify_MBps": round(med["no_verify"] / 1e6),
+                "ratio_no_verify": round(med["no_verify"] / c, 3),
+                "publish_stage_s": round(st["timings"]["stage_s"], 3),
+                "publish_stage_and_hash_s": round(st["timings"]["stage_and_hash_s"], 3),
+                "runs_MBps": {k: [round(x / 1e6) for x in v] for k, v in rates.items() if v},
+            }
+            if with_sha:
+                out["warm_sha256_ratio"] = round(med["warm_sha256"] / c, 3)
+            print(json.dumps(out), flush=True)
         finally:
             tr.close()
 
@@ -504,6 +544,7 @@ def main() -> None:
     p.add_argument("--link-bps", type=float, default=0)
     p.add_argument("--model", default="synthetic")
     p.add_argument("--chunk-kib", type=int, default=4096)
+    p.add_argument("--sha256-copy", type=int, default=0)
     p = sub.add_parser("_node")
     p.add_argument("--url", required=True)
     p.add_argument("--versions", type=int, nargs="+", default=[0])
@@ -516,6 +557,7 @@ def main() -> None:
     p.add_argument("--verify", type=int, default=1)
     p.add_argument("--parallel", type=int, default=4)
     p.add_argument("--reuse", type=int, default=0)
+    p.add_argument("--prepare", type=int, default=0)
     args = ap.parse_args()
     {
         "single": bench_single,

@@ -106,7 +106,7 @@ def test_corrupt_delta_falls_back_to_the_full_chunk() -> None:
     async def break_delta(request: web.Request, handler):
         resp = await handler(request)
         if "/delta/" in request.path and request.path.endswith("/chunks/0"):
-            return web.Response(body=b"\x28\xb5\x2f\xfd garbage", headers={"X-Sha256": "0" * 64})
+            return web.Response(body=b"\x28\xb5\x2f\xfd garbage", headers={"X-Digest": "0" * 64})
         return resp
 
     async def go() -> tuple:

@@ -76,6 +76,8 @@ def test_fanout_peers_carry_the_load_and_origin_sends_about_one_copy() -> None:
                 await n.start()
             try:
                 got = await asyncio.gather(*(n.pull(url, 1, s) for n in nodes))
+                # workers receive into anonymous (huge-page) memory and serve peers by plain writes
+                assert all(n.store.latest_complete().buf.file is None for n in nodes)  # type: ignore[union-attr]
                 return [(g, n.last, n.server.counters.total) for g, n in zip(got, nodes)]
             finally:
                 for n in nodes:
@@ -276,3 +278,58 @@ def test_same_machine_engine_maps_the_publisher_buffer() -> None:
     got, st = run(go())
     assert_same(want, got)
     assert st.mode == "local" and st.bytes_received == 0 and pub.counters.total == 0
+
+
+def test_a_buffer_prepared_before_the_pull_is_the_one_the_pull_fills() -> None:
+    pub = WeightPublisher(chunk_bytes=16 * 1024)
+    want = model(9)
+    m = pub.publish(1, want)
+
+    async def go() -> tuple[dict, bool, bool]:
+        async with serve(pub) as (url, _), aiohttp.ClientSession() as s:
+            node = WeightNode(TOKEN, "booting", serve=False)
+            await node.prepare("http://127.0.0.1:9", 1, s)  # nothing listens there: harmless, no buffer
+            assert node._reserving is None
+            await node.prepare(url, 1, s)
+            assert node._reserving is not None
+            await node._reserving
+            reserved = node.store._spare[-1]
+            sized = reserved.size == m.total_bytes and reserved.file is None
+            got = await node.pull(url, 1, s)
+            used = node.store.latest_complete().buf is reserved  # type: ignore[union-attr]
+            await node.close()
+            return got, sized, used
+
+    got, sized, used = run(go())
+    assert_same(want, got)
+    assert sized and used
+
+
+def test_a_busy_peer_turns_pullers_away_without_being_dropped() -> None:
+    pub = WeightPublisher(chunk_bytes=32 * 1024)
+    want = model(10, n=128 * 1024)
+    pub.publish(1, want)
+
+    async def go() -> tuple[list[dict], list[PullStats], int, int]:
+        async with serve(pub) as (url, _), aiohttp.ClientSession() as s:
+            seed = WeightNode(TOKEN, "seed", egress_bps=2e6, max_uploads=1)
+            await seed.pull(url, 1, s)
+            assert seed.server is not None
+            egress0 = pub.counters.full_bytes
+            stats = [PullStats() for _ in range(3)]
+            got = await asyncio.gather(
+                *(
+                    pull_weights(url, 1, token=TOKEN, session=s, stats=st, peer_id=f"p{i}", parallel=2)
+                    for i, st in enumerate(stats)
+                )
+            )
+            busy = seed.server.counters.busy
+            await seed.close()
+            return got, stats, busy, pub.counters.full_bytes - egress0
+
+    got, stats, busy, origin_bytes = run(go())
+    for g in got:
+        assert_same(want, g)
+    assert busy > 0  # requests were turned away...
+    assert all(not st.bad_peers for st in stats)  # ...and nobody took the busy seed for a bad one
+    assert sum(st.from_peers for st in stats) > 0 and origin_bytes == 0  # everything came from peers

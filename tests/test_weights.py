@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import threading
 from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Literal
 
 import aiohttp
 import pytest
@@ -114,9 +115,10 @@ def test_single_chunk_and_latest_none_and_token_header() -> None:
     assert seen and all(h == "Bearer s3cret" for h in seen)
 
 
-def test_corrupted_chunk_is_detected_and_refetched() -> None:
-    pub = WeightPublisher(chunk_bytes=2048)
-    pub.publish(1, model())
+@pytest.mark.parametrize("alg", ["blake3", "sha256"])
+def test_corrupted_chunk_is_detected_and_refetched(alg: Literal["blake3", "sha256"]) -> None:
+    pub = WeightPublisher(chunk_bytes=2048, digest_alg=alg)
+    assert pub.publish(1, model()).digest == alg
     hits: dict[str, int] = {}
     corrupted: list[int] = []
 
@@ -126,7 +128,7 @@ def test_corrupted_chunk_is_detected_and_refetched() -> None:
         hits[request.path] = hits.get(request.path, 0) + 1
         if request.path.endswith("/chunks/2") and hits[request.path] == 1:
             body = bytearray(served_chunk(pub, request))
-            body[100] ^= 0xFF  # same length, wrong bytes: only the sha256 can tell
+            body[100] ^= 0xFF  # same length, wrong bytes: only the digest can tell
             corrupted.append(len(body))
             return replace_body(resp, bytes(body))
         return resp
@@ -156,7 +158,7 @@ def test_always_corrupt_chunk_fails_after_retries() -> None:
         async with serve(pub, corrupt) as url:
             await pull_weights(url, 1, retries=2)
 
-    with pytest.raises(WeightPullError, match=r"version 1 chunk 0.*3 attempts.*sha256"):
+    with pytest.raises(WeightPullError, match=r"version 1 chunk 0.*3 attempts.*blake3 mismatch"):
         run(go())
 
 
@@ -275,7 +277,7 @@ def test_bad_params_are_400_or_404_never_500() -> None:
             async with s.get(f"{url}{base}/2/chunks/0", headers={"Range": "bytes=10-19"}) as r:
                 assert r.status == 206 and await r.read() == chunk0[10:20]
                 assert r.headers["Content-Range"] == f"bytes 10-19/{len(chunk0)}"
-                assert r.headers["X-Sha256"] == m.chunks[0].sha256
+                assert r.headers["X-Digest"] == m.chunks[0].digest
             async with s.get(f"{url}{base}/2/chunks/0", headers={"Range": "bytes=-5"}) as r:
                 assert r.status == 206 and await r.read() == chunk0[-5:]
             for bad, want in (
@@ -288,6 +290,32 @@ def test_bad_params_are_400_or_404_never_500() -> None:
                     assert r.status == want, bad
 
     run(go())
+
+
+def test_manifest_with_an_unknown_digest_or_a_wrong_root_is_refused() -> None:
+    pub = WeightPublisher(chunk_bytes=2048)
+    pub.publish(1, model())
+
+    def rewrite(**changes: object) -> Callable:
+        @web.middleware
+        async def mw(request: web.Request, handler: Handler) -> web.StreamResponse:
+            resp = await handler(request)
+            if request.path.endswith("/manifest"):
+                body = {**pub.manifest(1).model_dump(), **changes}  # type: ignore[union-attr]
+                return web.json_response(body)
+            return resp
+
+        return mw
+
+    async def go(mw: Callable) -> None:
+        async with serve(pub, mw) as url:
+            await pull_weights(url, 1, retries=0)
+
+    with pytest.raises(WeightPullError, match="invalid manifest"):
+        run(go(rewrite(digest="md5")))
+    # the same chunk digests read as SHA-256 no longer add up to the root
+    with pytest.raises(WeightPullError, match="root hash does not match"):
+        run(go(rewrite(digest="sha256")))
 
 
 def test_unknown_version_error_names_it() -> None:

@@ -4,16 +4,16 @@ The publisher keeps each version in a memfd; `Manifest.local_path` names it as /
 which a process of the same user on the same machine can open and map. That is shared memory with
 no socket and no copy besides the engine's own load. The path is only a hint: the fd may have been
 closed and reused, or the reader may be elsewhere, so the mapping is checked against every chunk's
-sha256 before use, and None (pull over HTTP instead) is the answer to anything unexpected.
+digest before use, and None (pull over HTTP instead) is the answer to anything unexpected.
 """
 
 from __future__ import annotations
 
 import concurrent.futures as cf
-import hashlib
 import mmap
 import os
 
+from trainer import digest
 from trainer.weights import Manifest
 
 
@@ -37,9 +37,9 @@ def open_local(m: Manifest, threads: int = 4) -> mmap.mmap | None:
 
     def ok(i: int) -> bool:
         c = m.chunks[i]
-        return hashlib.sha256(view[c.offset : c.offset + c.size]).hexdigest() == c.sha256
+        return digest.hexdigest(m.digest, view[c.offset : c.offset + c.size]) == c.digest
 
-    with cf.ThreadPoolExecutor(max_workers=threads) as pool:  # hashlib releases the GIL
+    with cf.ThreadPoolExecutor(max_workers=threads) as pool:  # both digests release the GIL
         good = all(pool.map(ok, range(len(m.chunks))))
     view.release()
     return mm if good else None

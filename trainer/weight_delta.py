@@ -4,7 +4,7 @@ Why XOR + shuffle: one optimizer step moves each weight a little, so old XOR new
 exponent bytes (and, in bf16, often the whole value) at zero; grouping byte k of every element
 together (the "shuffle" of blosc/HDF5) turns those into long zero runs that zstd squeezes to almost
 nothing, while the noisy low mantissa bytes stay as they are. Decoding is exact by construction
-(XOR is its own inverse) and every rebuilt chunk is checked against the full manifest's sha256.
+(XOR is its own inverse) and every rebuilt chunk is checked against the full manifest's digest.
 """
 
 from __future__ import annotations

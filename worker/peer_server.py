@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 import hmac
 import logging
+import mmap
 import os
 import sys
 import tempfile
@@ -30,11 +31,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import aiohttp
+import numpy as np
 from aiohttp import web
 
 from trainer.weight_tracker import encode_bits
 from trainer.weights import ChunkInfo, HostBuffer, Manifest, RateLimit, ServeCounters, add_chunk_routes
-from worker.weight_pull import PullStats, pull_weights
+from worker.weight_pull import PullStats, WeightPullError, get_manifest, pull_weights
 
 if TYPE_CHECKING:
     import torch
@@ -66,7 +68,18 @@ class WeightStore:
                 if b.size == size and b.sending == 0:
                     self._spare.remove(b)
                     return b
-        return HostBuffer(size)
+        return HostBuffer(size, shareable=False)
+
+    def reserve(self, size: int) -> None:
+        """Allocate and page in a receive buffer ahead of a pull. A booting worker calls this (on a
+        thread) while its engine starts, so the first pull lands in memory that is already mapped:
+        first-touch faults cost as much as the transfer itself on the VMs measured here."""
+        buf = HostBuffer(size, shareable=False)
+        if size:
+            # one write per 4 KiB page is enough to fault it in; numpy releases the GIL meanwhile
+            np.frombuffer(buf.view, np.uint8)[:: mmap.PAGESIZE] = 0
+        with self._lock:
+            self._spare = [*self._spare, buf][-2:]
 
     def _retire(self, held: Held) -> None:
         self._spare = [*self._spare, held.buf][-2:]
@@ -143,8 +156,15 @@ def _auth(token: str) -> Callable:
 
 
 class PeerServer:
-    def __init__(self, store: WeightStore, token: str, egress_bps: float | None = None, tls: bool = False) -> None:
-        self.store, self.token, self.tls = store, token, tls
+    def __init__(
+        self,
+        store: WeightStore,
+        token: str,
+        egress_bps: float | None = None,
+        tls: bool = False,
+        max_uploads: int = 4,
+    ) -> None:
+        self.store, self.token, self.tls, self.max_uploads = store, token, tls, max_uploads
         self._tls_dir: tempfile.TemporaryDirectory | None = None
         self.counters = ServeCounters()
         self.limit = RateLimit(egress_bps) if egress_bps else None
@@ -153,7 +173,7 @@ class PeerServer:
 
     async def start(self, host: str = "127.0.0.1", port: int = 0, advertise: str | None = None) -> str:
         app = web.Application(middlewares=[_auth(self.token)])
-        add_chunk_routes(app, self.store, self.counters, self.limit)
+        add_chunk_routes(app, self.store, self.counters, self.limit, self.max_uploads)
         self._runner = web.AppRunner(app, handle_signals=False, access_log=None)
         await self._runner.setup()
         ssl_ctx, pin = None, ""
@@ -197,16 +217,18 @@ class WeightNode:
         ingress_bps: float | None = None,
         seed_every_s: float = 2.0,
         tls: bool = False,
+        max_uploads: int = 4,
     ) -> None:
         self.token, self.peer_id = token, peer_id
         self.store = WeightStore()
-        self.server = PeerServer(self.store, token, egress_bps, tls=tls) if serve else None
+        self.server = PeerServer(self.store, token, egress_bps, tls=tls, max_uploads=max_uploads) if serve else None
         self.host, self.port, self.advertise = host, port, advertise
         self.parallel, self.local, self.ingress_bps = parallel, local, ingress_bps
         self.seed_every_s = seed_every_s
         self.last: PullStats | None = None
         self._base_url: str | None = None
         self._seeder: asyncio.Task | None = None
+        self._reserving: asyncio.Future | None = None
 
     @classmethod
     def from_env(cls, token: str, peer_id: str, kind: str) -> WeightNode:
@@ -220,6 +242,7 @@ class WeightNode:
             port=int(env.get("RLBOOST_PEER_PORT", "0")),
             advertise=env.get("RLBOOST_PEER_URL") or None,
             parallel=int(env.get("RLBOOST_PULL_PARALLEL", "4")),
+            max_uploads=int(env.get("RLBOOST_PEER_UPLOADS", "4")),
             local=env.get("RLBOOST_WEIGHTS_LOCAL", "1" if reserved else "0") == "1",
             tls=bool(env.get("RLBOOST_TLS_FINGERPRINT")),  # a TLS job: the job token never crosses in clear
         )
@@ -250,11 +273,29 @@ class WeightNode:
         if self.server is not None:
             await self.server.close()
 
+    async def prepare(self, base_url: str, version: int, session: aiohttp.ClientSession) -> None:
+        """Read `version`'s manifest and page in a receive buffer of its size in the background.
+
+        The agent calls this as soon as it knows the version to pull, before building its engine,
+        so the buffer's first-touch cost overlaps the engine's start instead of the pull. Failure
+        is harmless: the pull allocates its own buffer and reports any real error itself."""
+        if self.local or self._reserving is not None:
+            return
+        try:
+            m = await get_manifest(base_url, version, token=self.token, session=session)
+        except WeightPullError as e:
+            log.info("not preparing a weight buffer: %s", e)
+            return
+        self._reserving = asyncio.ensure_future(asyncio.to_thread(self.store.reserve, m.total_bytes))
+
     async def pull(
         self, base_url: str, version: int, session: aiohttp.ClientSession, as_tensors: bool = True
     ) -> dict[str, torch.Tensor]:
         """Pull `version`; the tensors are views into the store's buffer, valid until the pull after
         next reuses it (the engine copies them at once)."""
+        if self._reserving is not None:  # a buffer being paged in: use it rather than a second one
+            with contextlib.suppress(Exception):
+                await self._reserving
         await self.start()
         self._base_url = base_url
         stats = PullStats()

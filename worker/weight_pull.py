@@ -2,7 +2,8 @@
 
 A pull reads the manifest, then fetches chunks on `parallel` threads, each with its own keep-alive
 connection, straight into one buffer that the engine then loads from (tensors are views into it).
-Every chunk is hashed as it lands and counts only when its sha256 matches the manifest.
+Every chunk is hashed as it lands and counts only when its digest matches the manifest's
+(trainer/digest.py: BLAKE3 unless the manifest says otherwise).
 
 Sources, in order of preference:
   1. a delta from the version this worker already holds (trainer/weight_delta.py), when offered;
@@ -21,7 +22,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures as cf
 import contextlib
-import hashlib
 import random
 import threading
 import time
@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 import aiohttp
 from pydantic import ValidationError
 
+from trainer import digest
 from trainer.weight_delta import decode_into
 from trainer.weight_tracker import decode_bits, encode_bits
 from trainer.weights import (
@@ -105,7 +106,7 @@ def fetch_into(
     conn: HttpConn,
     path: str,
     size: int,
-    sha256: str,
+    expect: str,
     dest: memoryview,
     part: Partial,
     *,
@@ -121,7 +122,7 @@ def fetch_into(
     status, h = conn.request(path, headers)
     if status == 200:
         if part.got:  # the server ignored the range: start over
-            part.got, part.hasher = 0, hashlib.sha256()
+            part.reset()
     elif status == 206:
         if not h.get("content-range", "").startswith(f"bytes {part.got}-"):
             conn.close()
@@ -136,9 +137,9 @@ def fetch_into(
     n = conn.read_body_into(dest, size - part.got, part, limit, stop)
     if h.get("connection", "").lower() == "close":
         conn.close()
-    if verify and part.hasher.hexdigest() != sha256:
-        part.got, part.hasher = 0, hashlib.sha256()
-        raise _Corrupt("sha256 mismatch")
+    if verify and part.hasher.hexdigest() != expect:
+        part.reset()
+        raise _Corrupt(f"{part.alg} mismatch")
     return n
 
 
@@ -303,14 +304,14 @@ def _full_loop(ctx: _Ctx, plan: _Plan, m: Manifest, buf: HostBuffer, mark: Calla
             c, src = job
             info = m.chunks[c]
             dest = buf.view[info.offset : info.offset + info.size]
-            part = plan.partials.setdefault(c, Partial.new())
+            part = plan.partials.get(c) or plan.partials.setdefault(c, Partial.new(m.digest))
             before = part.got
             try:
                 n = fetch_into(
                     ctx.conn(pool, src),
                     f"/v1/weights/{ctx.version}/chunks/{c}",
                     info.size,
-                    info.sha256,
+                    info.digest,
                     dest,
                     part,
                     limit=ctx.limit,
@@ -319,26 +320,31 @@ def _full_loop(ctx: _Ctx, plan: _Plan, m: Manifest, buf: HostBuffer, mark: Calla
                 )
             except (SourceError, _Corrupt) as e:
                 corrupt = isinstance(e, _Corrupt)
-                ctx.count(info.size - before if corrupt else part.got - before, retries=1)
+                # 404: the peer no longer holds v; 429: its upload slots are full. Neither is a fault:
+                # ask another holder (the next tracker answer lists this one again).
+                absent = isinstance(e, SourceError) and e.status in (404, 429) and src != ORIGIN
+                ctx.count(info.size - before if corrupt else part.got - before, retries=0 if absent else 1)
                 if isinstance(e, SourceError) and not e.retryable and src == ORIGIN:
                     plan.fail(WeightPullError(f"weight version {ctx.version} chunk {c}: {e}"))
                     return
                 suspects = (part.sources | {src}) - {ORIGIN} if corrupt else set()
                 if corrupt:
                     part.sources.clear()
-                elif src != ORIGIN:
+                elif src != ORIGIN and part.got > before:
                     part.sources.add(src)
                 fails = plan.failed(
                     c,
                     src,
                     e,
                     # A peer that served bytes of a bad chunk is dropped, and so is one that failed
-                    # a request for any reason but 404 (which only means it no longer holds v).
-                    drop=(suspects | ({src} if isinstance(e, SourceError) and e.status != 404 else set())) - {ORIGIN},
-                    forget=src if isinstance(e, SourceError) and e.status == 404 else None,
+                    # a request for any other reason.
+                    drop=(suspects | ({src} if isinstance(e, SourceError) and not absent else set())) - {ORIGIN},
+                    forget=src if absent else None,
                 )
                 if src == ORIGIN:
                     time.sleep(_backoff(fails))
+                elif absent:  # a busy swarm: don't hammer the same holders at once
+                    time.sleep(0.01 + 0.02 * random.random())
                 continue
             part.sources.add(src)
             ctx.count(n, **({"from_origin": n} if src == ORIGIN else {"from_peers": n}))
@@ -379,13 +385,13 @@ def _delta_loop(
             payload = memoryview(scratch)[: d.size]
             ok = False
             for attempt in range(3):
-                part = Partial.new()
+                part = Partial.new(m.digest)
                 try:
                     n = fetch_into(
                         conn,
                         f"/v1/weights/{ctx.version}/delta/{dm.base}/chunks/{c}",
                         d.size,
-                        d.sha256 or "",
+                        d.digest or "",
                         payload,
                         part,
                         limit=ctx.limit,
@@ -393,7 +399,7 @@ def _delta_loop(
                     )
                     ctx.count(n, delta_bytes=n)
                     decode_into(base_buf.view[sl], payload, buf.view[sl], d.shuffle)
-                    ok = hashlib.sha256(buf.view[sl]).hexdigest() == info.sha256
+                    ok = digest.hexdigest(m.digest, buf.view[sl]) == info.digest
                     break
                 except (SourceError, _Corrupt, ValueError):
                     ctx.count(0, retries=1)
@@ -418,7 +424,7 @@ def _check_manifest(m: Manifest, version: int) -> None:
         offset += c.size
     if offset != m.total_bytes:
         raise WeightPullError(f"weight version {version}: chunks cover {offset} of {m.total_bytes} bytes")
-    if root_of(m.chunks) != m.root_sha256:
+    if root_of(m.chunks, m.digest) != m.root:
         raise WeightPullError(f"weight version {version}: manifest root hash does not match its chunks")
     for t in m.tensors:
         try:
@@ -496,6 +502,35 @@ async def latest_version(
     return v
 
 
+async def _manifest(cl: _Client, base: str, version: int) -> Manifest:
+    try:
+        raw = await cl.get_json(f"{base}/v1/weights/{version}/manifest", f"weight version {version}")
+        m = Manifest.model_validate(raw)
+    except ValidationError as e:
+        raise WeightPullError(f"weight version {version}: invalid manifest: {e}") from e
+    _check_manifest(m, version)
+    return m
+
+
+async def get_manifest(
+    base_url: str,
+    version: int,
+    *,
+    token: str | None = None,
+    session: aiohttp.ClientSession | None = None,
+    timeout_s: float = 10.0,
+    retries: int = 2,
+) -> Manifest:
+    """Version `version`'s manifest, checked like a pull checks it (WeightPullError if it is bad)."""
+    own = session is None
+    cl = _Client(session or aiohttp.ClientSession(), token, timeout_s, retries, PullStats())
+    try:
+        return await _manifest(cl, base_url.rstrip("/"), version)
+    finally:
+        if own:
+            await cl.session.close()
+
+
 async def pull_weights(
     base_url: str,
     version: int,
@@ -531,12 +566,7 @@ async def pull_weights(
     own = session is None
     cl = _Client(session or aiohttp.ClientSession(), token, timeout_s, retries, st)
     try:
-        try:
-            raw = await cl.get_json(f"{base}/v1/weights/{version}/manifest", f"weight version {version}")
-            m = Manifest.model_validate(raw)
-        except ValidationError as e:
-            raise WeightPullError(f"weight version {version}: invalid manifest: {e}") from e
-        _check_manifest(m, version)
+        m = await _manifest(cl, base, version)
         st.total_bytes, st.chunks = m.total_bytes, len(m.chunks)
         if local and m.local_path:
             from trainer.local_weights import open_local
@@ -547,7 +577,7 @@ async def pull_weights(
                 if on_progress:
                     on_progress(m.total_bytes, m.total_bytes)
                 return tensor_views(mapped, m.tensors)
-        buf = store.buffer(m.total_bytes) if store is not None else HostBuffer(m.total_bytes)
+        buf = store.buffer(m.total_bytes) if store is not None else HostBuffer(m.total_bytes, shareable=False)
         mark = store.begin(m, buf) if store is not None else (lambda _c: None)
         ctx = _Ctx(
             base,
@@ -629,13 +659,13 @@ async def _delta_phase(
     changed = []
     for d in dm.chunks:
         info, old = m.chunks[d.index], held.manifest.chunks[d.index]
-        if d.size == 0 and info.sha256 == old.sha256 and info.offset == old.offset and info.size == old.size:
+        if d.size == 0 and info.digest == old.digest and info.offset == old.offset and info.size == old.size:
             # Unchanged, and the held bytes were verified against this very hash: copy, no re-hash.
             buf.view[info.offset : info.offset + info.size] = held.buf.view[old.offset : old.offset + old.size]
             rebuilt.add(d.index)
             mark(d.index)
             ctx.stats.unchanged_chunks += 1
-        elif d.size > 0 and d.sha256:
+        elif d.size > 0 and d.digest:
             changed.append(d.index)
     lock = threading.Lock()
     loop = asyncio.get_running_loop()

@@ -428,15 +428,16 @@ def bench_fanout(args: argparse.Namespace) -> None:
 
 def bench_delta(args: argparse.Namespace) -> None:
     for model, nbytes in (("local", 0), ("mlp-float32", args.mlp_params), ("mlp-bfloat16", args.mlp_params)):
-        tr = Trainer(nbytes, 0, model)
+        link = args.link_mbps * 1e6
+        tr = Trainer(nbytes, link, model)
         try:
             full, delta, wire_full, wire_delta = [], [], 0, 0
             for _ in range(args.runs):
-                rec = run_node(tr.url, versions=[0, 1], runs=1, serve=0)[0]["stats"]  # v0 full, then v1 delta
+                rec = run_node(tr.url, versions=[0, 1], link_bps=link)[0]["stats"]  # v0 full, then v1 delta
                 assert rec["mode"] == "delta", rec
                 delta.append(rec["seconds"])
                 wire_delta = rec["bytes_received"]
-                rec = run_node(tr.url, versions=[1], runs=1, serve=0)[0]["stats"]
+                rec = run_node(tr.url, versions=[1], link_bps=link)[0]["stats"]
                 full.append(rec["seconds"])
                 wire_full = rec["bytes_received"]
             print(
@@ -444,6 +445,7 @@ def bench_delta(args: argparse.Namespace) -> None:
                     {
                         "bench": "delta",
                         "model": model,
+                        "link_MBps": args.link_mbps or None,
                         "model_MiB": round(wire_full / MiB, 2),
                         "delta_wire_MiB": round(wire_delta / MiB, 3),
                         "wire_ratio": round(wire_delta / wire_full, 3),
@@ -532,6 +534,7 @@ def main() -> None:
     p.add_argument("--parallel", type=int, default=4)
     p = sub.add_parser("delta")
     p.add_argument("--mlp-params", type=int, default=64 << 20)
+    p.add_argument("--link-mbps", type=float, default=0, help="0: loopback, no link limit")
     p.add_argument("--runs", type=int, default=3)
     p = sub.add_parser("kill")
     p.add_argument("--mib", type=int, default=32)

@@ -336,3 +336,21 @@ def test_unreachable_server_fails_within_deadline() -> None:
 
     with pytest.raises(WeightPullError, match=r"weight version 1.*2 attempts"):
         run(go())
+
+
+def test_pull_rate_estimate_is_smoothed_bytes_per_second() -> None:
+    from worker.weight_pull import _Rate
+
+    now = [0.0]
+    r = _Rate(clock=lambda: now[0])
+    r.add(0)
+    assert r.per_s == 0.0
+    now[0] = 0.1
+    r.add(100)
+    assert r.per_s == pytest.approx(1000.0)
+    now[0] = 0.105  # too soon after the last sample to say anything
+    r.add(10_000)
+    assert r.per_s == pytest.approx(1000.0)
+    now[0] = 0.2
+    r.add(300)
+    assert r.per_s == pytest.approx(1500.0)  # halfway to the new 2000 B/s

@@ -268,6 +268,23 @@ class _Plan:
 # ---- the pull --------------------------------------------------------------------------------
 
 
+class _Rate:
+    """Bytes per second of a growing counter, smoothed over its last few samples."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
+        self.per_s = 0.0
+        self._last: tuple[float, int] | None = None
+
+    def add(self, total: int) -> None:
+        now = self.clock()
+        if self._last is not None and now - self._last[0] >= 0.02:
+            inst = (total - self._last[1]) / (now - self._last[0])
+            self.per_s = inst if self.per_s == 0 else 0.5 * self.per_s + 0.5 * inst
+        if self._last is None or now - self._last[0] >= 0.02:
+            self._last = (now, total)
+
+
 @dataclass
 class _Ctx:
     base: str  # origin base URL
@@ -705,7 +722,6 @@ async def _full_phase(
             loop.call_soon_threadsafe(need.set)
 
     plan = _Plan(f"weight version {version}", todo, retries, seed, on_need)
-    plan.low_water = 2 * max(1, parallel)
     have = set(range(len(m.chunks))) - set(todo)
     if not swarm:
         plan.update(None, None, grant_all=True)
@@ -714,15 +730,22 @@ async def _full_phase(
     pid = peer_id or f"puller-{id(plan):x}"
     failures = 0
     reported = 0
+    rate = _Rate()
     try:
         while not gathered.done():
             if swarm and not plan.grant_all:
+                with ctx.lock:
+                    rate.add(ctx.done_bytes)
+                # Grants for ~0.1 s of this puller's own rate: a fast lone puller keeps its threads
+                # fed between announces; a link-limited one in a swarm leaves chunks for the others.
+                want = max(4, min(16, round(rate.per_s * 0.1 / m.chunk_bytes / max(1, parallel)))) * max(1, parallel)
+                plan.low_water = want // 2
                 body = {
                     "peer_id": pid,
                     "url": peer_url,
                     "n_chunks": len(m.chunks),
                     "have": encode_bits(have | (set(todo) - plan.todo), len(m.chunks)),
-                    "want": 4 * max(1, parallel),
+                    "want": want,
                     "bad": sorted(plan.new_bad),
                 }
                 try:

@@ -2,6 +2,7 @@
 measured in the same run, and a median of several runs: this machine's 2 cores are shared.
 
     .venv/bin/python benchmarks/bench_weights.py single --gib 1 4 --runs 3
+    .venv/bin/python benchmarks/bench_weights.py publish --gib 1 2 --runs 3
     .venv/bin/python benchmarks/bench_weights.py fanout --mib 32 --link-mbps 16 --workers 1 4 16 --chunk-kib 1024
     .venv/bin/python benchmarks/bench_weights.py delta --runs 3
     .venv/bin/python benchmarks/bench_weights.py kill --mib 32 --link-mbps 16 --runs 3 --chunk-kib 1024
@@ -100,7 +101,10 @@ def serve_main(args: argparse.Namespace) -> None:
 
     from trainer.weights import WeightPublisher, add_routes
 
-    pub = WeightPublisher(chunk_bytes=args.chunk_kib * 1024, egress_bps=args.link_bps or None, keep=4)
+    # no next-buffer paging in the background: it would run during the measurements (see `publish`)
+    pub = WeightPublisher(
+        chunk_bytes=args.chunk_kib * 1024, egress_bps=args.link_bps or None, keep=4, prepare_next=False
+    )
     timings = {}
     if args.model == "synthetic":
         t = synthetic_model(args.bytes)
@@ -351,6 +355,64 @@ def bench_single(args: argparse.Namespace) -> None:
             tr.close()
 
 
+def bench_publish(args: argparse.Namespace) -> None:
+    """How long publishing blocks training: `stage` (the copy to host memory) against a plain copy of
+    the same tensors into an already paged-in buffer, same process, same run. The first version
+    lands in a fresh buffer; later ones in the buffer the publisher paged in after the previous
+    version (the gap stands for the training step between two publishes)."""
+    import torch
+
+    from trainer.weights import HostBuffer, WeightPublisher, layout, tensor_views
+
+    for gib in args.gib:
+        nbytes = int(gib * (1 << 30))
+        t = synthetic_model(nbytes)
+        infos, total = layout(t)
+
+        def copy_into(buf: HostBuffer, tensors: dict = t, infos: list = infos) -> float:
+            t0 = time.perf_counter()
+            views = tensor_views(buf.view, infos)
+            with torch.no_grad():
+                for ti in infos:
+                    views[ti.name].copy_(tensors[ti.name])
+            return time.perf_counter() - t0
+
+        memcpy, fresh = [], []
+        for _ in range(args.runs):
+            memcpy.append(copy_into(HostBuffer(total).page_in()))
+            fresh.append(copy_into(HostBuffer(total)))
+        pub = WeightPublisher(keep=1, delta=False)
+        stage = []
+        for v in range(args.runs + 1):
+            pub.stage(v, t).result()
+            stage.append(pub.last_copy_s)  # the part of `stage` that blocks the caller
+            if pub._next is not None:  # the training step between two publishes
+                pub._next[1].result()
+        m, f, first, later = (
+            statistics.median(memcpy),
+            statistics.median(fresh),
+            stage[0],
+            statistics.median(stage[1:]),
+        )
+        print(
+            json.dumps(
+                {
+                    "bench": "publish",
+                    "gib": gib,
+                    "memcpy_s": round(m, 3),
+                    "fresh_buffer_copy_s": round(f, 3),
+                    "stage_first_s": round(first, 3),
+                    "stage_later_s": round(later, 3),
+                    "later_ratio": round(later / m, 2),
+                    "first_ratio": round(first / m, 2),
+                    "runs_s": {"memcpy": [round(x, 3) for x in memcpy], "stage": [round(x, 3) for x in stage]},
+                }
+            ),
+            flush=True,
+        )
+        del t, pub, copy_into
+
+
 def release(procs: list[subprocess.Popen]) -> float:
     """Wait until every node process is ready, then start them all at one instant."""
     for p in procs:
@@ -525,6 +587,9 @@ def main() -> None:
     p = sub.add_parser("single")
     p.add_argument("--gib", type=float, nargs="+", default=[1.0, 4.0])
     p.add_argument("--runs", type=int, default=3)
+    p = sub.add_parser("publish")
+    p.add_argument("--gib", type=float, nargs="+", default=[1.0])
+    p.add_argument("--runs", type=int, default=3)
     p = sub.add_parser("fanout")
     p.add_argument("--mib", type=int, default=32)
     p.add_argument("--link-mbps", type=float, default=16)
@@ -564,6 +629,7 @@ def main() -> None:
     args = ap.parse_args()
     {
         "single": bench_single,
+        "publish": bench_publish,
         "fanout": bench_fanout,
         "delta": bench_delta,
         "kill": bench_kill,

@@ -13,7 +13,7 @@ import pytest
 import torch
 from aiohttp import web
 
-from trainer.weights import Manifest, WeightPublisher, add_routes
+from trainer.weights import Manifest, WeightPublisher, add_routes, tensor_views
 from worker.weight_pull import PullStats, WeightPullError, latest_version, pull_weights
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -354,3 +354,19 @@ def test_pull_rate_estimate_is_smoothed_bytes_per_second() -> None:
     now[0] = 0.2
     r.add(300)
     assert r.per_s == pytest.approx(1500.0)  # halfway to the new 2000 B/s
+
+
+def test_publisher_stages_the_next_version_into_a_buffer_paged_in_meanwhile() -> None:
+    pub = WeightPublisher(chunk_bytes=4096)
+    pub.publish(0, model(0))
+    assert pub._next is not None
+    prepared = pub._next[1].result()
+    pub.publish(1, model(1))
+    assert pub._versions[1].buf is prepared  # the copy that blocks training landed in it
+    pub._next[1].result()  # type: ignore[index]
+    pub.publish(2, model(2, width=8))  # another size: the prepared buffer does not fit
+    assert pub._versions[2].buf.size == pub.manifest(2).total_bytes  # type: ignore[union-attr]
+    assert_same(model(2, width=8), tensor_views(pub._versions[2].buf.view, pub.manifest(2).tensors))  # type: ignore[union-attr]
+    off = WeightPublisher(prepare_next=False)
+    off.publish(0, model(0))
+    assert off._next is None

@@ -34,6 +34,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import IO, TYPE_CHECKING, Literal, Protocol
 
+import numpy as np
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -200,6 +201,14 @@ class HostBuffer:
     def __len__(self) -> int:
         return self.size
 
+    def page_in(self) -> HostBuffer:
+        """Fault every page in now (one write per page; numpy releases the GIL meanwhile), so a
+        later copy into the buffer runs at memory speed: first-touch faults cost seconds per GiB on
+        the VMs measured here."""
+        if self.size:
+            np.frombuffer(self.view, np.uint8)[:: mmap.PAGESIZE] = 0
+        return self
+
 
 class RateLimit:
     """Token bucket shared by the threads or tasks of one node: models a NIC in benchmarks."""
@@ -265,7 +274,11 @@ class WeightPublisher:
         digest_alg: Algorithm = DEFAULT_DIGEST,
         egress_bps: float | None = None,
         tracker: SwarmTracker | None = None,
+        prepare_next: bool = True,
     ) -> None:
+        """`prepare_next`: after each version, page in a buffer for the next one in the background
+        (one more model-sized buffer of host memory), so the copy that blocks training runs at
+        memory speed instead of paying first-touch page faults."""
         if chunk_bytes < 1 or keep < 1:
             raise ValueError("chunk_bytes and keep must be >= 1")
         self.chunk_bytes = chunk_bytes
@@ -283,6 +296,8 @@ class WeightPublisher:
         self._versions: dict[int, _Published] = {}
         self._pins: Counter[int] = Counter()
         self._latest: int | None = None
+        self.prepare_next = prepare_next
+        self._next: tuple[int, cf.Future] | None = None  # (size, future of a paged-in HostBuffer)
 
     # ---- publishing (training thread) ---------------------------------------------------
     def stage(self, version: int, tensors: Mapping[str, torch.Tensor]) -> cf.Future:
@@ -299,7 +314,7 @@ class WeightPublisher:
 
         t0 = time.monotonic()
         infos, total = layout(tensors)
-        buf = HostBuffer(total, f"rlboost-w{version}")
+        buf = self._take_buffer(total, version)
         views = tensor_views(buf.view, infos)
         with torch.no_grad():
             for ti in infos:
@@ -316,6 +331,18 @@ class WeightPublisher:
             self._collect_locked()
         self._jobs.submit(self._finish, version, pub, infos, base)
         return pub.ready
+
+    def _take_buffer(self, size: int, version: int) -> HostBuffer:
+        with self._lock:
+            nxt, self._next = self._next, None
+        # Not started yet (queued behind a slow delta): drop it. Paging in: waiting for the rest is
+        # never slower than faulting a fresh buffer from the start.
+        if nxt is not None and not nxt[1].cancel() and nxt[0] == size:
+            try:
+                return nxt[1].result()
+            except Exception:  # e.g. out of memory: fall back to a fresh buffer
+                log.warning("the prepared weight buffer failed; allocating a fresh one", exc_info=True)
+        return HostBuffer(size, f"rlboost-w{version}")
 
     def publish(self, version: int, tensors: Mapping[str, torch.Tensor]) -> Manifest:
         """`stage` and wait for the manifest."""
@@ -343,6 +370,11 @@ class WeightPublisher:
             )
             if self.delta_enabled and base is not None and base.manifest is not None and base.manifest.tensors == infos:
                 pub.delta = self._jobs.submit(self._encode_delta, m, pub, base)
+            if self.prepare_next:  # queued after the delta: pullers wait on that, training does not
+                size = pub.buf.size
+                fut = self._jobs.submit(lambda: HostBuffer(size, f"rlboost-w{version + 1}").page_in())
+                with self._lock:
+                    self._next = (size, fut)
             pub.manifest = m
             pub.ready.set_result(m)
         except BaseException as e:  # the future carries it to whoever waits

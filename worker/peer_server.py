@@ -20,7 +20,6 @@ import asyncio
 import contextlib
 import hmac
 import logging
-import mmap
 import os
 import sys
 import tempfile
@@ -31,7 +30,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import aiohttp
-import numpy as np
 from aiohttp import web
 
 from trainer.weight_tracker import encode_bits
@@ -74,10 +72,7 @@ class WeightStore:
         """Allocate and page in a receive buffer ahead of a pull. A booting worker calls this (on a
         thread) while its engine starts, so the first pull lands in memory that is already mapped:
         first-touch faults cost as much as the transfer itself on the VMs measured here."""
-        buf = HostBuffer(size, shareable=False)
-        if size:
-            # one write per 4 KiB page is enough to fault it in; numpy releases the GIL meanwhile
-            np.frombuffer(buf.view, np.uint8)[:: mmap.PAGESIZE] = 0
+        buf = HostBuffer(size, shareable=False).page_in()
         with self._lock:
             self._spare = [*self._spare, buf][-2:]
 

@@ -297,6 +297,14 @@ def test_a_buffer_prepared_before_the_pull_is_the_one_the_pull_fills() -> None:
             sized = reserved.size == m.total_bytes and reserved.file is None
             got = await node.pull(url, 1, s)
             used = node.store.latest_complete().buf is reserved  # type: ignore[union-attr]
+            # the second buffer (for the next version, while this one stays the delta base) is
+            # paged in right after the pull, and the next pull lands in it
+            assert node._reserving is not None
+            await node._reserving
+            second = next(b for b in node.store._spare if b is not reserved)
+            pub.publish(2, model(11))
+            assert_same(model(11), await node.pull(url, 2, s))
+            used = used and node.store.latest_complete().buf is second  # type: ignore[union-attr]
             await node.close()
             return got, sized, used
 
@@ -333,3 +341,30 @@ def test_a_busy_peer_turns_pullers_away_without_being_dropped() -> None:
     assert busy > 0  # requests were turned away...
     assert all(not st.bad_peers for st in stats)  # ...and nobody took the busy seed for a bad one
     assert sum(st.from_peers for st in stats) > 0 and origin_bytes == 0  # everything came from peers
+
+
+def test_a_pull_right_after_prepare_soon_waits_for_the_prepared_buffer() -> None:
+    pub = WeightPublisher(chunk_bytes=16 * 1024)
+    want = model(12)
+    pub.publish(1, want)
+
+    async def go() -> tuple[dict, bool]:
+        async with serve(pub) as (url, _), aiohttp.ClientSession() as s:
+            node = WeightNode(TOKEN, "racing", serve=False)
+            made: list = []
+            reserve = node.store.reserve
+
+            def recording(size: int) -> None:
+                reserve(size)
+                made.append(node.store._spare[-1])
+
+            node.store.reserve = recording  # type: ignore[method-assign]
+            node.prepare_soon(url, 1, s)
+            got = await node.pull(url, 1, s)  # at once: the manifest fetch has not even started
+            used = node.store.latest_complete().buf is made[0]  # type: ignore[union-attr]
+            await node.close()
+            return got, used
+
+    got, used = run(go())
+    assert_same(want, got)
+    assert used

@@ -154,7 +154,7 @@ class WorkerAgent:
             self.welcome = welcome
             if self.engine is None:
                 if welcome.version >= 0:  # page in the weight buffer while the engine builds
-                    await self.weights.prepare(self._weights_base(), welcome.version, self.session)
+                    self.weights.prepare_soon(self._weights_base(), welcome.version, self.session)
                 self.engine = await asyncio.to_thread(
                     make_engine, self.cfg.engine, welcome.model, welcome.engine_dtype, welcome.engine_batch
                 )

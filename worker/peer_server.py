@@ -68,6 +68,10 @@ class WeightStore:
                     return b
         return HostBuffer(size, shareable=False)
 
+    def has_spare(self, size: int) -> bool:
+        with self._lock:
+            return any(b.size == size for b in self._spare)
+
     def reserve(self, size: int) -> None:
         """Allocate and page in a receive buffer ahead of a pull. A booting worker calls this (on a
         thread) while its engine starts, so the first pull lands in memory that is already mapped:
@@ -224,6 +228,7 @@ class WeightNode:
         self._base_url: str | None = None
         self._seeder: asyncio.Task | None = None
         self._reserving: asyncio.Future | None = None
+        self._preparing: asyncio.Future | None = None
 
     @classmethod
     def from_env(cls, token: str, peer_id: str, kind: str) -> WeightNode:
@@ -261,6 +266,10 @@ class WeightNode:
                 self.server = None
 
     async def close(self) -> None:
+        if self._preparing is not None and not self._preparing.done():
+            self._preparing.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._preparing
         if self._seeder is not None:
             self._seeder.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -283,14 +292,25 @@ class WeightNode:
             return
         self._reserving = asyncio.ensure_future(asyncio.to_thread(self.store.reserve, m.total_bytes))
 
+    def prepare_soon(self, base_url: str, version: int, session: aiohttp.ClientSession) -> None:
+        """`prepare` as a background task: the caller goes on building its engine at once (a slow
+        trainer costs the boot nothing); the first pull waits for it."""
+        if self._preparing is None:
+            self._preparing = asyncio.ensure_future(self.prepare(base_url, version, session))
+
     async def pull(
         self, base_url: str, version: int, session: aiohttp.ClientSession, as_tensors: bool = True
     ) -> dict[str, torch.Tensor]:
         """Pull `version`; the tensors are views into the store's buffer, valid until the pull after
         next reuses it (the engine copies them at once)."""
+        if self._preparing is not None:
+            with contextlib.suppress(Exception):
+                await self._preparing
+            self._preparing = None
         if self._reserving is not None:  # a buffer being paged in: use it rather than a second one
             with contextlib.suppress(Exception):
                 await self._reserving
+            self._reserving = None
         await self.start()
         self._base_url = base_url
         stats = PullStats()
@@ -316,6 +336,10 @@ class WeightNode:
                 bar.close()
         self.last = stats
         log.info("pulled weights %s", stats.summary())
+        if stats.mode != "local" and not self.store.has_spare(stats.total_bytes):
+            # The next pull needs a second buffer (this one stays the delta base and is served to
+            # peers): page it in now, while the engine generates, not during that pull.
+            self._reserving = asyncio.ensure_future(asyncio.to_thread(self.store.reserve, stats.total_bytes))
         if self.server is not None and stats.mode != "local":
             await self._announce(session)
             if self._seeder is None or self._seeder.done():

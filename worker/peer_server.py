@@ -73,9 +73,9 @@ class WeightStore:
             return any(b.size == size for b in self._spare)
 
     def reserve(self, size: int) -> None:
-        """Allocate and page in a receive buffer ahead of a pull. A booting worker calls this (on a
-        thread) while its engine starts, so the first pull lands in memory that is already mapped:
-        first-touch faults cost as much as the transfer itself on the VMs measured here."""
+        """Allocate and page in a receive buffer ahead of a pull (on a thread): at boot while the
+        engine builds, and after each pull for the next one. The pull then lands in memory that is
+        already mapped: first-touch faults cost as much as the transfer on the VMs measured here."""
         buf = HostBuffer(size, shareable=False).page_in()
         with self._lock:
             self._spare = [*self._spare, buf][-2:]

@@ -279,19 +279,6 @@ async def coordinator_main(args, port_q, result_q) -> None:
 
     coord._on_message = on_message
     coord._post = post
-    if os.environ.get("BENCH_STACKS"):
-        orig_dispatch = coord._dispatch
-        stats = coord._dispatch_stats = {"calls": 0, "s": 0.0, "max": 0.0}
-
-        async def dispatch():
-            t = time.monotonic()
-            await orig_dispatch()
-            d = time.monotonic() - t
-            stats["calls"] += 1
-            stats["s"] += d
-            stats["max"] = max(stats["max"], d)
-
-        coord._dispatch = dispatch
     app = web.Application()
     app.router.add_get("/v1/worker", coord.handle_ws)
     runner = web.AppRunner(app, handle_signals=False, access_log=None)
@@ -343,27 +330,6 @@ async def coordinator_main(args, port_q, result_q) -> None:
                     file=sys.stderr,
                     flush=True,
                 )
-                if os.environ.get("BENCH_STACKS"):
-                    task.print_stack(file=sys.stderr)
-                    v = coord.step_version
-                    head = [coord.book.responses.get(r) for r in list(coord.book.queue)[:50]]
-                    print(
-                        "  head:",
-                        [(r.rid, r.engine, r.done, r.version, r.generated) if r else None for r in head[:5]],
-                        "stepv",
-                        v,
-                        "ready-free",
-                        sum(
-                            c.capacity - len(coord.book.assigned(c.id))
-                            for c in coord.engines.values()
-                            if c.state == "ready" and c.version == v and not c.offloaded
-                        ),
-                        "aborting",
-                        sum(len(c.aborting) for c in coord.engines.values()),
-                        "dispatch",
-                        coord._dispatch_stats,
-                        file=sys.stderr,
-                    )
             if coord.book.queue and now >= next_sample:
                 samples.append((now, coord.tokens_total, cpu_s()))
                 next_sample = now + 0.25

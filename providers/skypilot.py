@@ -36,13 +36,14 @@ from providers.bootstrap import (
     node_env,
     template,
 )
+from trainer.tls import SECRET_ENV
 
 log = logging.getLogger("rlboost.skypilot")
 
 # Worker nodes get no cloud identity at all (task YAML cannot override this key, so it is set as a
 # client-side config override for the worker launch request).
 WORKER_IDENTITY = {"aws": {"remote_identity": "NO_UPLOAD"}, "gcp": {"remote_identity": "NO_UPLOAD"}}
-SECRET_KEYS = ("RLBOOST_JOB_TOKEN", "RLBOOST_TLS_KEY_PEM")  # redacted by SkyPilot, never in task files
+SECRET_KEYS = ("RLBOOST_JOB_TOKEN", *SECRET_ENV)  # redacted by SkyPilot, never in task files
 GONE_STATES = ("INIT", "STOPPED")
 
 

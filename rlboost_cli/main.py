@@ -9,7 +9,7 @@ import secrets
 import signal
 import time
 from pathlib import Path
-from typing import Annotated, NoReturn
+from typing import TYPE_CHECKING, Annotated, NoReturn
 
 import typer
 from rich.console import Console
@@ -18,6 +18,10 @@ from rich.table import Table
 from rlboost_cli.pricing import PricingError, spot_offers, trainer_offer
 from rlboost_cli.spec import JobSpec, SpecError, load_spec, spec_to_yaml
 from rlboost_cli.state import JobExistsError, StateStore, UnknownJobError, rlboost_home
+
+if TYPE_CHECKING:
+    from providers.spot_market import SpotMarket
+    from rlboost_cli.pricing import Offer
 
 app = typer.Typer(
     add_completion=False,
@@ -114,7 +118,7 @@ def launch(
     if not dryrun:
         _check_budget(spec)
     t_offer, s_offers, prices = _offers(spec)  # before any record exists: bad prices or traces fail here
-    _market(spec)
+    market = _market(spec)
     if dryrun:
         _print_plan(spec, t_offer, s_offers, prices)
         return
@@ -143,7 +147,7 @@ def launch(
         f"{spec.algorithm.steps} GRPO steps × {spec.algorithm.prompts_per_step} prompts × "
         f"group {spec.algorithm.group_size}, up to {spec.rollout.max_workers} spot workers"
     )
-    _run_controller(spec, store, job_id, run_dir, token, record_rollouts, resume=False)
+    _run_controller(spec, store, job_id, run_dir, token, record_rollouts, (t_offer, s_offers), market, resume=False)
 
 
 def _offers(spec: JobSpec):
@@ -157,13 +161,20 @@ def _offers(spec: JobSpec):
 
 
 def _run_controller(
-    spec: JobSpec, store: StateStore, job_id: int, run_dir: Path, token: str, record_rollouts: bool, resume: bool
+    spec: JobSpec,
+    store: StateStore,
+    job_id: int,
+    run_dir: Path,
+    token: str,
+    record_rollouts: bool,
+    offers: tuple[Offer, list[Offer]],
+    market: SpotMarket,
+    resume: bool,
 ) -> None:
     from providers import make_provider
     from rlboost_cli.controller import Controller
 
-    t_offer, s_offers, _ = _offers(spec)
-    market = _market(spec)
+    t_offer, s_offers = offers
     try:
         provider = make_provider(spec, run_dir, market=market)
     except Exception as e:
@@ -221,9 +232,11 @@ def _resume(ref: str, record_rollouts: bool) -> None:
     except (OSError, SpecError) as e:
         fail(f"job {name!r} cannot be resumed: its run dir {run_dir} is incomplete ({e})", 2)
     _check_provider(spec)
+    t_offer, s_offers, _ = _offers(spec)  # before the job record is touched: bad prices fail cleanly
+    market = _market(spec)
     store.update_job(job.id, controller_pid=os.getpid())
     console.print(f"[bold]rlboost[/] resuming job [cyan]{spec.name}[/] (#{job.id}) at step {job.step or 0}")
-    _run_controller(spec, store, job.id, run_dir, token, record_rollouts, resume=True)
+    _run_controller(spec, store, job.id, run_dir, token, record_rollouts, (t_offer, s_offers), market, resume=True)
 
 
 def _replace_dead_job(store: StateStore, spec: JobSpec) -> int | None:

@@ -23,7 +23,7 @@ import torch
 from aiohttp import web
 
 from rlboost_cli.spec import JobSpec
-from trainer import checkpoint, distributed, scheduling
+from trainer import checkpoint, distributed, scheduling, tls
 from trainer.coordinator import Coordinator, CoordinatorConfig, RolloutRequest
 from trainer.learner import Sample, make_learner
 from trainer.policies.tail_batching import TailBatcher
@@ -71,6 +71,7 @@ class TrainerRuntime:
         self.batcher_state: TailBatcher | None = None
         self.updating = asyncio.Lock()  # held from a step's update until its record is kept
         self.saving = asyncio.Lock()
+        self.tls_fingerprint: str | None = None  # set by serve() when TLS is on
         self.token = token
         self.run_dir = run_dir
         self.record_rollouts = record_rollouts
@@ -135,9 +136,7 @@ class TrainerRuntime:
         await runner.setup()
         # TLS (spec trainer.tls; auto = on off loopback): the controller's certificate from env, or a
         # self-signed one made here (its fingerprint is written to run_dir/tls-fingerprint).
-        from trainer import tls
-
-        ssl_ctx, self.tls_fingerprint = None, None
+        ssl_ctx = None
         if tls.server_tls_on(spec.trainer.tls, host):
             files = tls.server_files(self.run_dir, sorted({url_host, "127.0.0.1", "localhost"}))
             ssl_ctx, self.tls_fingerprint = tls.server_context(files.cert, files.key), files.fingerprint
@@ -162,9 +161,9 @@ class TrainerRuntime:
             "RLBOOST_ENGINE": self.spec.rollout.engine,
             "RLBOOST_ACCELERATOR": scheduling.reserved_accelerator(self.spec),  # the whole trainer cluster
         }
-        if getattr(self, "tls_fingerprint", None):
-            env["RLBOOST_TLS_FINGERPRINT"] = self.tls_fingerprint
-        for k in ("RLBOOST_TLS_KEY_PEM", "RLBOOST_TLS_CERT_PEM", "RLBOOST_TLS_KEY", "RLBOOST_TLS_CERT"):
+        if self.tls_fingerprint:
+            env[tls.ENV_FINGERPRINT] = self.tls_fingerprint
+        for k in (tls.ENV_KEY_PEM, tls.ENV_CERT_PEM, tls.ENV_KEY, tls.ENV_CERT):
             env.pop(k, None)  # the engine needs only the pin, never the key
         env.pop("RLBOOST_NOTICE_FILE", None)  # the reserved cluster is on-demand: no notices
         log_path = self.run_dir / "reserved-engine.log"

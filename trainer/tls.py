@@ -78,7 +78,11 @@ def make_self_signed(directory: Path, hosts: list[str], days: int = 30) -> TlsFi
 
 
 def fingerprint_of(cert_path: Path) -> str:
-    der = ssl.PEM_cert_to_DER_cert(cert_path.read_text())
+    return der_fingerprint(ssl.PEM_cert_to_DER_cert(cert_path.read_text()))
+
+
+def der_fingerprint(der: bytes) -> str:
+    """What workers pin: sha256 of the DER certificate, hex."""
     return hashlib.sha256(der).hexdigest()
 
 
@@ -205,7 +209,6 @@ def pinned_socket_context() -> ssl.SSLContext:
 
 
 def check_pin(sock: ssl.SSLSocket, fingerprint: str) -> None:
-    der = sock.getpeercert(binary_form=True) or b""
-    got = hashlib.sha256(der).hexdigest()
+    got = der_fingerprint(sock.getpeercert(binary_form=True) or b"")
     if not hmac.compare_digest(got, fingerprint):
         raise ssl.SSLError(f"certificate fingerprint {got[:16]}... does not match the pinned one")

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING
 import aiohttp
 from aiohttp import web
 
+from trainer.tls import ENV_FINGERPRINT
 from trainer.weight_tracker import encode_bits
 from trainer.weights import ChunkInfo, HostBuffer, Manifest, RateLimit, ServeCounters, add_chunk_routes
 from worker.weight_pull import PullStats, WeightPullError, get_manifest, pull_weights
@@ -56,7 +57,7 @@ class WeightStore:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._held: dict[int, Held] = {}
-        self._spare: list[HostBuffer] = []  # buffers of dropped versions, already paged in
+        self._spare: list[HostBuffer] = []  # paged-in buffers: of dropped versions, or reserved ahead
 
     def buffer(self, size: int) -> HostBuffer:
         """A buffer for the next pull: a recycled one when it fits (first-touch page faults cost
@@ -78,17 +79,17 @@ class WeightStore:
         already mapped: first-touch faults cost as much as the transfer on the VMs measured here."""
         buf = HostBuffer(size, shareable=False).page_in()
         with self._lock:
-            self._spare = [*self._spare, buf][-2:]
+            self._keep_spare(buf)
 
-    def _retire(self, held: Held) -> None:
-        self._spare = [*self._spare, held.buf][-2:]
+    def _keep_spare(self, buf: HostBuffer) -> None:  # under the lock
+        self._spare = [*self._spare, buf][-2:]
 
     def begin(self, m: Manifest, buf: HostBuffer) -> Callable[[int], None]:
         held = Held(m, buf)
         with self._lock:
             old = self._held.get(m.version)
             if old is not None and old.buf is not buf:
-                self._retire(old)
+                self._keep_spare(old.buf)
             self._held[m.version] = held
 
         def mark(i: int) -> None:
@@ -105,13 +106,13 @@ class WeightStore:
                 return
             held.complete = True
             for v in [v for v, h in self._held.items() if v != version and (h.complete or v < version)]:
-                self._retire(self._held.pop(v))  # reused only once no chunk of it is being sent
+                self._keep_spare(self._held.pop(v).buf)  # reused only once no chunk of it is being sent
 
     def abandon(self, version: int) -> None:
         with self._lock:
             h = self._held.get(version)
             if h is not None and not h.complete:
-                self._retire(self._held.pop(version))
+                self._keep_spare(self._held.pop(version).buf)
 
     def base_for(self, m: Manifest) -> Held | None:
         """A complete held version laid out like `m`: a delta from it can rebuild `m`."""
@@ -244,7 +245,7 @@ class WeightNode:
             parallel=int(env.get("RLBOOST_PULL_PARALLEL", "4")),
             max_uploads=int(env.get("RLBOOST_PEER_UPLOADS", "4")),
             local=env.get("RLBOOST_WEIGHTS_LOCAL", "1" if reserved else "0") == "1",
-            tls=bool(env.get("RLBOOST_TLS_FINGERPRINT")),  # a TLS job: the job token never crosses in clear
+            tls=bool(env.get(ENV_FINGERPRINT)),  # a TLS job: the job token never crosses in clear
         )
 
     async def __aenter__(self) -> WeightNode:

@@ -50,6 +50,7 @@ class BusyWorkerKiller(threading.Thread):
 
     def run(self) -> None:
         last = 0.0
+        seen: dict[str, int] = {}  # worker -> its token count at the previous poll
         while not self.stop.is_set() and len(self.killed) < self.kills:
             time.sleep(0.01)
             target = self._endpoint()
@@ -61,10 +62,15 @@ class BusyWorkerKiller(threading.Thread):
                 st = httpx.get(f"{url}/v1/status", headers={"Authorization": f"Bearer {token}"}, timeout=2).json()
             except (httpx.HTTPError, ValueError):
                 continue
+            workers = st.get("workers", [])
+            before, seen = seen, {w["worker_id"]: w["tokens"] for w in workers}
             if st.get("step", 0) < self.start_step or time.monotonic() - last < self.min_gap_s:
                 continue
-            for w in st.get("workers", []):
-                if w["kind"] == "spot" and w["state"] == "ready" and w["active"] > 0 and w["tokens"] > 0:
+            for w in workers:
+                # `tokens` counts the whole job: only a rise since the last poll (~10 ms ago) says the
+                # responses it holds now are mid-generation, not merely assigned
+                streaming = w["tokens"] > before.get(w["worker_id"], w["tokens"])
+                if w["kind"] == "spot" and w["state"] == "ready" and w["active"] > 0 and streaming:
                     if kill_instance(w["worker_id"]):
                         self.killed.append(w["worker_id"])
                         last = time.monotonic()

@@ -233,9 +233,20 @@ _JOB_FIELDS = {
 
 
 def _private_file(path: Path) -> None:
-    """Create `path` as 0600 before SQLite opens it (SQLite gives -wal/-shm the same mode)."""
-    fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o600)
-    os.close(fd)
+    """Create `path` as 0600 before SQLite opens it (SQLite gives -wal/-shm the same mode).
+
+    An existing file is never opened here: closing *any* descriptor of a file releases every POSIX
+    lock this process holds on it, so an open-and-close beside a live connection would silently drop
+    that connection's SQLite locks and let another process corrupt the database (SQLite's "How To
+    Corrupt" §2.2). O_EXCL makes creation the only case that opens a descriptor, and a file that did
+    not exist cannot be locked by anyone yet.
+    """
+    try:
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+    except FileExistsError:
+        pass
+    else:
+        os.close(fd)
     os.chmod(path, 0o600)
 
 

@@ -1,8 +1,9 @@
 """Fault injection against a running local job, from outside it (as a real preemption would come).
 
-`BusyWorkerKiller` SIGKILLs spot workers at the moment the trainer reports them holding in-flight
-responses, so a test is sure to exercise migration of partial responses however fast or slow the
-machine is (a trace alone lands mostly between rollouts when steps are dominated by training).
+`BusyWorkerKiller` SIGKILLs spot workers only once the trainer reports them holding partial
+responses (frozen first, so they cannot finish in between): a test is sure to exercise migration of
+partial responses however fast or slow the machine is (a trace alone lands mostly between rollouts
+when steps are dominated by training).
 """
 
 from __future__ import annotations
@@ -27,7 +28,15 @@ def instance_pids(instance_id: str) -> list[int]:
 
 
 class BusyWorkerKiller(threading.Thread):
-    """Kill up to `kills` spot workers (SIGKILL, no notice), each while it is generating."""
+    """Kill up to `kills` spot workers (SIGKILL, no notice), each while it holds partial responses.
+
+    Where a kill lands must not decide a test's outcome, so the event is forced rather than hoped
+    for: a candidate worker (ready, holding responses) is frozen with SIGSTOP, the trainer's status
+    is read until that worker's token count stops moving (the frames it had sent have arrived), and
+    it is SIGKILLed only if it still holds responses that already have tokens; otherwise it is
+    thawed and another moment is tried. A frozen worker cannot finish a response between the check
+    and the kill.
+    """
 
     def __init__(self, home: Path, job: str, kills: int = 2, min_gap_s: float = 1.0, start_step: int = 1) -> None:
         super().__init__(daemon=True)
@@ -40,7 +49,8 @@ class BusyWorkerKiller(threading.Thread):
         if not db.exists():
             return None
         try:
-            row = StateStore(db).get_job(self.job)
+            with StateStore(db) as store:
+                row = store.get_job(self.job)
         except Exception:  # not created yet
             return None
         token_file = self.home / "jobs" / f"{self.job}-{row.id}" / "token"
@@ -48,9 +58,43 @@ class BusyWorkerKiller(threading.Thread):
             return None
         return row.trainer_url, token_file.read_text().strip()
 
+    @staticmethod
+    def _status(url: str, token: str) -> dict | None:
+        try:
+            return httpx.get(f"{url}/v1/status", headers={"Authorization": f"Bearer {token}"}, timeout=2).json()
+        except (httpx.HTTPError, ValueError):
+            return None
+
+    def _worker(self, url: str, token: str, worker_id: str) -> dict | None:
+        st = self._status(url, token)
+        return next((w for w in (st or {}).get("workers", []) if w["worker_id"] == worker_id), None)
+
+    def _kill_if_partial(self, url: str, token: str, worker_id: str) -> bool:
+        """Freeze the worker, wait until the trainer has all it sent, kill it if it holds partials."""
+        pids = instance_pids(worker_id)
+        if not pids or not signal_groups(pids, signal.SIGSTOP):
+            return False
+        try:
+            last = None
+            for _ in range(50):  # at most ~1 s frozen: well inside any heartbeat timeout
+                time.sleep(0.02)
+                w = self._worker(url, token, worker_id)
+                if w is None or w["state"] != "ready":
+                    return False
+                if last is not None and w["tokens"] == last:
+                    break
+                last = w["tokens"]
+            else:
+                return False
+            if w["partial"] <= 0:
+                return False
+            signal_groups(pids, signal.SIGKILL)
+            return True
+        finally:
+            signal_groups(pids, signal.SIGCONT)  # a no-op on a killed group
+
     def run(self) -> None:
         last = 0.0
-        seen: dict[str, int] = {}  # worker -> its token count at the previous poll
         while not self.stop.is_set() and len(self.killed) < self.kills:
             time.sleep(0.01)
             target = self._endpoint()
@@ -58,20 +102,12 @@ class BusyWorkerKiller(threading.Thread):
                 time.sleep(0.2)
                 continue
             url, token = target
-            try:
-                st = httpx.get(f"{url}/v1/status", headers={"Authorization": f"Bearer {token}"}, timeout=2).json()
-            except (httpx.HTTPError, ValueError):
+            st = self._status(url, token)
+            if st is None or st.get("step", 0) < self.start_step or time.monotonic() - last < self.min_gap_s:
                 continue
-            workers = st.get("workers", [])
-            before, seen = seen, {w["worker_id"]: w["tokens"] for w in workers}
-            if st.get("step", 0) < self.start_step or time.monotonic() - last < self.min_gap_s:
-                continue
-            for w in workers:
-                # `tokens` counts the whole job: only a rise since the last poll (~10 ms ago) says the
-                # responses it holds now are mid-generation, not merely assigned
-                streaming = w["tokens"] > before.get(w["worker_id"], w["tokens"])
-                if w["kind"] == "spot" and w["state"] == "ready" and w["active"] > 0 and streaming:
-                    if kill_instance(w["worker_id"]):
+            for w in st.get("workers", []):
+                if w["kind"] == "spot" and w["state"] == "ready" and w["active"] > 0:
+                    if self._kill_if_partial(url, token, w["worker_id"]):
                         self.killed.append(w["worker_id"])
                         last = time.monotonic()
                     break
@@ -90,19 +126,28 @@ class FaultRecord:
 FAULTS: list[FaultRecord] = []
 
 
+def signal_groups(pids: list[int], sig: signal.Signals) -> int:
+    """Send `sig` to the process group of each pid; how many groups were reached."""
+    reached = 0
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            os.killpg(pid, sig)
+            reached += 1
+    return reached
+
+
 def kill_instance(instance_id: str) -> int:
     """SIGKILL every process group of an instance; how many processes were found."""
     pids = instance_pids(instance_id)
-    for pid in pids:
-        with contextlib.suppress(OSError):
-            os.killpg(pid, signal.SIGKILL)
+    signal_groups(pids, signal.SIGKILL)
     return len(pids)
 
 
 def job_step(home: Path, job: str) -> int:
     """The job's recorded step (0 before any), read from the state store like `rlboost status`."""
     try:
-        return StateStore(home / "state.db").get_job(job).step or 0
+        with StateStore(home / "state.db") as store:
+            return store.get_job(job).step or 0
     except Exception:  # not created yet
         return 0
 

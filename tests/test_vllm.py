@@ -108,8 +108,10 @@ def test_weight_swap_after_a_grpo_step_matches_the_learner(assets, vllm_engine) 
 
 
 def test_local_job_with_vllm_workers(assets, tmp_path) -> None:
-    """rlboost launch: a trainer training the tiny HF model on the math dataset, its own vLLM
-    engine and one spot worker with vLLM, over the real protocol."""
+    """rlboost launch: a trainer training the tiny HF model on the math dataset and one spot worker
+    generating with vLLM, over the real protocol. The trainer's own engine is off, so the spot
+    worker generates every response: with it on, a slow vLLM start on a loaded machine let the
+    trainer's engine finish both steps alone and the test could not see the worker at work."""
     model_dir, data, _ = assets
     (tmp_path / "trace.json").write_text(json.dumps({"metadata": {"gap_seconds": 1}, "data": [1] * 600}))
     job = {
@@ -127,6 +129,7 @@ def test_local_job_with_vllm_workers(assets, tmp_path) -> None:
         "trainer": {"hourly_price": 10.0},
         "rollout": {
             "engine": "vllm",
+            "trainer_engine": False,
             "max_workers": 1,
             "engine_batch": 16,
             "heartbeat_timeout_s": 30,
@@ -147,6 +150,6 @@ def test_local_job_with_vllm_workers(assets, tmp_path) -> None:
     assert all(r["tokens"] and len(r["tokens"]) <= 24 for r in rollouts)
     assert {r["version"] for r in rollouts} == set(range(STEPS))
     engines = {e for r in rollouts for e in r["engines"]}
-    assert any("-w" in e for e in engines), engines  # the spot worker generated (with vLLM)
+    assert engines and all("-w" in e for e in engines), engines  # the spot worker generated all (vLLM)
     worker_logs = "".join(p.read_text() for p in (home / "jobs").glob("*/instances/*-w*/log"))
     assert "loaded version 0" in worker_logs and "vllm" in worker_logs.lower()

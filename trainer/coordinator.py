@@ -774,7 +774,8 @@ class Coordinator:
         out = []
         now = self.clock()
         for conn in [*self.engines.values(), *self.gone.values()]:
-            active = len(self.book.assigned(conn.id))
+            held = self.book.assigned(conn.id)
+            active = len(held)
             measured = conn.meter.rate(now, conn.busy_since) if active else 0.0
             out.append(
                 {
@@ -786,6 +787,8 @@ class Coordinator:
                     "tokens_per_s": round(max(conn.tokens_per_s, measured), 1),
                     "tokens": conn.tokens,
                     "active": active,
+                    # held responses that already have tokens: what a kill now would migrate
+                    "partial": sum(1 for r in map(self.book.responses.get, held) if r is not None and r.generated > 0),
                 }
             )
         return out

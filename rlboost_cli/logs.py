@@ -54,7 +54,8 @@ def keep(line: str, show_all: bool) -> bool:
 
 
 def _print(console: Console, text: str) -> None:
-    console.print(text, markup=False, highlight=False, emoji=False, soft_wrap=True)
+    # rstrip: rich pads the controller's own progress lines to the terminal width
+    console.print(text.rstrip(), markup=False, highlight=False, emoji=False, soft_wrap=True)
 
 
 def show_tail(console: Console, srcs: list[tuple[str, Path]], lines: int, show_all: bool) -> dict[Path, int]:

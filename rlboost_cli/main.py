@@ -190,12 +190,18 @@ def run_detached_controller(
     store = _store()
     job = store.job_by_id(job_id)
     run_dir = job_run_dir(job)
-    spec = load_spec(run_dir / "spec.yaml")
-    token = (run_dir / "token").read_text().strip()
-    t_offer, s_offers, _ = _offers(spec)
     store.update_job(job_id, controller_pid=os.getpid())
-    console.print(f"controller pid {os.getpid()} for job {spec.name} (id {job_id})", highlight=False)
-    _run_controller(spec, store, job_id, run_dir, token, record_rollouts, (t_offer, s_offers), _market(spec), resume)
+    console.print(f"controller pid {os.getpid()} for job {job.name} (id {job_id})", highlight=False)
+    try:  # launch checked all of this a moment ago; a failure now still must not leave the job 'pending'
+        spec = load_spec(run_dir / "spec.yaml")
+        token = (run_dir / "token").read_text().strip()
+        t_offer, s_offers, _ = _offers(spec)
+        market = _market(spec)
+    except (SpecError, OSError, typer.Exit) as e:
+        why = str(e) if not isinstance(e, typer.Exit) else f"could not start (see {run_dir / 'controller.log'})"
+        store.update_job(job_id, status="failed", ended_at=time.time(), error=why)
+        fail(why, 2)
+    _run_controller(spec, store, job_id, run_dir, token, record_rollouts, (t_offer, s_offers), market, resume)
 
 
 def _offers(spec: JobSpec):

@@ -12,6 +12,7 @@ import time
 from typing import Any
 
 import yaml
+from rich import box
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
@@ -226,19 +227,22 @@ def render_status(store: StateStore, job: str | None, console: Console, *, now: 
     if not data["jobs"]:
         console.print("No jobs yet. Start one with `rlboost launch job.yaml`.")
         return
-    table = Table(title="rlboost jobs", title_justify="left")
-    # short headers so the table fits an 80-column terminal
+    # short headers and no inner rules so the table fits an 80-column terminal; the id, name and
+    # status are what a user types or acts on next, so those never shrink
+    # short headers, one space between columns and no rules, so that the table fits an 80-column
+    # terminal without truncating what a user types or acts on next: the id, the name, the status
+    table = Table(title="rlboost jobs", title_justify="left", box=box.SIMPLE_HEAD, padding=0, show_edge=False)
     table.add_column("id", justify="right", no_wrap=True)
     table.add_column("job", no_wrap=True)
     table.add_column("status", no_wrap=True)
-    for col in ("step", "reward", "ver", "elapsed", "workers", "preempt", "migr"):
+    for col in ("step", "reward", "ver", "elapsed", "wkrs", "pre", "migr"):
         table.add_column(col, justify="right", no_wrap=True)
     for js in data["jobs"]:
         steps = f"{_fmt(js['step'])}/{_fmt(js['steps'])}"
         style = {"running": "green", "failed": "red", "pending": "cyan", "stopped": "yellow"}.get(js["status"], "")
         shown = js["status"]
         if js["controller_alive"] is False:
-            shown, style = f"{js['status']} (controller dead)", "bold red"
+            shown, style = f"{js['status']}\n(controller dead)", "bold red"
         table.add_row(
             str(js["id"]),
             Text(js["name"]),

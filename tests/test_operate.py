@@ -246,6 +246,12 @@ def test_ids_newest_first_and_dead_controller_is_shown(home):
     assert run_json("cost-report", str(a), home=home)["job_id"] == a
     missing = run_cli("status", "999", home=home)
     assert missing.returncode == 1 and "no job with id 999" in missing.stderr
+    # launch --resume takes an id too: this one finished, that one's controller is alive
+    done = run_cli("launch", "--resume", str(a), home=home)
+    assert done.returncode == 2 and "already succeeded" in done.stderr
+    busy = run_cli("launch", "--resume", str(c), home=home)
+    assert busy.returncode == 1 and "ops-live" in busy.stderr and "still running" in busy.stderr
+    assert "no job with id 999" in run_cli("launch", "--resume", "999", home=home).stderr
 
 
 def test_rm_refuses_an_active_job_and_removes_an_ended_one(home):

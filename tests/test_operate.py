@@ -129,16 +129,22 @@ def test_detached_launch_outlives_its_shell_and_down_stops_it(tmp_path, home):
         [PY, "-m", "rlboost_cli.main", "logs", str(job_id), "-f", "-n", "5"],
         env=env(home), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
+    seen = ""
+    for line in follower.stdout:  # the tail is printed; wait until it follows (a training job writes on)
+        seen += line
+        if f"{name}-{job_id}-trainer | " in line:
+            break
     down = run_cli("down", str(job_id), home=home, timeout=180)
     assert down.returncode == 0, down.stdout + down.stderr
     assert f"{name} (id {job_id}): stopped" in down.stdout
     assert_job_gone(home, name, job_id)
     # `logs -f` returns by itself once the job has ended, with the controller's last words
     fout, ferr = follower.communicate(timeout=60)
+    fout = seen + fout
     assert follower.returncode == 0, ferr
     assert "controller |" in fout and f"{name}-{job_id}-trainer |" in fout
     assert "stopped by `rlboost down`" in fout and "stopped" in ferr
-    logs = run_cli("logs", name, home=home, check=True).stdout
+    logs = run_cli("logs", name, "-n", "1000000", home=home, check=True).stdout  # every line, however long it ran
     assert f"controller pid {pid}" in logs  # the detached controller's own log
 
 

@@ -84,10 +84,23 @@ def assert_job_gone(home: Path, name: str, job_id: int) -> None:
         store.close()
 
 
+@pytest.fixture
+def no_job_left(home):
+    """Whatever a failing test left running (a detached job would train on for hours) is stopped."""
+    yield
+    db = home / "state.db"
+    if db.exists():
+        store = StateStore(db)
+        active = [j for j in store.list_jobs() if j.active]
+        store.close()
+        if active:
+            run_cli("down", "--all", home=home, timeout=300)
+
+
 # ---- detached runs -----------------------------------------------------------------------------
 
 
-def test_detached_launch_outlives_its_shell_and_down_stops_it(tmp_path, home):
+def test_detached_launch_outlives_its_shell_and_down_stops_it(tmp_path, home, no_job_left):
     name = "ops-detach"
     jf = job_file(tmp_path, name)
     # the launching shell, in a session of its own so that its hang-up can be sent like a terminal's
@@ -152,7 +165,7 @@ def test_detached_launch_outlives_its_shell_and_down_stops_it(tmp_path, home):
 
 
 @pytest.mark.parametrize("sig", [signal.SIGHUP, signal.SIGINT])
-def test_signal_to_attached_launch_stops_the_job_like_down(tmp_path, home, sig):
+def test_signal_to_attached_launch_stops_the_job_like_down(tmp_path, home, sig, no_job_left):
     name = f"ops-{sig.name.lower()}"
     jf = job_file(tmp_path, name)
     out = tmp_path / "launch.out"

@@ -8,10 +8,12 @@ generous deadline; none sleeps for an outcome.
 from __future__ import annotations
 
 import os
+import queue
 import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -53,6 +55,30 @@ def wait_for(pred: Callable[[], bool], what: str, timeout_s: float = 120) -> Non
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for: {what}")
         time.sleep(0.05)
+
+
+class Lines:
+    """A subprocess's stdout, line by line, each wait bounded (a silent process fails the test, not hangs it)."""
+
+    def __init__(self, pipe) -> None:
+        self.q: queue.Queue[str] = queue.Queue()
+        self.reader = threading.Thread(target=lambda: [self.q.put(ln) for ln in pipe], daemon=True)
+        self.reader.start()
+
+    def rest(self, timeout_s: float = 60) -> str:
+        """Everything after the lines already taken, once the process has closed its stdout."""
+        self.reader.join(timeout_s)
+        assert not self.reader.is_alive(), "stdout still open"
+        out = []
+        while not self.q.empty():
+            out.append(self.q.get())
+        return "".join(out)
+
+    def next(self, timeout_s: float = 60) -> str:
+        try:
+            return self.q.get(timeout=timeout_s)
+        except queue.Empty:
+            raise AssertionError(f"no line within {timeout_s}s") from None
 
 
 def env(home: Path) -> dict[str, str]:
@@ -142,19 +168,17 @@ def test_detached_launch_outlives_its_shell_and_down_stops_it(tmp_path, home, no
         [PY, "-m", "rlboost_cli.main", "logs", str(job_id), "-f", "-n", "5"],
         env=env(home), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
-    seen = ""
-    for line in follower.stdout:  # the tail is printed; wait until it follows (a training job writes on)
-        seen += line
-        if f"{name}-{job_id}-trainer | " in line:
-            break
+    lines, seen = Lines(follower.stdout), ""
+    while f"{name}-{job_id}-trainer | " not in seen:  # the tail is printed; wait until it follows
+        seen += lines.next()
     down = run_cli("down", str(job_id), home=home, timeout=180)
     assert down.returncode == 0, down.stdout + down.stderr
     assert f"{name} (id {job_id}): stopped" in down.stdout
     assert_job_gone(home, name, job_id)
     # `logs -f` returns by itself once the job has ended, with the controller's last words
-    fout, ferr = follower.communicate(timeout=60)
-    fout = seen + fout
-    assert follower.returncode == 0, ferr
+    assert follower.wait(timeout=60) == 0
+    ferr = follower.stderr.read()
+    fout = seen + lines.rest()
     assert "controller |" in fout and f"{name}-{job_id}-trainer |" in fout
     assert "stopped by `rlboost down`" in fout and "stopped" in ferr
     logs = run_cli("logs", name, "-n", "1000000", home=home, check=True).stdout  # every line, however long it ran
@@ -359,3 +383,40 @@ def test_error_messages_print_brackets(tmp_path, home):
     assert proc.returncode == 2 and "[local]" in proc.stderr, proc.stderr
     assert "MarkupError" not in proc.stderr
 
+
+
+def test_logs_follow_picks_up_a_restarted_trainer_and_returns_when_the_job_ends(home):
+    controller = subprocess.Popen(["sleep", "600"])  # stands in for a live controller process
+    try:
+        store = StateStore(home / "state.db")
+        jid = store.create_job("ops-follow", "name: ops-follow\n", "local")
+        store.update_job(jid, status="running", controller_pid=controller.pid)
+        _record(store, jid, "ops-follow-1-trainer", Role.TRAINER)
+        run_dir = home / "jobs" / f"ops-follow-{jid}"
+        first = run_dir / "instances" / "ops-follow-1-trainer" / "log"
+        first.parent.mkdir(parents=True)
+        first.write_text("old line\n")
+        follower = subprocess.Popen(
+            [PY, "-m", "rlboost_cli.main", "logs", str(jid), "-f"],
+            env=env(home), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )
+        lines = Lines(follower.stdout)
+        assert lines.next() == "old line\n"  # the tail, then it follows
+        with open(first, "a") as f:
+            f.write("trainer lost [sic]\n")
+        assert lines.next() == "ops-follow-1-trainer | trainer lost [sic]\n"
+        # the trainer is relaunched: its log appears after following began, and is followed from its start
+        _record(store, jid, "ops-follow-1-trainer-r1", Role.TRAINER)
+        second = run_dir / "instances" / "ops-follow-1-trainer-r1" / "log"
+        second.parent.mkdir(parents=True)
+        second.write_text("resumed from ckpt-00000004.pt: continuing at step 5\n")
+        assert lines.next() == "ops-follow-1-trainer-r1 | resumed from ckpt-00000004.pt: continuing at step 5\n"
+        store.update_job(jid, status="succeeded", ended_at=time.time())
+        store.close()
+        controller.kill()
+        controller.wait()
+        assert follower.wait(timeout=60) == 0
+        assert lines.rest() == "" and "succeeded" in follower.stderr.read()
+    finally:
+        controller.kill()
+        controller.wait()

@@ -96,7 +96,7 @@ def _check_budget(spec: JobSpec) -> None:
 @app.command()
 def launch(
     job_file: Annotated[
-        str, typer.Argument(help="the job YAML, e.g. examples/local.yaml (with --resume: the job's name or YAML)")
+        str, typer.Argument(help="the job YAML, e.g. examples/local.yaml (with --resume: the job's id, name or YAML)")
     ],
     dryrun: Annotated[bool, typer.Option("--dryrun", help="print the plan (offers, prices) and exit")] = False,
     resume: Annotated[
@@ -379,7 +379,9 @@ def _print_outcome(store: StateStore, job_id: int) -> None:
 
 @app.command()
 def status(
-    job: Annotated[str | None, typer.Argument(help="a job name; all jobs when omitted")] = None,
+    job: Annotated[
+        str | None, typer.Argument(help="a job id, or a name (its newest run); all jobs when omitted")
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
 ) -> None:
     """Jobs, workers, weight versions, throughput, preemptions."""
@@ -397,7 +399,9 @@ def status(
 
 @app.command("cost-report")
 def cost_report(
-    job: Annotated[str | None, typer.Argument(help="a job name; every job and the total when omitted")] = None,
+    job: Annotated[
+        str | None, typer.Argument(help="a job id, or a name (its newest run); every job and the total when omitted")
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
 ) -> None:
     """Spend per spot/on-demand and accelerator, savings, $ per step, $ per 1M tokens."""

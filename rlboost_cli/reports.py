@@ -104,7 +104,7 @@ def _job_status(store: StateStore, job: JobRow, now: float) -> dict[str, Any]:
     steps = store.steps(job.id)
     start = job.started_at if job.started_at is not None else job.created_at
     end = job.ended_at if job.ended_at is not None else (now if job.active else None)
-    alive = controller_state(job)
+    alive = controller_state(store, job)
     status_text = job.status
     if alive is False:
         status_text = f"{job.status} (controller dead: run `rlboost launch --resume {job.id}` or `rlboost gc`)"
@@ -149,7 +149,7 @@ def _job_status(store: StateStore, job: JobRow, now: float) -> dict[str, Any]:
     }
 
 
-def controller_state(job: JobRow) -> bool | None:
+def controller_state(store: StateStore, job: JobRow) -> bool | None:
     """Is an active job's controller process alive? None for an ended job (it has none) and for one
     whose launch is still recording its controller."""
     from rlboost_cli.reconcile import _just_created, controller_alive
@@ -158,6 +158,10 @@ def controller_state(job: JobRow) -> bool | None:
         return None
     if controller_alive(job.controller_pid):
         return True
+    # a controller records its job's end before it exits: one that just finished is not dead
+    again = store.job_by_id(job.id)
+    if not again.active or again.controller_pid != job.controller_pid:
+        return None if not again.active else controller_alive(again.controller_pid)
     return None if _just_created(job) else False
 
 

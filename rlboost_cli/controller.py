@@ -8,6 +8,7 @@ derived from durable records and a crash never leaves a paid instance untracked.
 from __future__ import annotations
 
 import contextlib
+import os
 import random
 import signal
 import sys
@@ -32,6 +33,7 @@ from rlboost_cli.pricing import Offer
 from rlboost_cli.progress import JobProgress
 from rlboost_cli.spec import JobSpec
 from rlboost_cli.state import StateStore, UnknownInstanceError
+from rlboost_cli.step_numbers import shown
 from trainer.tls import https_url
 
 
@@ -106,6 +108,8 @@ class Controller:
         """Run the job to the end; returns the final job status. `resume`: a previous controller of
         this job died or was stopped; reattach to what still runs, relaunch what does not."""
         prev = signal.signal(signal.SIGTERM, _raise_stop)
+        # a closed terminal stops the job as `down` would: an unattended controller is worse than none
+        prev_hup = signal.signal(signal.SIGHUP, self._on_hangup)
         status, error = "failed", None
         progress = JobProgress(self.console, self.spec.algorithm.steps)
         try:
@@ -122,15 +126,17 @@ class Controller:
                 status, error = self._supervise(progress)
         except KeyboardInterrupt:
             status, error = "stopped", "interrupted (Ctrl-C)"
-        except Stop:
-            status, error = "stopped", "stopped by `rlboost down`"
+        except Stop as e:
+            status, error = "stopped", str(e) or "stopped by `rlboost down`"
         except (ProviderError, TrainerFailed) as e:
             status, error = "failed", str(e)
         finally:
             signal.signal(signal.SIGTERM, _raise_stop)  # a second `down` during teardown is harmless
+            signal.signal(signal.SIGHUP, signal.SIG_IGN)  # a closing terminal may hang up twice
             with contextlib.suppress(Stop, KeyboardInterrupt):
                 self.teardown()
             signal.signal(signal.SIGTERM, prev)
+            signal.signal(signal.SIGHUP, prev_hup)
             self.store.update_job(
                 self.job_id, status=status, ended_at=time.time(), error=error, clock=self.provider.clock()
             )
@@ -397,7 +403,7 @@ class Controller:
         for rec in history[self.steps_recorded :]:
             self.store.record_step(
                 self.job_id,
-                step=rec["step"],
+                step=shown(rec["step"]),  # the trainer counts from 0; the store, like every message, from 1
                 version=rec["version"],
                 reward=rec["reward"],
                 tokens=rec["tokens"],
@@ -460,6 +466,18 @@ class Controller:
                 )
             else:
                 self.store.update_instance(inst.id, InstanceState.TERMINATED, clock, "torn down")
+
+    def _on_hangup(self, signum: int, frame: object) -> None:
+        """SIGHUP: the terminal is gone. Writing to it would fail (EIO) in the middle of teardown, so
+        stdout/stderr go to the job's controller log from here on; then stop like `rlboost down`."""
+        from rlboost_cli.detach import controller_log
+
+        with contextlib.suppress(OSError):
+            fd = os.open(controller_log(self.run_dir), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+            os.dup2(fd, 1)
+            os.dup2(fd, 2)
+            os.close(fd)
+        raise Stop("stopped: the launching terminal closed (SIGHUP)")
 
     def _log_hint(self) -> str:
         return f"see {self.run_dir / 'instances' / self.trainer_id / 'log'}"

@@ -13,11 +13,15 @@ from typing import TYPE_CHECKING, Annotated, NoReturn
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
+from rlboost_cli.jobs_ref import resolve_job
 from rlboost_cli.pricing import PricingError, spot_offers, trainer_offer
+from rlboost_cli.reconcile import job_run_dir
 from rlboost_cli.spec import JobSpec, SpecError, load_spec, spec_to_yaml
-from rlboost_cli.state import JobExistsError, StateStore, UnknownJobError, rlboost_home
+from rlboost_cli.state import JobExistsError, JobRow, StateStore, UnknownJobError, rlboost_home
+from rlboost_cli.step_numbers import checkpointed_steps, resume_message
 
 if TYPE_CHECKING:
     from providers.spot_market import SpotMarket
@@ -28,14 +32,15 @@ app = typer.Typer(
     no_args_is_help=True,
     help="RL post-training on an on-demand trainer plus harvested spot GPUs.",
 )
-console = Console()
+console = Console(log_path=False)  # progress lines name no source file
 err = Console(stderr=True)
 
 ACTIVE = ("pending", "running")
 
 
 def fail(msg: str, code: int = 1) -> NoReturn:
-    err.print(f"[bold red]error:[/] {msg}", highlight=False, soft_wrap=True)
+    # messages quote user and provider text (`[local]`, paths, log lines): never markup
+    err.print(f"[bold red]error:[/] {escape(msg)}", highlight=False, soft_wrap=True)
     raise typer.Exit(code)
 
 
@@ -91,7 +96,7 @@ def _check_budget(spec: JobSpec) -> None:
 @app.command()
 def launch(
     job_file: Annotated[
-        str, typer.Argument(help="the job YAML, e.g. examples/local.yaml (with --resume: the job's name or YAML)")
+        str, typer.Argument(help="the job YAML, e.g. examples/local.yaml (with --resume: the job's id, name or YAML)")
     ],
     dryrun: Annotated[bool, typer.Option("--dryrun", help="print the plan (offers, prices) and exit")] = False,
     resume: Annotated[
@@ -105,10 +110,19 @@ def launch(
     record_rollouts: Annotated[
         bool, typer.Option(help="write every response and the final weights to the trainer's run dir")
     ] = False,
+    detach: Annotated[
+        bool,
+        typer.Option(
+            "--detach",
+            "-d",
+            help="run the controller in the background (survives the shell closing); "
+            "follow it with `rlboost logs ID -f`, stop it with `rlboost down ID`",
+        ),
+    ] = False,
 ) -> None:
     """Provision the trainer, train, and keep bidding for spot rollout workers until the job ends."""
     if resume:
-        _resume(job_file, record_rollouts)
+        _resume(job_file, record_rollouts, detach)
         return
     try:
         spec = load_spec(Path(job_file))
@@ -143,11 +157,51 @@ def launch(
     token_file.touch(mode=0o600)
     token_file.write_text(token)
     console.print(
-        f"[bold]rlboost[/] job [cyan]{spec.name}[/] (#{job_id}) on provider [cyan]{spec.provider}[/]: "
+        f"[bold]rlboost[/] job [cyan]{spec.name}[/] (id {job_id}) on provider [cyan]{spec.provider}[/]: "
         f"{spec.algorithm.steps} GRPO steps × {spec.algorithm.prompts_per_step} prompts × "
         f"group {spec.algorithm.group_size}, up to {spec.rollout.max_workers} spot workers"
     )
+    if detach:
+        _detach(store, job_id, run_dir, resume=False, record_rollouts=record_rollouts)
+        return
     _run_controller(spec, store, job_id, run_dir, token, record_rollouts, (t_offer, s_offers), market, resume=False)
+
+
+def _detach(store: StateStore, job_id: int, run_dir: Path, *, resume: bool, record_rollouts: bool) -> None:
+    from rlboost_cli.detach import controller_log, spawn_controller
+
+    pid = spawn_controller(job_id, run_dir, resume=resume, record_rollouts=record_rollouts)
+    store.update_job(job_id, controller_pid=pid)  # this process exits now; the job is the child's
+    console.print(
+        f"job id {job_id}: controller running in the background (pid {pid}), log {controller_log(run_dir)}\n"
+        f"  follow it: rlboost logs {job_id} -f    status: rlboost status {job_id}    stop: rlboost down {job_id}",
+        highlight=False,
+        markup=False,
+    )
+
+
+@app.command("_controller", hidden=True)
+def run_detached_controller(
+    job_id: Annotated[int, typer.Argument()],
+    resume: Annotated[bool, typer.Option("--resume")] = False,
+    record_rollouts: Annotated[bool, typer.Option("--record-rollouts")] = False,
+) -> None:
+    """The background controller `launch -d` starts, for a job that launch already recorded."""
+    store = _store()
+    job = store.job_by_id(job_id)
+    run_dir = job_run_dir(job)
+    store.update_job(job_id, controller_pid=os.getpid())
+    console.print(f"controller pid {os.getpid()} for job {job.name} (id {job_id})", highlight=False)
+    try:  # launch checked all of this a moment ago; a failure now still must not leave the job 'pending'
+        spec = load_spec(run_dir / "spec.yaml")
+        token = (run_dir / "token").read_text().strip()
+        t_offer, s_offers, _ = _offers(spec)
+        market = _market(spec)
+    except (SpecError, OSError, typer.Exit) as e:
+        why = str(e) if not isinstance(e, typer.Exit) else f"could not start (see {run_dir / 'controller.log'})"
+        store.update_job(job_id, status="failed", ended_at=time.time(), error=why)
+        fail(why, 2)
+    _run_controller(spec, store, job_id, run_dir, token, record_rollouts, (t_offer, s_offers), market, resume)
 
 
 def _offers(spec: JobSpec):
@@ -205,8 +259,8 @@ def _run_controller(
         fail(f"job {spec.name} {status}: {job.error}")
 
 
-def _resume(ref: str, record_rollouts: bool) -> None:
-    """`launch --resume NAME|FILE`: the same job id, run dir, token and ledger; a new controller."""
+def _resume(ref: str, record_rollouts: bool, detach: bool = False) -> None:
+    """`launch --resume ID|NAME|FILE`: the same job id, run dir, token and ledger; a new controller."""
     from rlboost_cli.reconcile import controller_alive
     from rlboost_cli.state import UnknownJobError
 
@@ -218,14 +272,15 @@ def _resume(ref: str, record_rollouts: bool) -> None:
             fail(str(e), 2)
     store = _store()
     try:
-        job = store.get_job(name)
-    except UnknownJobError:
-        fail(f"no job named {name!r} to resume; `rlboost status` lists jobs", 2)
+        job = resolve_job(store, name)
+    except UnknownJobError as e:
+        fail(f"nothing to resume: {e}", 2)
+    name = job.name
     if job.status == "succeeded":
         fail(f"job {name!r} already succeeded; nothing to resume", 2)
     if job.active and controller_alive(job.controller_pid):
         fail(f"job {name!r} is still running (controller pid {job.controller_pid}); watch it with `rlboost status`")
-    run_dir = rlboost_home() / "jobs" / f"{job.name}-{job.id}"
+    run_dir = job_run_dir(job)
     try:
         spec = load_spec(run_dir / "spec.yaml")  # the job as launched, not a file edited since
         token = (run_dir / "token").read_text().strip()
@@ -235,7 +290,13 @@ def _resume(ref: str, record_rollouts: bool) -> None:
     t_offer, s_offers, _ = _offers(spec)  # before the job record is touched: bad prices fail cleanly
     market = _market(spec)
     store.update_job(job.id, controller_pid=os.getpid())
-    console.print(f"[bold]rlboost[/] resuming job [cyan]{spec.name}[/] (#{job.id}) at step {job.step or 0}")
+    console.print(
+        f"[bold]rlboost[/] resuming job [cyan]{spec.name}[/] (id {job.id}): "
+        + resume_message(job.step or 0, checkpointed_steps(run_dir))
+    )
+    if detach:
+        _detach(store, job.id, run_dir, resume=True, record_rollouts=record_rollouts)
+        return
     _run_controller(spec, store, job.id, run_dir, token, record_rollouts, (t_offer, s_offers), market, resume=True)
 
 
@@ -285,12 +346,14 @@ def _print_plan(spec: JobSpec, t_offer, s_offers, prices=None) -> None:
         worst = t_offer.hourly_price + mw * max(o.hourly_price for o in s_offers)
         console.print(f"at most {mw} spot workers: up to ${worst:.2f}/h with the trainer")
     for cloud, source in sorted(getattr(prices, "sources", {}).items()):
-        console.print(f"prices for {cloud}: {source}")
+        console.print(f"prices for {cloud}: {source}", markup=False)
     if spec.provider != "local":
         from providers import CREDENTIAL_HINTS, credentials, job_clouds
 
         for cloud, found in credentials(job_clouds(spec)).items():
-            state = f"found ({found})" if found else f"[red]missing[/]: {CREDENTIAL_HINTS[cloud]}; launch will refuse"
+            state = f"found ({escape(str(found))})" if found else (
+                f"[red]missing[/]: {escape(CREDENTIAL_HINTS[cloud])}; launch will refuse"
+            )
             console.print(f"credentials for {cloud}: {state}")
     if spec.budget_usd is not None:
         spent = _spent_before(spec.name)
@@ -306,7 +369,7 @@ def _print_outcome(store: StateStore, job_id: int) -> None:
     cost = summarize(store, job_id)
     if steps:
         console.print(
-            f"reward: step 1 {steps[0].reward:.3f} → step {len(steps)} {steps[-1].reward:.3f}  "
+            f"reward: step {steps[0].step} {steps[0].reward:.3f} → step {steps[-1].step} {steps[-1].reward:.3f}  "
             f"({sum(s.migrated for s in steps)} responses migrated)"
         )
     console.print(
@@ -316,7 +379,9 @@ def _print_outcome(store: StateStore, job_id: int) -> None:
 
 @app.command()
 def status(
-    job: Annotated[str | None, typer.Argument(help="a job name; all jobs when omitted")] = None,
+    job: Annotated[
+        str | None, typer.Argument(help="a job id, or a name (its newest run); all jobs when omitted")
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
 ) -> None:
     """Jobs, workers, weight versions, throughput, preemptions."""
@@ -334,7 +399,9 @@ def status(
 
 @app.command("cost-report")
 def cost_report(
-    job: Annotated[str | None, typer.Argument(help="a job name; every job and the total when omitted")] = None,
+    job: Annotated[
+        str | None, typer.Argument(help="a job id, or a name (its newest run); every job and the total when omitted")
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
 ) -> None:
     """Spend per spot/on-demand and accelerator, savings, $ per step, $ per 1M tokens."""
@@ -352,23 +419,19 @@ def cost_report(
 
 @app.command()
 def down(
-    job: Annotated[str | None, typer.Argument(help="the job to stop")] = None,
+    job: Annotated[str | None, typer.Argument(help="the job to stop: its id or name (newest run)")] = None,
     all_jobs: Annotated[bool, typer.Option("--all", help="stop every active job")] = False,
 ) -> None:
     """Stop a job and terminate every instance it owns."""
     store = _store()
     if all_jobs:
-        names = [j.name for j in store.list_jobs() if j.status in ACTIVE]
+        ids = [j.id for j in store.list_jobs() if j.status in ACTIVE]
     elif job:
-        try:
-            j = store.get_job(job)
-        except UnknownJobError as e:
-            fail(str(e))
-        names = [j.name]
+        ids = [_job(store, job).id]
     else:
-        fail("name a job (`rlboost down NAME`) or pass --all; `rlboost status` lists jobs", 2)
-    for name in names:
-        _down_one(store, name)
+        fail("name a job (`rlboost down ID|NAME`) or pass --all; `rlboost status` lists jobs", 2)
+    for job_id in ids:
+        _down_one(store, job_id)
     if all_jobs:  # and whatever any ended or crashed job left behind
         _report_gc(_run_gc(store))
 
@@ -376,13 +439,60 @@ def down(
 @app.command()
 def gc(
     wait: Annotated[float, typer.Option(help="seconds to wait for each provider to confirm terminations")] = 600.0,
+    older_than: Annotated[
+        str | None,
+        typer.Option(help="also remove ended jobs older than this (e.g. 7d, 12h): records and run dirs"),
+    ] = None,
 ) -> None:
     """Find and terminate orphans: instances of jobs whose controller is gone (crashed, killed) that a
-    provider still lists, or that the state store still calls live."""
-    results = _run_gc(_store(), wait)
+    provider still lists, or that the state store still calls live. `--older-than 7d` also removes
+    ended jobs older than that."""
+    from rlboost_cli.housekeeping import NotRemovable, ended_before, parse_age, remove_job
+
+    try:
+        age = parse_age(older_than) if older_than is not None else None
+    except ValueError as e:
+        fail(f"--older-than: {e}", 2)
+    store = _store()
+    results = _run_gc(store, wait)
     _report_gc(results)
+    if age is not None:
+        removed = []
+        for j in ended_before(store, age):
+            try:
+                remove_job(store, j)
+                removed.append(f"{j.name} (id {j.id})")
+            except NotRemovable as e:
+                err.print(f"kept: {e}", markup=False, highlight=False)
+        console.print(
+            f"removed {len(removed)} ended job(s) older than {older_than}"
+            + (f": {', '.join(removed)}" if removed else ""),
+            markup=False,
+            highlight=False,
+        )
     if any(r.unconfirmed or r.error for r in results):
         raise typer.Exit(1)
+
+
+@app.command()
+def rm(job: Annotated[str, typer.Argument(help="an ended job: its id or name (newest run)")]) -> None:
+    """Remove an ended job: its records (status, ledger) and its run directory."""
+    from rlboost_cli.housekeeping import NotRemovable, remove_job
+
+    store = _store()
+    j = _job(store, job)
+    try:
+        remove_job(store, j)
+    except NotRemovable as e:
+        fail(str(e))
+    console.print(f"removed job {j.name} (id {j.id})", markup=False, highlight=False)
+
+
+def _job(store: StateStore, ref: str) -> JobRow:
+    try:
+        return resolve_job(store, ref)
+    except UnknownJobError as e:
+        fail(str(e))
 
 
 def _run_gc(store: StateStore, wait: float = 600.0) -> list:
@@ -396,27 +506,35 @@ def _report_gc(results: list) -> None:
         console.print("no orphans: every recorded instance is accounted for")
     for r in results:
         if r.error:
-            err.print(f"[bold red]error:[/] job {r.job}: {r.error}", highlight=False)
+            err.print(f"[bold red]error:[/] job {escape(r.job)}: {escape(r.error)}", highlight=False)
             continue
         line = f"job {r.job}: terminated {len(r.terminated)} orphan(s)"
         if r.unconfirmed:
             line += f"; NOT confirmed gone: {', '.join(r.unconfirmed)} (run `rlboost gc` again)"
-        console.print(line)
+        console.print(line, markup=False)
 
 
-def _down_one(store: StateStore, name: str) -> None:
-    job = store.get_job(name)
+def _down_one(store: StateStore, job_id: int) -> None:
+    from rlboost_cli.reconcile import controller_alive
+
+    job = store.job_by_id(job_id)
     pid = job.controller_pid
-    if job.status in ACTIVE and pid and _pid_alive(pid):
+    if job.status in ACTIVE and controller_alive(pid):
         os.kill(pid, signal.SIGTERM)  # the controller tears down and records it
         deadline = time.time() + (60 if job.provider == "local" else 900)  # a cloud confirms in minutes
-        while time.time() < deadline and store.get_job(name).status in ACTIVE:
+        while time.time() < deadline and store.job_by_id(job_id).status in ACTIVE:
             time.sleep(0.2)
-    job = store.get_job(name)
+        while time.time() < deadline and controller_alive(pid):  # it exits once its records are closed
+            time.sleep(0.1)
+    job = store.job_by_id(job_id)
     leftovers = _teardown_orphans(store, job)
     if job.status in ACTIVE:
         store.update_job(job.id, status="stopped", ended_at=time.time(), error="stopped by `rlboost down`")
-    console.print(f"job {name}: stopped" + (f"; terminated {leftovers} leftover instance(s)" if leftovers else ""))
+    console.print(
+        f"job {job.name} (id {job.id}): stopped"
+        + (f"; terminated {leftovers} leftover instance(s)" if leftovers else ""),
+        markup=False,
+    )
 
 
 def _teardown_orphans(store: StateStore, job) -> int:
@@ -437,38 +555,35 @@ def _teardown_orphans(store: StateStore, job) -> int:
     finally:
         prov.close()
     if res.unconfirmed:
-        err.print(f"job {job.name}: not confirmed gone: {', '.join(res.unconfirmed)}; run `rlboost gc`")
+        err.print(f"job {job.name}: not confirmed gone: {', '.join(res.unconfirmed)}; run `rlboost gc`", markup=False)
     return len(res.terminated)
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-        return True
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
 
 
 @app.command()
 def logs(
-    job: Annotated[str, typer.Argument(help="the job")],
-    instance: Annotated[str | None, typer.Option(help="an instance id (default: the trainer)")] = None,
-    lines: Annotated[int, typer.Option("-n", help="how many lines")] = 40,
+    job: Annotated[str, typer.Argument(help="the job: its id or name (newest run)")],
+    instance: Annotated[
+        str | None, typer.Option(help="one instance's log, e.g. a worker (default: controller + trainers)")
+    ] = None,
+    lines: Annotated[int, typer.Option("-n", help="how many lines of each log")] = 40,
+    follow: Annotated[bool, typer.Option("--follow", "-f", help="keep printing new lines until the job ends")] = False,
+    show_all: Annotated[bool, typer.Option("--all", help="include aiohttp.access request lines")] = False,
 ) -> None:
-    """Show the tail of an instance's log (local provider)."""
+    """The job's controller log (detached runs) and its trainer's, restarts included (local provider)."""
+    from rlboost_cli import logs as job_logs
+
     store = _store()
+    j = _job(store, job)
     try:
-        j = store.get_job(job)
-    except UnknownJobError as e:
+        srcs = job_logs.sources(store, j, instance)
+    except job_logs.NoLog as e:
         fail(str(e))
-    iid = instance or f"{j.name}-{j.id}-trainer"
-    path = rlboost_home() / "jobs" / f"{j.name}-{j.id}" / "instances" / iid / "log"
-    if not path.exists():
-        known = ", ".join(i.id for i in store.instances(j.id)) or "none"
-        fail(f"no log for instance {iid!r} of job {job} (instances: {known})")
-    console.print("".join(path.read_text(errors="replace").splitlines(keepends=True)[-lines:]), end="")
+    if not srcs and not follow:
+        fail(f"job {j.name} (id {j.id}) has no logs here (only local jobs and detached controllers keep them)")
+    read = job_logs.show_tail(console, srcs, lines, show_all)
+    if follow:
+        why = job_logs.follow(console, store, j, instance, show_all, read=read)
+        err.print(why, markup=False, highlight=False)
 
 
 @app.command()
@@ -527,7 +642,7 @@ def simulate(
     if plot is not None:
         plot_results(results, plot, title)
         if not as_json:
-            console.print(f"plot: {plot}")
+            console.print(f"plot: {plot}", markup=False)
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -11,6 +12,8 @@ from rich.progress import (
     TextColumn,
     TimeElapsedColumn,
 )
+
+from rlboost_cli.step_numbers import shown
 
 
 class JobProgress:
@@ -37,21 +40,22 @@ class JobProgress:
         self.progress.__exit__(*exc)  # type: ignore[arg-type]
 
     def provisioning(self, what: str) -> None:
-        self.progress.update(self.boot, info=what)
+        self.progress.update(self.boot, info=escape(what))  # the info column renders markup
 
     def provisioned(self, what: str) -> None:
-        self.progress.update(self.boot, completed=1, info=what)
+        self.progress.update(self.boot, completed=1, info=escape(what))
         self.progress.update(self.train, visible=True)
 
     def note(self, line: str) -> None:
-        self.console.log(line)
+        self.console.log(line, markup=False)  # notes quote provider errors and ids, not markup
 
     def step(self, rec: dict) -> None:
+        n = shown(rec["step"])
         self.console.log(
-            f"step {rec['step'] + 1:>3}  reward {rec['reward']:.3f}  tokens {rec['tokens']}"
+            f"step {n:>3}  reward {rec['reward']:.3f}  tokens {rec['tokens']}"
             f"  migrated {rec['migrated']}  {rec['seconds']:.2f}s"
         )
-        self.progress.update(self.train, completed=rec["step"] + 1)
+        self.progress.update(self.train, completed=n)
 
     def update(self, snap: dict, live_workers: list, preemptions: int) -> None:
         reward = snap.get("reward")

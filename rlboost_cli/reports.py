@@ -12,10 +12,12 @@ import time
 from typing import Any
 
 import yaml
+from rich import box
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from rlboost_cli.jobs_ref import resolve_job
 from rlboost_cli.ledger import CostSummary, summarize, summarize_all
 from rlboost_cli.state import InstanceRow, JobRow, StateStore
 
@@ -102,10 +104,17 @@ def _job_status(store: StateStore, job: JobRow, now: float) -> dict[str, Any]:
     steps = store.steps(job.id)
     start = job.started_at if job.started_at is not None else job.created_at
     end = job.ended_at if job.ended_at is not None else (now if job.active else None)
+    alive = controller_state(store, job)
+    status_text = job.status
+    if alive is False:
+        status_text = f"{job.status} (controller dead: run `rlboost launch --resume {job.id}` or `rlboost gc`)"
     return {
         "id": job.id,
         "name": job.name,
         "status": job.status,
+        "status_text": status_text,
+        "controller_pid": job.controller_pid,
+        "controller_alive": alive,
         "provider": job.provider,
         "phase": snap.get("phase"),
         "step": job.step if job.step is not None else snap.get("step"),
@@ -140,10 +149,26 @@ def _job_status(store: StateStore, job: JobRow, now: float) -> dict[str, Any]:
     }
 
 
+def controller_state(store: StateStore, job: JobRow) -> bool | None:
+    """Is an active job's controller process alive? None for an ended job (it has none) and for one
+    whose launch is still recording its controller."""
+    from rlboost_cli.reconcile import _just_created, controller_alive
+
+    if not job.active:
+        return None
+    if controller_alive(job.controller_pid):
+        return True
+    # a controller records its job's end before it exits: one that just finished is not dead
+    again = store.job_by_id(job.id)
+    if not again.active or again.controller_pid != job.controller_pid:
+        return None if not again.active else controller_alive(again.controller_pid)
+    return None if _just_created(job) else False
+
+
 def status_json(store: StateStore, job: str | None, *, now: float | None = None) -> dict[str, Any]:
-    """{"jobs": [...]}: one job (newest of that name) or all jobs, oldest first."""
+    """{"jobs": [...]}: one job (an id, or the newest run of a name) or all jobs, newest first."""
     t = time.time() if now is None else now
-    jobs = [store.get_job(job)] if job else store.list_jobs()
+    jobs = [resolve_job(store, job)] if job else store.list_jobs()[::-1]
     return {"jobs": [_job_status(store, j, t) for j in jobs]}
 
 
@@ -166,9 +191,9 @@ def _workers_table(js: dict[str, Any]) -> Table:
         state = w["state"] or "-"
         style = {"running": "green", "notice": "yellow", "preempted": "red", "pending": "cyan"}.get(state, "")
         table.add_row(
-            w["instance_id"],
-            kind,
-            where,
+            Text(w["instance_id"]),
+            Text(kind),
+            Text(where),
             Text(state, style=style),
             _fmt(w["version"], "d") if isinstance(w["version"], int) else "-",
             _fmt(w["tokens_per_s"], ".1f") if isinstance(w["tokens_per_s"], (int, float)) else "-",
@@ -206,18 +231,26 @@ def render_status(store: StateStore, job: str | None, console: Console, *, now: 
     if not data["jobs"]:
         console.print("No jobs yet. Start one with `rlboost launch job.yaml`.")
         return
-    table = Table(title="rlboost jobs", title_justify="left")
-    # short headers so the table fits an 80-column terminal
+    # short headers and no inner rules so the table fits an 80-column terminal; the id, name and
+    # status are what a user types or acts on next, so those never shrink
+    # short headers, one space between columns and no rules, so that the table fits an 80-column
+    # terminal without truncating what a user types or acts on next: the id, the name, the status
+    table = Table(title="rlboost jobs", title_justify="left", box=box.SIMPLE_HEAD, padding=0, show_edge=False)
+    table.add_column("id", justify="right", no_wrap=True)
     table.add_column("job", no_wrap=True)
     table.add_column("status", no_wrap=True)
-    for col in ("step", "reward", "ver", "elapsed", "workers", "preempt", "migr"):
+    for col in ("step", "reward", "ver", "elapsed", "wkrs", "pre", "migr"):
         table.add_column(col, justify="right", no_wrap=True)
     for js in data["jobs"]:
         steps = f"{_fmt(js['step'])}/{_fmt(js['steps'])}"
         style = {"running": "green", "failed": "red", "pending": "cyan", "stopped": "yellow"}.get(js["status"], "")
+        shown = js["status"]
+        if js["controller_alive"] is False:
+            shown, style = f"{js['status']}\n(controller dead)", "bold red"
         table.add_row(
-            js["name"],
-            Text(js["status"], style=style),
+            str(js["id"]),
+            Text(js["name"]),
+            Text(shown, style=style),
             steps,
             _fmt(js["reward"], ".3f"),
             _fmt(js["version"]),
@@ -227,6 +260,9 @@ def render_status(store: StateStore, job: str | None, console: Console, *, now: 
             str(js["migrated"]),
         )
     console.print(table)
+    for js in data["jobs"]:
+        if js["controller_alive"] is False:
+            console.print(Text(f"{js['name']} (id {js['id']}): {js['status_text']}", style="red"))
     # Details for the named job, or for every job still pending/running.
     for js in data["jobs"]:
         if job is None and js["status"] not in ("pending", "running"):
@@ -237,7 +273,9 @@ def render_status(store: StateStore, job: str | None, console: Console, *, now: 
             console.print(_workers_table(js))
         if js["reward_history"]:
             hist = js["reward_history"][-40:]
-            console.print(f"{js['name']} reward (last {len(hist)} steps): {sparkline(hist)}  {hist[-1]:.3f}")
+            console.print(
+                f"{js['name']} reward (last {len(hist)} steps): {sparkline(hist)}  {hist[-1]:.3f}", markup=False
+            )
         if job is not None and js["recent_steps"]:
             console.print(_steps_table(js))
 
@@ -256,12 +294,12 @@ def _summary_json(s: CostSummary) -> dict[str, Any]:
 def cost_json(store: StateStore, job: str | None) -> dict[str, Any]:
     """The ledger for one job (newest of that name) or all jobs, with a per-job breakdown."""
     if job:
-        row = store.get_job(job)
+        row = resolve_job(store, job)
         out = {"scope": "job", "job": row.name, "job_id": row.id, **_summary_json(summarize(store, row.id))}
         return out
     out = {"scope": "all", **_summary_json(summarize_all(store))}
     per_job = []
-    for row in store.list_jobs():
+    for row in store.list_jobs()[::-1]:  # newest first, as `rlboost status` lists them
         s = summarize(store, row.id)
         per_job.append(
             {
@@ -295,9 +333,9 @@ def render_cost(store: StateStore, job: str | None, console: Console) -> None:
     table.add_column("all on-demand", justify="right", footer=fmt_money(data["on_demand_equivalent_dollars"]))
     for ln in data["lines"]:
         table.add_row(
-            ln["kind"],
-            ln["cloud"],
-            ln["accelerator"],
+            Text(str(ln["kind"])),  # spec text, not markup
+            Text(str(ln["cloud"])),
+            Text(str(ln["accelerator"])),
             str(ln["instances"]),
             f"{ln['instance_hours']:.3f}",
             fmt_money(ln["dollars"]),
@@ -317,7 +355,7 @@ def render_cost(store: StateStore, job: str | None, console: Console) -> None:
             jt.add_column(col, justify="left" if col in ("job", "status") else "right")
         for j in data["jobs"]:
             jt.add_row(
-                j["job"],
+                Text(j["job"]),
                 str(j["job_id"]),
                 j["status"],
                 f"{j['instance_hours']:.3f}",

@@ -375,6 +375,24 @@ class StateStore:
             if cur.rowcount == 0:
                 raise UnknownJobError(f"no job with id {job_id} (run `rlboost status` to list jobs)")
 
+    def delete_job(self, job_id: int) -> None:
+        """Forget an ended job: its steps, events, instance records and row (`rlboost rm`, `gc
+        --older-than`). Refused while it is active or any of its instances may still bill."""
+        with self._tx() as db:
+            row = db.execute("SELECT status FROM jobs WHERE id = ?", (job_id,)).fetchone()
+            if row is None:
+                raise UnknownJobError(f"no job with id {job_id} (run `rlboost status` to list jobs)")
+            ended = ",".join("?" * len(_TERMINAL_STATES))
+            live = db.execute(
+                f"SELECT COUNT(*) FROM instances WHERE job_id = ? AND state NOT IN ({ended})",
+                (job_id, *_TERMINAL_STATES),
+            ).fetchone()[0]
+            if row["status"] in ACTIVE_STATUSES or live:
+                raise ValueError(f"job id {job_id} is {row['status']} with {live} live instance(s)")
+            for table in ("steps", "events", "instances"):  # children first (foreign keys)
+                db.execute(f"DELETE FROM {table} WHERE job_id = ?", (job_id,))
+            db.execute("DELETE FROM jobs WHERE id = ?", (job_id,))
+
     # ---- instances ---------------------------------------------------------------------
 
     def record_launch(self, job_id: int, req: LaunchRequest, provider: str, on_demand_price: float | None) -> None:

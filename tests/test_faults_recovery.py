@@ -186,6 +186,8 @@ def test_down_checkpoints_on_drain_and_resume_continues(reference, tmp_path):
     assert ck is not None and ck.next_step >= 5  # the drain saved the last completed step
     proc = run_cli("launch", "--resume", name, "--record-rollouts", home=home, timeout=540)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+    # the CLI and the trainer name the same step (steps are numbered from 1 everywhere)
+    assert f"the trainer continues at step {ck.next_step + 1}" in proc.stdout
     assert f"continuing at step {ck.next_step + 1}" in (
         home / "jobs" / f"{name}-{j.id}" / "instances" / f"{name}-{j.id}-trainer-r1" / "log"
     ).read_text()

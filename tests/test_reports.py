@@ -109,8 +109,8 @@ def test_steps_fall_back_to_spec_and_all_jobs_listed(store: StateStore) -> None:
     store.update_job(job, status="succeeded", started_at=10.0, ended_at=70.0)
     _populate(store)
     data = status_json(store, None, now=5000.0)
-    assert [j["name"] for j in data["jobs"]] == ["fresh", "demo"]
-    fresh = data["jobs"][0]
+    assert [j["name"] for j in data["jobs"]] == ["demo", "fresh"]  # newest first
+    fresh = data["jobs"][1]
     assert fresh["steps"] == 12 and fresh["step"] is None and fresh["elapsed_s"] == 60.0
     assert fresh["workers"] == [] and fresh["preemptions"] == 0
 
@@ -177,7 +177,7 @@ def test_cost_json_and_render(store: StateStore) -> None:
     other = store.create_job("other", SPEC, "local")
     _launch(store, other, "other-w1", InstanceKind.SPOT, 1.0, 2.0)
     all_ = cost_json(store, None)
-    assert all_["scope"] == "all" and [j["job"] for j in all_["jobs"]] == ["demo", "other"]
+    assert all_["scope"] == "all" and [j["job"] for j in all_["jobs"]] == ["other", "demo"]
     console = Console(record=True, width=200)
     render_cost(store, None, console)
     out = console.export_text()

@@ -541,8 +541,9 @@ class Coordinator:
             rids = sorted(self.book.assigned(c.id))
             moved += len(self.book.requeue(c.id, rids))
             await self._abort(c.id, rids)
-        log.info(
-            "step %d: offload after %.2fs, %d partial responses continue on remote engines", m.step, now - m.t0, moved
+        log.info(  # users count steps from 1 (the trainer's log says "step 1/N" for index 0)
+            "step %d: offload after %.2fs, %d partial responses continue on remote engines",
+            m.step + 1, now - m.t0, moved,
         )
         self._full_dispatch = True
         self.offloaded.set()

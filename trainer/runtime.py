@@ -248,7 +248,7 @@ class TrainerRuntime:
         t0 = time.monotonic()
         await asyncio.to_thread(checkpoint.save, self.checkpoint_dir, next_step, payload)
         self.saved_step = next_step
-        log.info("checkpoint at step %d in %.2fs", next_step, time.monotonic() - t0)
+        log.info("checkpoint after step %d in %.2fs", next_step, time.monotonic() - t0)
 
     async def run_step(self, step: int, rng: np.random.Generator, recorder: RolloutRecorder) -> dict:
         """Generate step `step` with weights version `step`, train on it, publish version step+1."""

@@ -256,6 +256,7 @@ class TrainerRuntime:
         algo = self.spec.algorithm
         assert self.coord is not None
         self.phase = "rollout"
+        await self._wait_for_engines()  # before the step's clock starts
         t0 = time.monotonic()
         rnd = None
         if self.batcher is not None:  # tail batching: a short (over-launched) or a long round
@@ -347,6 +348,28 @@ class TrainerRuntime:
             self.rng_state = rng.bit_generator.state
             self.batcher_state = copy.deepcopy(self.batcher)  # tail batching's parked prompts
         return rec
+
+    async def _wait_for_engines(self) -> None:
+        """RLBOOST_WAIT_ENGINES=N (tests and benchmarks, never set by rlboost): start the step only once
+        N remote engines and the reserved one hold its weights, so that what a step does with a full
+        pool (offload, training during the tail) does not hinge on how fast processes boot. Gives up
+        after RLBOOST_WAIT_ENGINES_S seconds (default 300)."""
+        want = int(os.environ.get("RLBOOST_WAIT_ENGINES") or 0)
+        if not want or self.coord is None:
+            return
+        deadline = time.monotonic() + float(os.environ.get("RLBOOST_WAIT_ENGINES_S") or 300)
+
+        def ready(kind_reserved: bool) -> int:
+            assert self.coord is not None
+            return sum(
+                1
+                for c in self.coord.engines.values()
+                if (c.kind == "reserved") == kind_reserved and c.state == "ready" and c.version == self.coord.version
+            )
+
+        need_reserved = 1 if self.spec.rollout.trainer_engine else 0
+        while time.monotonic() < deadline and (ready(False) < want or ready(True) < need_reserved):
+            await asyncio.sleep(0.05)
 
     def _step_record(self, step: int, responses: list, samples: list, metrics: dict, migrated0: int,
                      t0: float, t_gen: float, feeder: GroupFeeder | None = None) -> dict:

@@ -321,7 +321,7 @@ class TrainerRuntime:
             samples = feeder.samples
             if len(samples) != len(responses):
                 raise RuntimeError(f"step {step}: {len(samples)} samples trained for {len(responses)} responses")
-        else:
+        else:  # the synthetic learner trains from token counts
             samples = [
                 Sample(
                     prompt_ids=r.prompt,
@@ -375,20 +375,18 @@ class TrainerRuntime:
                      t0: float, t_gen: float, feeder: GroupFeeder | None = None) -> dict:
         assert self.coord is not None
         m = self.coord.marks
+        # what trained: the feeder's record of the streamed update, or the synthetic learner's own
         trainer = feeder if feeder is not None else self.learner
-        if feeder is not None or isinstance(self.learner, SyntheticLearner):
-            tail = trainer.busy_between(m.offload_at, m.gen_end) if m else 0.0
-            sched = self.coord.end_step(
-                train_busy_s=trainer.busy_total(),
-                train_tokens=sum(len(s.response_ids) for s in samples),
-                busy_during_tail_s=tail,
-            )
-            # box_s: seconds into the step when the reserved engine handed over (None: it did not);
-            # trainer_idle_s: after that, time the trainer waited for finished groups
-            sched["tail_train_s"] = round(tail, 3)
-            sched["train_s"] = round(trainer.busy_total(), 3)
-        else:
-            sched = self.coord.end_step()
+        tail = trainer.busy_between(m.offload_at, m.gen_end) if m else 0.0
+        sched = self.coord.end_step(
+            train_busy_s=trainer.busy_total(),
+            train_tokens=sum(len(s.response_ids) for s in samples),
+            busy_during_tail_s=tail,
+        )
+        # box_s: seconds into the step when the reserved engine handed over (None: it did not);
+        # trainer_idle_s: after that, time the trainer waited for finished groups to train on
+        sched["tail_train_s"] = round(tail, 3)
+        sched["train_s"] = round(trainer.busy_total(), 3)
         return {
             "step": step,
             "version": step,

@@ -411,6 +411,9 @@ class Controller:
                 migrated=rec["migrated"],
                 seconds=rec["seconds"],
                 clock=clock,
+                offload_s=rec.get("box_s"),
+                tail_train_s=rec.get("tail_train_s"),
+                idle_s=rec.get("trainer_idle_s"),
             )
             progress.step(rec)
         self.steps_recorded = max(self.steps_recorded, len(history))

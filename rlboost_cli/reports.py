@@ -142,6 +142,9 @@ def _job_status(store: StateStore, job: JobRow, now: float) -> dict[str, Any]:
                 "responses": s.responses,
                 "migrated": s.migrated,
                 "seconds": s.seconds,
+                "offload_s": s.offload_s,
+                "tail_train_s": s.tail_train_s,
+                "idle_s": s.idle_s,
             }
             for s in steps[-_RECENT_STEPS:]
         ],
@@ -211,7 +214,10 @@ def _workers_table(js: dict[str, Any]) -> Table:
 
 def _steps_table(js: dict[str, Any]) -> Table:
     table = Table(title=f"{js['name']} — recent steps", title_justify="left")
-    for col in ("step", "weights", "reward", "tokens", "responses", "migrated", "seconds"):
+    # offload: seconds into the step when the trainer's engine handed its work to the spot workers;
+    # tail train / idle: after that, seconds the trainer trained finished groups / waited for rollouts
+    cols = ("step", "weights", "reward", "tokens", "responses", "migrated", "seconds", "offload", "tail train", "idle")
+    for col in cols:
         table.add_column(col, justify="right")
     for s in js["recent_steps"]:
         table.add_row(
@@ -222,6 +228,9 @@ def _steps_table(js: dict[str, Any]) -> Table:
             str(s["responses"]),
             str(s["migrated"]),
             f"{s['seconds']:.1f}",
+            _fmt(s.get("offload_s"), ".1f"),
+            _fmt(s.get("tail_train_s"), ".1f"),
+            _fmt(s.get("idle_s"), ".1f"),
         )
     return table
 

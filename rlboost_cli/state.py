@@ -26,7 +26,7 @@ from typing import Any
 
 from providers.base import InstanceState, LaunchRequest
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 JOB_STATUSES = ("pending", "running", "succeeded", "failed", "stopped")
 ACTIVE_STATUSES = ("pending", "running")
@@ -104,8 +104,17 @@ CREATE TABLE steps (
 );
 """
 
-# Future schema changes: add {2: "ALTER TABLE ..."} here and bump SCHEMA_VERSION.
-_MIGRATIONS: dict[int, str] = {1: _SCHEMA_V1}
+# v2: how each step overlapped generation and training (NULL for steps recorded before): seconds
+# into the step when the reserved engine offloaded (NULL: it did not), seconds the trainer trained
+# during the tail (offload -> last response), seconds it sat idle waiting for rollouts after offloading.
+_SCHEMA_V2 = """
+ALTER TABLE steps ADD COLUMN offload_s REAL;
+ALTER TABLE steps ADD COLUMN tail_train_s REAL;
+ALTER TABLE steps ADD COLUMN idle_s REAL
+"""
+
+# Future schema changes: add {N: "ALTER TABLE ..."} here and bump SCHEMA_VERSION.
+_MIGRATIONS: dict[int, str] = {1: _SCHEMA_V1, 2: _SCHEMA_V2}
 
 _INSERT_EVENT = "INSERT INTO events (job_id, instance_id, type, detail, clock, wall) VALUES (?, ?, ?, ?, ?, ?)"
 
@@ -214,6 +223,9 @@ class StepRow:
     seconds: float
     clock: float
     wall: float
+    offload_s: float | None = None  # seconds into the step at the offload (None: no offload)
+    tail_train_s: float | None = None  # trained while the tail generated remotely
+    idle_s: float | None = None  # trainer idle after the offload, waiting for rollouts
 
 
 _JOB_FIELDS = {
@@ -513,13 +525,18 @@ class StateStore:
         migrated: int,
         seconds: float,
         clock: float,
+        offload_s: float | None = None,
+        tail_train_s: float | None = None,
+        idle_s: float | None = None,
     ) -> None:
         """One finished training step. Re-recording a step (after a restart) replaces it."""
         with self._tx() as db:
             db.execute(
                 "INSERT OR REPLACE INTO steps (job_id, step, version, reward, tokens, responses, migrated, "
-                "seconds, clock, wall) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (job_id, step, version, reward, tokens, responses, migrated, seconds, clock, self._now()),
+                "seconds, clock, wall, offload_s, tail_train_s, idle_s) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (job_id, step, version, reward, tokens, responses, migrated, seconds, clock, self._now(),
+                 offload_s, tail_train_s, idle_s),
             )
 
     def steps(self, job_id: int) -> list[StepRow]:

@@ -48,8 +48,12 @@ def _single(model: ModelSpec, task_spec: TaskSpec, micro: int | None = None) -> 
     return learner.state_dict()
 
 
+STREAM_CHUNKS = [[2], [0], [1]]  # the groups of _samples' step, in an order they may complete in
+
+
 def _rank(rank: int, world: int, port: int, cases: list[tuple[str, ModelSpec, TaskSpec, str]]) -> None:
-    """One rank: each case (strategy, model, task, output file) in turn, in one process group."""
+    """One rank: each case (strategy[-stream], model, task, output file) in turn, in one process group;
+    a -stream case feeds the step's groups one by one (begin_step / add_groups / finish_step)."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world))
     torch.set_num_threads(1)
     from dataclasses import replace
@@ -58,12 +62,20 @@ def _rank(rank: int, world: int, port: int, cases: list[tuple[str, ModelSpec, Ta
 
     ctx = distributed.init("ddp")
     try:
-        for strategy, model, task_spec, out in cases:
+        for name, model, task_spec, out in cases:
+            strategy = name.split("-")[0]
             learner = _learner(model, task_spec, dist=replace(ctx, strategy=strategy), micro=2)  # 3 passes
             if rank == 0:
                 leader = distributed.LeaderLearner(learner)
                 leader.warm_start(2)
-                metrics = leader.train_step(_samples(model, task_spec))
+                samples = _samples(model, task_spec)
+                if name.endswith("-stream"):
+                    leader.begin_step(token_budget=len(samples) * 16)
+                    for groups in STREAM_CHUNKS:
+                        leader.add_groups([s for s in samples if s.group in groups])
+                    metrics = leader.finish_step()
+                else:
+                    metrics = leader.train_step(samples)
                 assert np.isfinite(metrics["loss"]) and metrics["grad_norm"] > 0
                 save_file(leader.state_dict(), out)
                 distributed._broadcast(("stop", (), {}))
@@ -92,7 +104,7 @@ TINY = (ModelSpec(n_layer=1, n_embd=32, n_head=2), TaskSpec())
 def two_rank_results(tmp_path_factory) -> dict[str, tuple[dict[str, torch.Tensor], tuple[ModelSpec, TaskSpec]]]:
     """One 2-process gloo group runs every case (process start-up is the slow part on 2 cores)."""
     tmp = tmp_path_factory.mktemp("dist")
-    cases = {"ddp": TINY, "fsdp": TINY}
+    cases = {"ddp": TINY, "fsdp": TINY, "ddp-stream": TINY, "fsdp-stream": TINY}
     try:
         import transformers  # noqa: F401
 
@@ -102,12 +114,12 @@ def two_rank_results(tmp_path_factory) -> dict[str, tuple[dict[str, torch.Tensor
         cases["fsdp-hf"] = (hf, TaskSpec(name="jsonl", path=write_math_jsonl(tmp / "d.jsonl"), reward="math_boxed"))
     except ImportError:
         pass
-    args = [(name.split("-")[0], *case, str(tmp / f"{name}.safetensors")) for name, case in cases.items()]
+    args = [(name, *case, str(tmp / f"{name}.safetensors")) for name, case in cases.items()]
     mp.start_processes(_rank, args=(2, _free_port(), args), nprocs=2, start_method="spawn")
     return {name: (load_file(tmp / f"{name}.safetensors"), case) for name, case in cases.items()}
 
 
-@pytest.mark.parametrize("case", ["ddp", "fsdp", "fsdp-hf"])
+@pytest.mark.parametrize("case", ["ddp", "fsdp", "fsdp-hf", "ddp-stream", "fsdp-stream"])
 def test_two_ranks_make_the_single_process_update(case: str, two_rank_results) -> None:
     if case not in two_rank_results:
         pytest.skip("transformers is not installed")

@@ -44,6 +44,10 @@ def write_job(tmp: Path, name: str, max_workers: int) -> Path:
             "engine_batch": 96,
             "heartbeat_timeout_s": 3,
             "candidates": [{"accelerator": "A100", "clouds": ["local"], "spot_price": 1.5, "on_demand_price": 3.5}],
+            # These runs compare final weights bit for bit with a trainer-alone run. An offload makes
+            # the streamed update add groups in completion order (the same update up to float
+            # summation order, not bit for bit): offload is covered by tests/test_offload_live.py.
+            "offload_policy": "none",
         },
         "local": {"trace": "trace.json", "time_scale": 1.0, "notice_seconds": 0.5, "notice_fraction": 0.5},
     }

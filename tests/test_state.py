@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from providers.base import InstanceKind, InstanceState, LaunchRequest, Role
+from rlboost_cli import state
 from rlboost_cli.state import (
     JobExistsError,
     StateError,
@@ -217,6 +218,29 @@ def test_events_and_steps(store: StateStore) -> None:
     store.record_step(job, 2, 2, 0.75, 110, 8, 2, 3.5, 21.0)  # re-recorded after a restart: replaces
     steps = store.steps(job)
     assert [(s.step, s.reward, s.tokens, s.migrated) for s in steps] == [(1, 0.25, 90, 0), (2, 0.75, 110, 2)]
+    store.record_step(job, 3, 3, 0.5, 120, 8, 0, 4.0, 30.0, offload_s=1.5, tail_train_s=2.0, idle_s=0.25)
+    s3 = store.steps(job)[-1]
+    assert (s3.offload_s, s3.tail_train_s, s3.idle_s) == (1.5, 2.0, 0.25)
+    assert steps[0].offload_s is None  # no offload recorded
+
+
+def test_v1_store_migrates_to_v2_keeping_its_steps(tmp_path: Path) -> None:
+    path = tmp_path / "v1.db"
+    db = sqlite3.connect(path)
+    db.executescript(state._SCHEMA_V1)
+    db.execute("PRAGMA user_version = 1")
+    db.execute(
+        "INSERT INTO jobs (name, spec_yaml, provider, status, created_at) VALUES ('old', 's', 'local', 'done', 1.0)"
+    )
+    db.execute("INSERT INTO steps VALUES (1, 0, 0, 0.5, 10, 4, 0, 1.0, 2.0, 3.0)")
+    db.commit()
+    db.close()
+    s = StateStore(path)
+    (row,) = s.steps(1)
+    assert (row.reward, row.offload_s, row.tail_train_s, row.idle_s) == (0.5, None, None, None)
+    s.record_step(1, 1, 1, 0.6, 10, 4, 0, 1.0, 3.0, offload_s=0.5, tail_train_s=0.4, idle_s=0.1)
+    assert s.steps(1)[-1].tail_train_s == 0.4
+    s.close()
 
 
 def test_persistence_and_no_secrets_on_disk(home: Path) -> None:
@@ -239,7 +263,7 @@ def test_schema_version(home: Path) -> None:
     path = s.path
     s.close()
     db = sqlite3.connect(path)
-    assert db.execute("PRAGMA user_version").fetchone()[0] == 1
+    assert db.execute("PRAGMA user_version").fetchone()[0] == state.SCHEMA_VERSION == 2
     db.execute("PRAGMA user_version = 99")
     db.commit()
     db.close()

@@ -134,7 +134,16 @@ def _blocks(model: nn.Module) -> list[nn.Module]:
 
 # ---- rank 0 drives, the others follow ----------------------------------------------------------
 
-_CALLS = ("warm_start", "train_step", "state_dict", "logprobs", "load_state_dict")
+_CALLS = (
+    "warm_start",
+    "train_step",
+    "begin_step",
+    "add_groups",
+    "finish_step",
+    "state_dict",
+    "logprobs",
+    "load_state_dict",
+)
 
 
 def _broadcast(obj: Any) -> Any:

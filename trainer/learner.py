@@ -6,10 +6,20 @@ Deterministic given the seed: weights are initialised from a forked, seeded torc
 is left alone), warm-start problems come from a seeded numpy Generator, and the model has no dropout
 and uses no nondeterministic kernels. (Pinning torch's thread count is the caller's job.)
 
-Across ranks every rank is given the same step (the same samples); each takes every world-th sample,
-sums its token losses divided by the step's total token count, and gradients are summed over ranks
-(all-reduce, or FSDP's reduce-scatter), so the update equals the single-process one up to float
-summation order. Micro-batches (algorithm.micro_batch_size) accumulate gradients the same way.
+A GRPO update is streamed: `begin_step`, then `add_groups` with whole groups as they complete (the
+trainer calls it while the tail of the step still generates remotely), then `finish_step` when the
+step's last group is in, which takes the optimizer step. `train_step` is the same three calls with
+every group at once, so there is one training path. Each `add_groups` runs forward/backward in
+micro-batches (activation memory: one micro-batch) and gradients accumulate across calls. The loss is
+the token mean over the whole step, whose token count is known only at the end; gradients are linear in
+the loss, so each micro-batch's token-loss sum is divided by a provisional normaliser fixed at
+begin_step (the step's token budget, which keeps gradient magnitudes near their final size under
+fp16/bf16) and finish_step multiplies the gradients by normaliser / true total before clipping and the
+optimizer step: the update equals the whole-batch one up to float summation order.
+
+Across ranks every rank is given the same groups (the same samples); each takes every world-th sample
+of each `add_groups` call, and gradients are summed over ranks (all-reduce, or FSDP's reduce-scatter),
+so the update equals the single-process one up to float summation order.
 """
 
 from __future__ import annotations
@@ -17,6 +27,7 @@ from __future__ import annotations
 import copy
 import math
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -38,6 +49,19 @@ WARM_START_BATCH = 32
 GRAD_CLIP = 1.0
 
 __all__ = ["Learner", "Sample", "make_learner", "rollout_groups"]
+
+
+@dataclass
+class _StepSums:
+    """What a streamed update accumulates besides gradients (finish_step turns it into metrics)."""
+
+    norm: float  # the provisional loss normaliser of begin_step
+    loss: float = 0.0  # this rank's loss share, divided by norm
+    tokens: int = 0
+    samples: int = 0
+    reward_sum: float = 0.0
+    adv_abs_sum: float = 0.0
+    groups: set[int] = field(default_factory=set)
 
 
 class Learner:
@@ -91,6 +115,7 @@ class Learner:
             self.model.parameters(), lr=algo_spec.learning_rate, betas=(0.9, 0.99), weight_decay=0.0
         )
         self.steps_done = 0  # GRPO updates so far
+        self._acc: _StepSums | None = None  # the streamed update in progress (begin_step .. finish_step)
         self._demo_rng = np.random.default_rng([self.seed, 1])  # warm-start problems
 
     # ---- supervised warm start ----------------------------------------------------------------
@@ -113,33 +138,86 @@ class Learner:
     # ---- GRPO ---------------------------------------------------------------------------------
 
     def train_step(self, samples: Sequence[Sample]) -> dict[str, float]:
-        """One on-policy GRPO update from a step's samples (all groups of the step).
-
-        Log-probs are taken at the sampling temperature (logits / T), i.e. of the distribution the
-        responses were drawn from; advantages are normalised within each `Sample.group`. The loss is
-        the token-level mean of -A * log pi (trainer.grpo.policy_gradient_loss)."""
+        """One on-policy GRPO update from a step's samples (all groups of the step): the streamed
+        update fed every group at once, normalised by the exact token count from the start."""
         if not samples:
             raise ValueError("train_step needs at least one sample")
+        self.begin_step(token_budget=sum(len(s.response_ids) for s in samples))
+        self.add_groups(samples)
+        return self.finish_step()
+
+    def begin_step(self, token_budget: int | None = None) -> None:
+        """Start a streamed GRPO update. token_budget: a provisional loss normaliser (e.g. the step's
+        responses x max_new_tokens); any positive value gives the same update, a close one keeps the
+        accumulated gradients at their final scale."""
+        self.optimizer.zero_grad(set_to_none=True)
+        self._acc = _StepSums(norm=float(max(1, token_budget or 1)))
+
+    def add_groups(self, samples: Sequence[Sample]) -> None:
+        """Forward/backward on whole groups (every response of each group present, as they complete):
+        advantages are normalised within each `Sample.group`, log-probs are taken at the sampling
+        temperature (logits / T), i.e. of the distribution the responses were drawn from, and the
+        gradient of -sum A * log pi / normaliser is added to the step's (trainer.grpo loss, unscaled)."""
+        acc = self._acc
+        if acc is None:
+            raise RuntimeError("add_groups before begin_step")
+        groups = {s.group for s in samples}
+        if groups & acc.groups:  # a group split over calls would get advantages from half its rewards
+            raise ValueError(f"groups {sorted(groups & acc.groups)} were already added this step")
+        if not samples:
+            return
+        acc.groups |= groups
         adv = sample_advantages(samples)
-        loss = self._accumulate(
-            [s.prompt_ids for s in samples], [s.response_ids for s in samples], adv, self.algo.temperature
+        acc.loss += self._backward(
+            [s.prompt_ids for s in samples], [s.response_ids for s in samples], adv, self.algo.temperature, acc.norm
         )
+        acc.tokens += sum(len(s.response_ids) for s in samples)
+        acc.samples += len(samples)
+        acc.reward_sum += float(sum(s.reward for s in samples))
+        acc.adv_abs_sum += float(adv.abs().sum())
+
+    def finish_step(self) -> dict[str, float]:
+        """The step's last group is in: rescale the accumulated gradients to the token mean over the
+        whole step, clip, take the optimizer step."""
+        acc = self._acc
+        if acc is None or acc.samples == 0:
+            raise ValueError("finish_step needs at least one sample added since begin_step")
+        self._acc = None
+        total = max(1, acc.tokens)
+        rescale = acc.norm / total
+        if rescale != 1.0:  # exactly 1 on the whole-batch path: its numbers are unchanged
+            for p in self.model.parameters():
+                if p.grad is not None:
+                    p.grad.mul_(rescale)
+        loss = self._sum_over_ranks(acc.loss) * rescale
         grad_norm = self._update()
         self.steps_done += 1
         return {
             "loss": loss,
-            "reward_mean": float(np.mean([s.reward for s in samples])),
-            "adv_abs_mean": float(adv.abs().mean()),
-            "tokens": float(sum(len(s.response_ids) for s in samples)),
+            "reward_mean": acc.reward_sum / acc.samples,
+            "adv_abs_mean": acc.adv_abs_sum / acc.samples,
+            "tokens": float(acc.tokens),
             "grad_norm": grad_norm,
         }
 
     def _accumulate(
         self, prompts: Sequence[list[int]], responses: Sequence[list[int]], coef: Tensor, temperature: float
     ) -> float:
-        """Backward of -sum_i coef_i * sum_t log pi(response_it) / (all response tokens), over this
-        rank's share of the rows, in micro-batches; returns that loss summed over ranks."""
+        """Backward of -sum_i coef_i * sum_t log pi(response_it) / (all response tokens); the loss
+        summed over ranks (the warm start's whole-batch path)."""
         total = max(1, sum(len(r) for r in responses))
+        return self._sum_over_ranks(self._backward(prompts, responses, coef, temperature, float(total)))
+
+    def _backward(
+        self,
+        prompts: Sequence[list[int]],
+        responses: Sequence[list[int]],
+        coef: Tensor,
+        temperature: float,
+        norm: float,
+    ) -> float:
+        """Backward of -sum_i coef_i * sum_t log pi(response_it) / norm over this rank's share of the
+        rows, in micro-batches; returns this rank's part of that loss."""
         mine = list(range(self.rank, len(prompts), self.world))
         mb = self.algo.micro_batch_size or max(1, math.ceil(len(prompts) / self.world))
         # every rank runs the same number of passes (FSDP's collectives pair up across ranks)
@@ -152,19 +230,22 @@ class Learner:
             if rows:
                 logp, mask = self._response_logp([prompts[i] for i in rows], [responses[i] for i in rows], temperature)
                 c = coef[rows].to(logp.device, logp.dtype)
-                loss = -(c[:, None] * logp * mask).sum() / total
+                loss = -(c[:, None] * logp * mask).sum() / norm
             else:  # a rank with no rows left still takes part: a zero-weight pass over a dummy row
                 logp, mask = self._response_logp([prompts[0]], [responses[0] or [0]], temperature)
                 loss = (logp * 0.0).sum()
             (loss * scale).backward()
             loss_sum += float(loss.detach())
-        if self.world > 1:
-            import torch.distributed as tdist
-
-            t = torch.tensor([loss_sum], dtype=torch.float64, device=self.device)
-            tdist.all_reduce(t)
-            loss_sum = float(t.item())
         return loss_sum
+
+    def _sum_over_ranks(self, x: float) -> float:
+        if self.world == 1:
+            return x
+        import torch.distributed as tdist
+
+        t = torch.tensor([x], dtype=torch.float64, device=self.device)
+        tdist.all_reduce(t)
+        return float(t.item())
 
     def _update(self) -> float:
         if self.dist is not None and self.dist.strategy == "ddp":
@@ -196,7 +277,9 @@ class Learner:
         Rows are left padded, so row i's response occupies the last len(response_i) target columns."""
         idx, positions, mask = left_pad([[*p, *r] for p, r in zip(prompts, responses, strict=True)], self.device)
         logits = self._logits(idx[:, :-1], positions[:, :-1], mask[:, :-1])
-        logp = F.log_softmax(logits.float() / temperature, dim=-1)
+        if logits.element_size() < 4:  # half precision: log-softmax in float32 (float64 stays)
+            logits = logits.float()
+        logp = F.log_softmax(logits / temperature, dim=-1)
         logp = logp.gather(2, idx[:, 1:, None]).squeeze(2)
         width = idx.shape[1] - 1
         lens = torch.tensor([len(r) for r in responses], device=self.device)

@@ -28,6 +28,7 @@ from trainer.coordinator import Coordinator, CoordinatorConfig, RolloutRequest
 from trainer.learner import Sample, make_learner
 from trainer.policies.tail_batching import TailBatcher
 from trainer.server import build_app
+from trainer.streaming import GroupFeeder
 from trainer.synthetic_learner import SyntheticLearner
 from trainer.tasks import make_task
 from trainer.weights import WeightPublisher
@@ -255,6 +256,7 @@ class TrainerRuntime:
         algo = self.spec.algorithm
         assert self.coord is not None
         self.phase = "rollout"
+        await self._wait_for_engines()  # before the step's clock starts
         t0 = time.monotonic()
         rnd = None
         if self.batcher is not None:  # tail batching: a short (over-launched) or a long round
@@ -270,16 +272,41 @@ class TrainerRuntime:
                 group_of[rid] = i
                 requests.append(RolloutRequest(rid, list(prob.prompt_ids), algo.max_new_tokens, group=f"p{i}"))
         migrated0 = self.coord.book.migrations
-        overlap = None
+        overlap = feeder = None
+        by_group: dict[str, list] = {}
         if isinstance(self.learner, SyntheticLearner):  # trains finished groups once offloaded
             overlap = asyncio.create_task(self.learner.train_while_generating(self.coord))
+        else:  # the streamed update: finished groups train once offloaded (trainer/streaming.py)
+            await asyncio.to_thread(self.learner.begin_step, len(requests) * algo.max_new_tokens)
+
+            def samples_of(groups) -> list[Sample]:
+                return [
+                    Sample(r.prompt, r.tokens, self.task.reward(problems[group_of[r.rid]], r.tokens), group_of[r.rid])
+                    for g in groups
+                    for r in sorted(by_group[g], key=lambda r: int(r.rid.rsplit("-g", 1)[1]))
+                ]
+
+            feeder = GroupFeeder(self.learner, self.coord, samples_of)
+            overlap = asyncio.create_task(feeder.run())
         self.publisher.pin(step)
+        ok = False
         try:
             need = rnd.keep if rnd is not None and not rnd.long else None
-            responses = await self.coord.run_step(step, step, requests, need_groups=need)
+            responses = await self.coord.run_step(
+                step,
+                step,
+                requests,
+                need_groups=need,
+                on_response=lambda r: by_group.setdefault(r.group, []).append(r) if r.group is not None else None,
+            )
+            ok = True
         finally:
             self.publisher.unpin(step)
-            if overlap is not None:
+            if feeder is not None:  # the rest of the groups train now; a learner call is never cut off
+                feeder.abandon = not ok
+                feeder.gen_done.set()
+                await asyncio.gather(overlap, return_exceptions=not ok)
+            elif overlap is not None:
                 overlap.cancel()
                 await asyncio.gather(overlap, return_exceptions=True)
         if rnd is not None:
@@ -290,19 +317,29 @@ class TrainerRuntime:
             # the weights that generated the last step, so audits can re-score its tokens
             recorder.save_weights("last-step-weights.safetensors", self.learner.state_dict())
         responses.sort(key=lambda r: [int(x[1:]) for x in r.rid.split("-")])  # deterministic order
-        samples = [
-            Sample(
-                prompt_ids=r.prompt,
-                response_ids=r.tokens,
-                reward=self.task.reward(problems[group_of[r.rid]], r.tokens),
-                group=group_of[r.rid],
-            )
-            for r in responses
-        ]
+        if feeder is not None:
+            samples = feeder.samples
+            if len(samples) != len(responses):
+                raise RuntimeError(f"step {step}: {len(samples)} samples trained for {len(responses)} responses")
+        else:  # the synthetic learner trains from token counts
+            samples = [
+                Sample(
+                    prompt_ids=r.prompt,
+                    response_ids=r.tokens,
+                    reward=self.task.reward(problems[group_of[r.rid]], r.tokens),
+                    group=group_of[r.rid],
+                )
+                for r in responses
+            ]
         async with self.updating:  # a drain checkpoint waits for this step's update to land
-            metrics = await asyncio.to_thread(self.learner.train_step, samples)
+            t_fin = time.monotonic()
+            if feeder is not None:
+                metrics = await asyncio.to_thread(self.learner.finish_step)
+                feeder.busy.append((t_fin, time.monotonic()))
+            else:
+                metrics = await asyncio.to_thread(self.learner.train_step, samples)
             await self.publish(step + 1)
-            rec = self._step_record(step, responses, samples, metrics, migrated0, t0, t_gen)
+            rec = self._step_record(step, responses, samples, metrics, migrated0, t0, t_gen, feeder)
             self.history.append(rec)
             recorder.write(responses)
             self.step = step + 1
@@ -312,19 +349,44 @@ class TrainerRuntime:
             self.batcher_state = copy.deepcopy(self.batcher)  # tail batching's parked prompts
         return rec
 
-    def _step_record(self, step: int, responses: list, samples: list, metrics: dict, migrated0: int,
-                     t0: float, t_gen: float) -> dict:
-        assert self.coord is not None
-        sched = {}
-        if isinstance(self.learner, SyntheticLearner):
-            m = self.coord.marks
-            sched = self.coord.end_step(
-                train_busy_s=self.learner.busy_total(),
-                train_tokens=self.learner.tokens_trained,
-                busy_during_tail_s=self.learner.busy_between(m.offload_at, m.gen_end) if m else 0.0,
+    async def _wait_for_engines(self) -> None:
+        """RLBOOST_WAIT_ENGINES=N (tests and benchmarks, never set by rlboost): start the step only once
+        N remote engines and the reserved one hold its weights, so that what a step does with a full
+        pool (offload, training during the tail) does not hinge on how fast processes boot. Gives up
+        after RLBOOST_WAIT_ENGINES_S seconds (default 300)."""
+        want = int(os.environ.get("RLBOOST_WAIT_ENGINES") or 0)
+        if not want or self.coord is None:
+            return
+        deadline = time.monotonic() + float(os.environ.get("RLBOOST_WAIT_ENGINES_S") or 300)
+
+        def ready(kind_reserved: bool) -> int:
+            assert self.coord is not None
+            return sum(
+                1
+                for c in self.coord.engines.values()
+                if (c.kind == "reserved") == kind_reserved and c.state == "ready" and c.version == self.coord.version
             )
-        else:
-            sched = self.coord.end_step()
+
+        need_reserved = 1 if self.spec.rollout.trainer_engine else 0
+        while time.monotonic() < deadline and (ready(False) < want or ready(True) < need_reserved):
+            await asyncio.sleep(0.05)
+
+    def _step_record(self, step: int, responses: list, samples: list, metrics: dict, migrated0: int,
+                     t0: float, t_gen: float, feeder: GroupFeeder | None = None) -> dict:
+        assert self.coord is not None
+        m = self.coord.marks
+        # what trained: the feeder's record of the streamed update, or the synthetic learner's own
+        trainer = feeder if feeder is not None else self.learner
+        tail = trainer.busy_between(m.offload_at, m.gen_end) if m else 0.0
+        sched = self.coord.end_step(
+            train_busy_s=trainer.busy_total(),
+            train_tokens=sum(len(s.response_ids) for s in samples),
+            busy_during_tail_s=tail,
+        )
+        # box_s: seconds into the step when the reserved engine handed over (None: it did not);
+        # trainer_idle_s: after that, time the trainer waited for finished groups to train on
+        sched["tail_train_s"] = round(tail, 3)
+        sched["train_s"] = round(trainer.busy_total(), 3)
         return {
             "step": step,
             "version": step,

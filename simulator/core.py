@@ -31,7 +31,7 @@ from trainer.policies.dispatch import plan_dispatch
 from trainer.policies.lengths import LengthModel, LengthStats, prompt_key
 from trainer.policies.migration import plan_migrations, worth_a_look
 from trainer.policies.offload import OffloadPolicy, StepOutcome, StepProgress, make_offload
-from trainer.policies.perf import EngineModel
+from trainer.policies.perf import SYNC_COSTS, EngineModel
 from trainer.policies.tail_batching import TailBatcher
 from trainer.policies.views import EngineView, ReqView
 from trainer.sampling import request_seed
@@ -49,15 +49,36 @@ class SimPolicy:
     restart: bool = False  # responses of a lost worker restart from scratch (no token-level resume)
     tail_batching: bool = False
     spot: bool = True  # False: the reserved cluster alone
+    # responses are split between the engines up front, in proportion to their rates (a baseline
+    # without token-level dispatch: each engine keeps its share of the step)
+    split: bool = False
+    # a synchronous colocated step (veRL/TRL): generate, then old-logprob (+ ref) forward passes, then
+    # train, then sync weights into the engine and rebuild its KV cache (perf.SYNC_COSTS)
+    sync: bool = False
     label: str = ""
 
 
 PRESETS: dict[str, SimPolicy] = {
     p.name: p
     for p in (
-        SimPolicy("on-demand", "none", "spread", False, spot=False, label="reserved cluster alone"),
+        SimPolicy("on-demand", "none", "spread", False, spot=False, label="rlboost's trainer alone"),
         SimPolicy(
-            "spot-restart", "none", "rate", False, restart=True, label="spot, no offload; lost responses restart"
+            "sync",
+            "none",
+            "spread",
+            False,
+            spot=False,
+            sync=True,
+            label="synchronous colocated step (veRL/TRL): generate, logprobs, train, sync weights",
+        ),
+        SimPolicy(
+            "spot-restart",
+            "none",
+            "rate",
+            False,
+            restart=True,
+            split=True,
+            label="spot workers take their share of each step; lost responses restart",
         ),
         SimPolicy("rlboost-rule", "rlboost", "spread", True, label="RLBoost's published offload rule"),
         SimPolicy("rlboost", "predictive", "rate", True, label="predictive offload, rate dispatch, migration"),
@@ -201,7 +222,8 @@ class Simulation:
         self.task = make_task(spec.task)
         self.prompt_rng = np.random.default_rng(spec.algorithm.seed)
         self.train_rate = scheduling.trainer_tokens_per_s(spec)
-        self.overlap = scheduling.trains_while_generating(spec)
+        # a synchronous step trains only after its last response
+        self.overlap = scheduling.trains_while_generating(spec) and not policy.sync
         self.offload: OffloadPolicy = make_offload(
             policy.offload,
             train_tokens_per_s=self.train_rate,
@@ -295,6 +317,8 @@ class Simulation:
     def _pull(self, e: _Engine) -> None:
         e.state = "pulling"
         pull = self.sim.reserved_pull_s if e.kind == "reserved" else self.sim.pull_s
+        if self.policy.sync and e.kind == "reserved":  # weights resharded into the engine, KV cache rebuilt
+            pull = max(pull, SYNC_COSTS.weight_sync_s + SYNC_COSTS.wake_s)
         self.push(self.now + pull, "ready", (e.idx, self.published))
 
     def _on_ready(self, payload) -> None:
@@ -331,6 +355,12 @@ class Simulation:
                 s.eos[j] = full <= budget
                 s.prompt_len[j] = spec.rollout.synthetic.prompt_tokens or len(prob.prompt_ids)
         s.queue.extend(range(n))
+        if self.policy.split:
+            pool = [e for e in self.engines if e.state in ("ready", "pulling") and not e.victim]
+            rates = [e.model.full_rate() for e in pool]
+            total_rate = sum(rates)
+            s.share = {e.idx: math.ceil(n * r / total_rate) for e, r in zip(pool, rates)}
+            s.given = dict.fromkeys(s.share, 0)
         n_remote = sum(1 for e in self.engines if e.kind != "reserved" and e.state in ("ready", "pulling"))
         s.n_remote = n_remote
         self.offload.start_step(n_remote)
@@ -374,6 +404,8 @@ class Simulation:
         open_e = [e for e in self.engines if self._accepting(e) and len(e.live) < e.cap]
         if not open_e:
             return
+        if s.share is not None and self._dispatch_shares(s, open_e):
+            return
         free = sum(e.cap - len(e.live) for e in open_e)
         head: list[int] = []
         seen: set[int] = set()  # a response requeued twice sits in the queue twice: place it once
@@ -403,6 +435,34 @@ class Simulation:
             by_engine.setdefault(e.idx, []).append(i)
         for idx, items in by_engine.items():
             self._admit(self.engines[idx], s, items)
+
+    def _dispatch_shares(self, s: _Step, open_e: list[_Engine]) -> bool:
+        """`split` baseline: each engine takes up to its share of the step; True when handled (the
+        queue waits for an engine still pulling the step's weights). Once every live engine has had
+        its share, what is left (responses restarted after a loss) goes to any open engine."""
+        room = {e.idx: min(e.cap - len(e.live), s.share.get(e.idx, 0) - s.given.get(e.idx, 0)) for e in open_e}
+        if not any(v > 0 for v in room.values()):
+            pending = any(
+                s.given[i] < s.share[i] and self.engines[i].state in ("ready", "pulling") for i in s.share
+            )
+            return pending
+        by_engine: dict[int, list[int]] = {}
+        targets = [e for e in open_e if room[e.idx] > 0]
+        seen: set[int] = set()
+        while s.queue and targets:
+            i = s.queue.popleft()
+            if s.done[i] or s.eng[i] >= 0 or i in seen:
+                continue
+            seen.add(i)
+            e = targets[0]
+            by_engine.setdefault(e.idx, []).append(i)
+            room[e.idx] -= 1
+            s.given[e.idx] = s.given.get(e.idx, 0) + 1
+            if room[e.idx] <= 0:
+                targets.pop(0)
+        for idx, items in by_engine.items():
+            self._admit(self.engines[idx], s, items)
+        return True
 
     def _admit(self, e: _Engine, s: _Step, items: list[int]) -> None:
         e.advance(self.now)
@@ -654,6 +714,9 @@ class Simulation:
             s.busy[-1] = (a, self.now)
         left = max(0, total - pre) if self.overlap else total
         t_train_end = self.now + left / self.train_rate
+        if self.policy.sync:  # old-logprob + ref forward passes before training (the KV-cache free is
+            # in simulate.step_overhead_s, as for rlboost's trainer, whose engine shares its GPUs too)
+            t_train_end += SYNC_COSTS.forward_s(total, self.train_rate)
         s.busy.append((self.now, t_train_end))
         self.push(t_train_end + self.sim.step_overhead_s, "step_end", (s.k, total))
 
@@ -880,6 +943,8 @@ class _Step:
         self.changed = False  # a slot freed up or an engine joined since the last migration round
         self.next_offload_check = 0.0
         self.busy: list[tuple[float, float]] = []
+        self.share: dict[int, int] | None = None  # `split` baseline: responses per engine this step
+        self.given: dict[int, int] = {}
         self.pretrained = 0
         self.train_busy_until = 0.0
 

@@ -26,6 +26,7 @@ import numpy as np
 from providers.spot_market import AvailabilityTrace, SpotMarket
 from rlboost_cli.pricing import Offer
 from rlboost_cli.spec import JobSpec
+from simulator.workload import replay_task
 from trainer import scheduling
 from trainer.policies.dispatch import plan_dispatch
 from trainer.policies.lengths import LengthModel, LengthStats, prompt_key
@@ -35,7 +36,6 @@ from trainer.policies.perf import SYNC_COSTS, EngineModel
 from trainer.policies.tail_batching import TailBatcher
 from trainer.policies.views import EngineView, ReqView
 from trainer.sampling import request_seed
-from trainer.tasks import make_task
 
 INF = float("inf")
 
@@ -219,7 +219,7 @@ class Simulation:
             horizon_s = self.sim.hours * 3600 if self.sim.hours else (INF if max_steps is None else trace.duration)
         self.horizon = horizon_s / self.scale  # sim seconds
         self.rng = random.Random(spec.algorithm.seed)  # backoff jitter
-        self.task = make_task(spec.task)
+        self.task = replay_task(spec)  # never loads a model or a tokenizer
         self.prompt_rng = np.random.default_rng(spec.algorithm.seed)
         self.train_rate = scheduling.trainer_tokens_per_s(spec)
         # a synchronous step trains only after its last response
@@ -442,9 +442,7 @@ class Simulation:
         its share, what is left (responses restarted after a loss) goes to any open engine."""
         room = {e.idx: min(e.cap - len(e.live), s.share.get(e.idx, 0) - s.given.get(e.idx, 0)) for e in open_e}
         if not any(v > 0 for v in room.values()):
-            pending = any(
-                s.given[i] < s.share[i] and self.engines[i].state in ("ready", "pulling") for i in s.share
-            )
+            pending = any(s.given[i] < s.share[i] and self.engines[i].state in ("ready", "pulling") for i in s.share)
             return pending
         by_engine: dict[int, list[int]] = {}
         targets = [e for e in open_e if room[e.idx] > 0]

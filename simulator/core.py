@@ -31,7 +31,14 @@ from trainer import scheduling
 from trainer.policies.dispatch import plan_dispatch
 from trainer.policies.lengths import LengthModel, LengthStats, prompt_key
 from trainer.policies.migration import plan_migrations, worth_a_look
-from trainer.policies.offload import OffloadPolicy, StepOutcome, StepProgress, make_offload
+from trainer.policies.offload import (
+    OffloadPolicy,
+    StepOutcome,
+    StepProgress,
+    make_offload,
+    offload_tick,
+    step_progress,
+)
 from trainer.policies.perf import SYNC_COSTS, EngineModel
 from trainer.policies.tail_batching import TailBatcher
 from trainer.policies.views import EngineView, ReqView
@@ -379,9 +386,20 @@ class Simulation:
         s = self._step
         if s is None or s.k != k or s.gen_end is not None:
             return
-        if s.offload_at is None and self.now >= s.next_offload_check:
-            self._maybe_offload(s)
-        elif not any(e.kind != "reserved" and e.state == "ready" for e in self.engines):
+        reserved = [e for e in self.engines if e.kind == "reserved" and e.state != "gone"]
+        d = offload_tick(  # the coordinator's decision, on this clock
+            self.offload,
+            self.now,
+            offload_at=s.offload_at,
+            next_check=s.next_offload_check,
+            has_reserved=bool(reserved),
+            remote_ready=any(e.kind != "reserved" and e.state == "ready" for e in self.engines),
+            progress=lambda: self._progress(s, reserved),
+        )
+        s.next_offload_check = d.next_check
+        if d.action == "offload":
+            self._offload(s, reserved)
+        elif d.action == "resume":
             for e in self.engines:
                 e.offloaded = False  # every remote engine is gone: the trainer's engine generates again
         s.ticks += 1
@@ -588,36 +606,26 @@ class Simulation:
             for i, g, b, x in zip(items, gen.tolist(), left.tolist(), exp.tolist())
         ]
 
-    def _maybe_offload(self, s: _Step) -> None:
-        reserved = [e for e in self.engines if e.kind == "reserved" and e.state != "gone"]
-        if not reserved:
-            return
+    def _progress(self, s: _Step, reserved: list[_Engine]) -> StepProgress:
+        """What the offload policy sees (the coordinator's `progress`, from modelled engines)."""
         remote = [e for e in self.engines if e.kind != "reserved" and self._accepting(e)]
         open_idx = np.nonzero(~s.done)[0]
         gen = self._generated(s, open_idx)
-        left = self.spec.algorithm.max_new_tokens - gen
-        exp = self.stats.expected_remaining(gen, left)
-        held = float(s.held[s.done].sum() + gen.sum())
         on_reserved = np.isin(s.eng[open_idx], [e.idx for e in reserved])
-        ctx = float((s.prompt_len[open_idx] + gen)[on_reserved].sum())
-        prefill_rate = sum(e.model.prefill_tokens_per_s * e.model.replicas * e.model.speed for e in remote)
-        p = StepProgress(
+        return step_progress(
             elapsed=self.now - s.t0,
-            remote_engines=len(remote),
-            remote_rate=sum(e.model.rate(e.cap) for e in remote),
-            remote_seq_rate=(sum(1.0 / e.model.step_time(1) for e in remote) / len(remote)) if remote else 0.0,
-            remaining_tokens=float(exp.sum()),
-            max_remaining=float(exp.max()) if exp.size else 0.0,
-            total_tokens=held + float(exp.sum()),
-            unfinished=int(open_idx.size),
-            remaining_sample=self.stats.sample_remaining(gen, left),
-            remote_models=tuple(e.model for e in remote),
-            handoff_prefill_s=ctx / prefill_rate if prefill_rate > 0 else 0.0,
+            remote_full_rates=[e.model.rate(e.cap) for e in remote],
+            remote_seq_rates=[1.0 / e.model.step_time(1) for e in remote],
+            remote_models=[e.model for e in remote],
+            generated=gen,
+            budget_left=self.spec.algorithm.max_new_tokens - gen,
+            held_tokens=float(s.held[s.done].sum() + gen.sum()),
+            reserved_context=float((s.prompt_len[open_idx] + gen)[on_reserved].sum()),
             reserved_rate=sum(e.model.rate(len(e.live)) for e in reserved),
+            stats=self.stats,
         )
-        if not self.offload.should_offload(p):
-            s.next_offload_check = self.now + self.offload.next_check_s(p)
-            return
+
+    def _offload(self, s: _Step, reserved: list[_Engine]) -> None:
         s.offload_at = self.now
         for e in reserved:
             e.offloaded = True

@@ -514,8 +514,14 @@ def simulate(
     t0 = time.monotonic()
     try:
         tr, results = sim_cli.run(
-            spec, trace, policy, catalog=catalog, hours=hours, lengths=lengths,
-            steps=(10**9 if steps == 0 else steps), constant_workers=constant_workers,
+            spec,
+            trace,
+            policy,
+            catalog=catalog,
+            hours=hours,
+            lengths=lengths,
+            steps=(10**9 if steps == 0 else steps),
+            constant_workers=constant_workers,
         )
     except (PricingError, TraceError, ValueError) as e:
         fail(str(e), 2)

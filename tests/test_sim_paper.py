@@ -150,3 +150,16 @@ def test_offload_tick_decides_offload_wait_and_resume():
     assert d.action == "resume"
     d = offload_tick(eager, 5.0, offload_at=None, next_check=0.0, has_reserved=False, remote_ready=True, progress=prog)
     assert d.action == "none"
+
+
+def test_cli_simulates_the_shipped_paper_job_at_constant_capacity():
+    from typer.testing import CliRunner
+
+    from rlboost_cli.main import app
+
+    args = ["simulate", str(PAPER), "--policy", "sync", "--policy", "rlboost", "--constant-workers", "2"]
+    r = CliRunner().invoke(app, [*args, "--steps", "1", "--json"], catch_exceptions=False)
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.output)
+    assert doc["title"].startswith("paper-h100: constant 2")
+    assert [x["policy"] for x in doc["results"]] == ["on-demand", "sync", "rlboost"]

@@ -39,6 +39,7 @@ from trainer.policies.offload import (
     offload_tick,
     step_progress,
 )
+from trainer.policies.overlap import busy_between, left_to_train, may_train_group, trained_part
 from trainer.policies.perf import SYNC_COSTS, EngineModel
 from trainer.policies.tail_batching import TailBatcher
 from trainer.policies.views import EngineView, ReqView
@@ -692,33 +693,45 @@ class Simulation:
     # ---- training ----------------------------------------------------------------------
     def _train_more(self, s: _Step) -> None:
         """Overlapped training: once offloaded, the trainer trains finished groups one by one."""
-        if not self.overlap or s.offload_at is None or s.gen_end is not None or s.train_busy_until > self.now:
+        if not may_train_group(self.overlap, s.offload_at, s.gen_end) or s.train_busy_until > self.now:
             return
+        self._group_trained(s)  # one that ended at this very instant, before its event was handled
         if not s.groups_done:
             return
         g = s.groups_done.popleft()
         tokens = int(s.end[g * s.G : (g + 1) * s.G].sum())
         dt = tokens / self.train_rate
         s.busy.append((self.now, self.now + dt))
-        s.pretrained += tokens
+        s.groups_started += 1
+        s.group_training = (self.now, tokens, s.groups_started)
         s.train_busy_until = self.now + dt
-        self.push(s.train_busy_until, "trained", s.k)
+        self.push(s.train_busy_until, "trained", (s.k, s.groups_started))
 
-    def _on_trained(self, k: int) -> None:
+    def _group_trained(self, s: _Step) -> None:
+        if s.group_training is not None and s.train_busy_until <= self.now:
+            s.pretrained += s.group_training[1]
+            s.group_training = None
+
+    def _on_trained(self, payload: tuple[int, int]) -> None:
+        k, gid = payload
         s = self._step
-        if s is not None and s.k == k:
-            self._train_more(s)
+        if s is None or s.k != k or s.gen_end is not None:
+            return
+        if s.group_training is not None and s.group_training[2] == gid:
+            self._group_trained(s)
+        self._train_more(s)
 
     def _generation_done(self, s: _Step) -> None:
         s.gen_end = self.now
         kept = ~s.dropped
         total = int(s.end[kept].sum())
-        pre = s.pretrained
-        if s.busy and s.busy[-1][1] > self.now:  # a group was mid-training: keep the part done
+        if s.group_training is not None:  # a group was mid-training (or just done): keep the part done
+            started, tokens, _ = s.group_training
+            s.pretrained += trained_part(tokens, started, self.now, self.train_rate)
+            s.group_training = None
             a, b = s.busy[-1]
-            pre -= int((b - self.now) * self.train_rate)
-            s.busy[-1] = (a, self.now)
-        left = max(0, total - pre) if self.overlap else total
+            s.busy[-1] = (a, min(b, self.now))
+        left = left_to_train(total, s.pretrained, self.overlap)
         t_train_end = self.now + left / self.train_rate
         if self.policy.sync:  # old-logprob + ref forward passes before training (the KV-cache free is
             # in simulate.step_overhead_s, as for rlboost's trainer, whose engine shares its GPUs too)
@@ -730,7 +743,7 @@ class Simulation:
         k, total = payload
         s = self._step
         busy_total = sum(b - a for a, b in s.busy)
-        busy_tail = sum(max(0.0, min(b, s.gen_end) - max(a, s.offload_at)) for a, b in s.busy) if s.offload_at else 0.0
+        busy_tail = busy_between(s.busy, s.offload_at, s.gen_end)
         outcome = StepOutcome.from_marks(
             s.n_remote, s.t0, self.now, s.gen_end, s.offload_at, busy_tail, total, busy_total
         )
@@ -951,7 +964,9 @@ class _Step:
         self.busy: list[tuple[float, float]] = []
         self.share: dict[int, int] | None = None  # `split` baseline: responses per engine this step
         self.given: dict[int, int] = {}
-        self.pretrained = 0
+        self.pretrained = 0  # tokens trained during generation (whole groups, and the cut-short part)
+        self.group_training: tuple[float, int, int] | None = None  # (start, tokens, id) of the group in training
+        self.groups_started = 0
         self.train_busy_until = 0.0
 
 

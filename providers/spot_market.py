@@ -217,6 +217,13 @@ def _parse_json(text: str, src: str) -> AvailabilityTrace:
     return AvailabilityTrace(times, counts, src)
 
 
+def constant_trace(count: int, hours: float = 1000.0) -> AvailabilityTrace:
+    """`count` instances available the whole time (what-if runs at a fixed number of spot workers)."""
+    if count < 0:
+        raise TraceError(f"constant capacity must be >= 0, got {count}")
+    return AvailabilityTrace([0.0, hours * 3600.0], [count, count], f"constant {count}")
+
+
 # ---- the built-in default ----------------------------------------------------------------
 
 # (minute, capacity): ~3 h of trace time wandering between 0 and 3 workers with 3 drops (at 35,

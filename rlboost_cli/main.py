@@ -595,7 +595,7 @@ def simulate(
     ] = None,
     policy: Annotated[
         list[str] | None,
-        typer.Option(help="on-demand, spot-restart, rlboost-rule, rlboost, rlboost-tail, job (repeatable)"),
+        typer.Option(help="on-demand, sync, spot-restart, rlboost-rule, rlboost, rlboost-tail, job (repeatable)"),
     ] = None,
     catalog: Annotated[
         Path | None, typer.Option(help="a SkyPilot vms.csv to price from (overrides local.catalog)")
@@ -606,6 +606,10 @@ def simulate(
     ] = None,
     lengths: Annotated[
         Path | None, typer.Option(help="sample response lengths from a recorded run (rollouts.jsonl)")
+    ] = None,
+    constant_workers: Annotated[
+        int | None,
+        typer.Option(help="a constant spot market: exactly N workers available all along (instead of a trace)"),
     ] = None,
     plot: Annotated[Path | None, typer.Option(help="write a PNG: throughput and live spot workers over time")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
@@ -625,8 +629,14 @@ def simulate(
     t0 = time.monotonic()
     try:
         tr, results = sim_cli.run(
-            spec, trace, policy, catalog=catalog, hours=hours, lengths=lengths,
+            spec,
+            trace,
+            policy,
+            catalog=catalog,
+            hours=hours,
+            lengths=lengths,
             steps=(10**9 if steps == 0 else steps),
+            constant_workers=constant_workers,
         )
     except (PricingError, TraceError, ValueError) as e:
         fail(str(e), 2)

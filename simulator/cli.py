@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from providers.spot_market import BUILTIN_TRACE, AvailabilityTrace, load_trace
+from providers.spot_market import BUILTIN_TRACE, AvailabilityTrace, constant_trace, load_trace
 from rlboost_cli.pricing import spot_offers, trainer_offer
 from rlboost_cli.spec import JobSpec
 from simulator.core import PRESETS, SimPolicy, SimResult, policy_from_spec, simulate_job
@@ -37,14 +37,25 @@ def run(
     hours: float | None = None,
     lengths: Path | None = None,
     steps: int | None = None,
+    constant_workers: int | None = None,
 ) -> tuple[AvailabilityTrace, list[SimResult]]:
     if catalog is not None:
         spec = spec.model_copy(update={"local": spec.local.model_copy(update={"catalog": catalog})})
     if hours is not None:
         spec = spec.model_copy(update={"simulate": spec.simulate.model_copy(update={"hours": hours})})
-    trace = (
-        load_trace(trace_path) if trace_path else (load_trace(spec.local.trace) if spec.local.trace else BUILTIN_TRACE)
-    )
+    if constant_workers is not None:
+        if trace_path is not None:
+            raise ValueError("--constant-workers and --trace both give the spot capacity: pick one")
+        trace = constant_trace(constant_workers)
+        # as many workers as the capacity allows, and no trace-time compression of a constant market
+        ro = spec.rollout.model_copy(update={"max_workers": constant_workers})
+        spec = spec.model_copy(update={"rollout": ro, "local": spec.local.model_copy(update={"capacity_scale": 1.0})})
+    else:
+        trace = (
+            load_trace(trace_path)
+            if trace_path
+            else (load_trace(spec.local.trace) if spec.local.trace else BUILTIN_TRACE)
+        )
     lm = LengthModel.from_recorded(lengths) if lengths else None
     results = simulate_job(
         spec,

@@ -26,16 +26,24 @@ import numpy as np
 from providers.spot_market import AvailabilityTrace, SpotMarket
 from rlboost_cli.pricing import Offer
 from rlboost_cli.spec import JobSpec
+from simulator.workload import replay_task
 from trainer import scheduling
 from trainer.policies.dispatch import plan_dispatch
 from trainer.policies.lengths import LengthModel, LengthStats, prompt_key
 from trainer.policies.migration import plan_migrations, worth_a_look
-from trainer.policies.offload import OffloadPolicy, StepOutcome, StepProgress, make_offload
-from trainer.policies.perf import EngineModel
+from trainer.policies.offload import (
+    OffloadPolicy,
+    StepOutcome,
+    StepProgress,
+    make_offload,
+    offload_tick,
+    step_progress,
+)
+from trainer.policies.overlap import busy_between, left_to_train, may_train_group, trained_part
+from trainer.policies.perf import SYNC_COSTS, EngineModel
 from trainer.policies.tail_batching import TailBatcher
 from trainer.policies.views import EngineView, ReqView
 from trainer.sampling import request_seed
-from trainer.tasks import make_task
 
 INF = float("inf")
 
@@ -49,15 +57,36 @@ class SimPolicy:
     restart: bool = False  # responses of a lost worker restart from scratch (no token-level resume)
     tail_batching: bool = False
     spot: bool = True  # False: the reserved cluster alone
+    # responses are split between the engines up front, in proportion to their rates (a baseline
+    # without token-level dispatch: each engine keeps its share of the step)
+    split: bool = False
+    # a synchronous colocated step (veRL/TRL): generate, then old-logprob (+ ref) forward passes, then
+    # train, then sync weights into the engine and rebuild its KV cache (perf.SYNC_COSTS)
+    sync: bool = False
     label: str = ""
 
 
 PRESETS: dict[str, SimPolicy] = {
     p.name: p
     for p in (
-        SimPolicy("on-demand", "none", "spread", False, spot=False, label="reserved cluster alone"),
+        SimPolicy("on-demand", "none", "spread", False, spot=False, label="rlboost's trainer alone"),
         SimPolicy(
-            "spot-restart", "none", "rate", False, restart=True, label="spot, no offload; lost responses restart"
+            "sync",
+            "none",
+            "spread",
+            False,
+            spot=False,
+            sync=True,
+            label="synchronous colocated step (veRL/TRL): generate, logprobs, train, sync weights",
+        ),
+        SimPolicy(
+            "spot-restart",
+            "none",
+            "rate",
+            False,
+            restart=True,
+            split=True,
+            label="spot workers take their share of each step; lost responses restart",
         ),
         SimPolicy("rlboost-rule", "rlboost", "spread", True, label="RLBoost's published offload rule"),
         SimPolicy("rlboost", "predictive", "rate", True, label="predictive offload, rate dispatch, migration"),
@@ -198,10 +227,11 @@ class Simulation:
             horizon_s = self.sim.hours * 3600 if self.sim.hours else (INF if max_steps is None else trace.duration)
         self.horizon = horizon_s / self.scale  # sim seconds
         self.rng = random.Random(spec.algorithm.seed)  # backoff jitter
-        self.task = make_task(spec.task)
+        self.task = replay_task(spec)  # never loads a model or a tokenizer
         self.prompt_rng = np.random.default_rng(spec.algorithm.seed)
         self.train_rate = scheduling.trainer_tokens_per_s(spec)
-        self.overlap = scheduling.trains_while_generating(spec)
+        # a synchronous step trains only after its last response
+        self.overlap = scheduling.trains_while_generating(spec) and not policy.sync
         self.offload: OffloadPolicy = make_offload(
             policy.offload,
             train_tokens_per_s=self.train_rate,
@@ -295,6 +325,8 @@ class Simulation:
     def _pull(self, e: _Engine) -> None:
         e.state = "pulling"
         pull = self.sim.reserved_pull_s if e.kind == "reserved" else self.sim.pull_s
+        if self.policy.sync and e.kind == "reserved":  # weights resharded into the engine, KV cache rebuilt
+            pull = max(pull, SYNC_COSTS.weight_sync_s + SYNC_COSTS.wake_s)
         self.push(self.now + pull, "ready", (e.idx, self.published))
 
     def _on_ready(self, payload) -> None:
@@ -331,6 +363,12 @@ class Simulation:
                 s.eos[j] = full <= budget
                 s.prompt_len[j] = spec.rollout.synthetic.prompt_tokens or len(prob.prompt_ids)
         s.queue.extend(range(n))
+        if self.policy.split:
+            pool = [e for e in self.engines if e.state in ("ready", "pulling") and not e.victim]
+            rates = [e.model.full_rate() for e in pool]
+            total_rate = sum(rates)
+            s.share = {e.idx: math.ceil(n * r / total_rate) for e, r in zip(pool, rates)}
+            s.given = dict.fromkeys(s.share, 0)
         n_remote = sum(1 for e in self.engines if e.kind != "reserved" and e.state in ("ready", "pulling"))
         s.n_remote = n_remote
         self.offload.start_step(n_remote)
@@ -349,9 +387,20 @@ class Simulation:
         s = self._step
         if s is None or s.k != k or s.gen_end is not None:
             return
-        if s.offload_at is None and self.now >= s.next_offload_check:
-            self._maybe_offload(s)
-        elif not any(e.kind != "reserved" and e.state == "ready" for e in self.engines):
+        reserved = [e for e in self.engines if e.kind == "reserved" and e.state != "gone"]
+        d = offload_tick(  # the coordinator's decision, on this clock
+            self.offload,
+            self.now,
+            offload_at=s.offload_at,
+            next_check=s.next_offload_check,
+            has_reserved=bool(reserved),
+            remote_ready=any(e.kind != "reserved" and e.state == "ready" for e in self.engines),
+            progress=lambda: self._progress(s, reserved),
+        )
+        s.next_offload_check = d.next_check
+        if d.action == "offload":
+            self._offload(s, reserved)
+        elif d.action == "resume":
             for e in self.engines:
                 e.offloaded = False  # every remote engine is gone: the trainer's engine generates again
         s.ticks += 1
@@ -373,6 +422,8 @@ class Simulation:
             return
         open_e = [e for e in self.engines if self._accepting(e) and len(e.live) < e.cap]
         if not open_e:
+            return
+        if s.share is not None and self._dispatch_shares(s, open_e):
             return
         free = sum(e.cap - len(e.live) for e in open_e)
         head: list[int] = []
@@ -403,6 +454,32 @@ class Simulation:
             by_engine.setdefault(e.idx, []).append(i)
         for idx, items in by_engine.items():
             self._admit(self.engines[idx], s, items)
+
+    def _dispatch_shares(self, s: _Step, open_e: list[_Engine]) -> bool:
+        """`split` baseline: each engine takes up to its share of the step; True when handled (the
+        queue waits for an engine still pulling the step's weights). Once every live engine has had
+        its share, what is left (responses restarted after a loss) goes to any open engine."""
+        room = {e.idx: min(e.cap - len(e.live), s.share.get(e.idx, 0) - s.given.get(e.idx, 0)) for e in open_e}
+        if not any(v > 0 for v in room.values()):
+            pending = any(s.given[i] < s.share[i] and self.engines[i].state in ("ready", "pulling") for i in s.share)
+            return pending
+        by_engine: dict[int, list[int]] = {}
+        targets = [e for e in open_e if room[e.idx] > 0]
+        seen: set[int] = set()
+        while s.queue and targets:
+            i = s.queue.popleft()
+            if s.done[i] or s.eng[i] >= 0 or i in seen:
+                continue
+            seen.add(i)
+            e = targets[0]
+            by_engine.setdefault(e.idx, []).append(i)
+            room[e.idx] -= 1
+            s.given[e.idx] = s.given.get(e.idx, 0) + 1
+            if room[e.idx] <= 0:
+                targets.pop(0)
+        for idx, items in by_engine.items():
+            self._admit(self.engines[idx], s, items)
+        return True
 
     def _admit(self, e: _Engine, s: _Step, items: list[int]) -> None:
         e.advance(self.now)
@@ -530,36 +607,26 @@ class Simulation:
             for i, g, b, x in zip(items, gen.tolist(), left.tolist(), exp.tolist())
         ]
 
-    def _maybe_offload(self, s: _Step) -> None:
-        reserved = [e for e in self.engines if e.kind == "reserved" and e.state != "gone"]
-        if not reserved:
-            return
+    def _progress(self, s: _Step, reserved: list[_Engine]) -> StepProgress:
+        """What the offload policy sees (the coordinator's `progress`, from modelled engines)."""
         remote = [e for e in self.engines if e.kind != "reserved" and self._accepting(e)]
         open_idx = np.nonzero(~s.done)[0]
         gen = self._generated(s, open_idx)
-        left = self.spec.algorithm.max_new_tokens - gen
-        exp = self.stats.expected_remaining(gen, left)
-        held = float(s.held[s.done].sum() + gen.sum())
         on_reserved = np.isin(s.eng[open_idx], [e.idx for e in reserved])
-        ctx = float((s.prompt_len[open_idx] + gen)[on_reserved].sum())
-        prefill_rate = sum(e.model.prefill_tokens_per_s * e.model.replicas * e.model.speed for e in remote)
-        p = StepProgress(
+        return step_progress(
             elapsed=self.now - s.t0,
-            remote_engines=len(remote),
-            remote_rate=sum(e.model.rate(e.cap) for e in remote),
-            remote_seq_rate=(sum(1.0 / e.model.step_time(1) for e in remote) / len(remote)) if remote else 0.0,
-            remaining_tokens=float(exp.sum()),
-            max_remaining=float(exp.max()) if exp.size else 0.0,
-            total_tokens=held + float(exp.sum()),
-            unfinished=int(open_idx.size),
-            remaining_sample=self.stats.sample_remaining(gen, left),
-            remote_models=tuple(e.model for e in remote),
-            handoff_prefill_s=ctx / prefill_rate if prefill_rate > 0 else 0.0,
+            remote_full_rates=[e.model.rate(e.cap) for e in remote],
+            remote_seq_rates=[1.0 / e.model.step_time(1) for e in remote],
+            remote_models=[e.model for e in remote],
+            generated=gen,
+            budget_left=self.spec.algorithm.max_new_tokens - gen,
+            held_tokens=float(s.held[s.done].sum() + gen.sum()),
+            reserved_context=float((s.prompt_len[open_idx] + gen)[on_reserved].sum()),
             reserved_rate=sum(e.model.rate(len(e.live)) for e in reserved),
+            stats=self.stats,
         )
-        if not self.offload.should_offload(p):
-            s.next_offload_check = self.now + self.offload.next_check_s(p)
-            return
+
+    def _offload(self, s: _Step, reserved: list[_Engine]) -> None:
         s.offload_at = self.now
         for e in reserved:
             e.offloaded = True
@@ -626,34 +693,49 @@ class Simulation:
     # ---- training ----------------------------------------------------------------------
     def _train_more(self, s: _Step) -> None:
         """Overlapped training: once offloaded, the trainer trains finished groups one by one."""
-        if not self.overlap or s.offload_at is None or s.gen_end is not None or s.train_busy_until > self.now:
+        if not may_train_group(self.overlap, s.offload_at, s.gen_end) or s.train_busy_until > self.now:
             return
+        self._group_trained(s)  # one that ended at this very instant, before its event was handled
         if not s.groups_done:
             return
         g = s.groups_done.popleft()
         tokens = int(s.end[g * s.G : (g + 1) * s.G].sum())
         dt = tokens / self.train_rate
         s.busy.append((self.now, self.now + dt))
-        s.pretrained += tokens
+        s.groups_started += 1
+        s.group_training = (self.now, tokens, s.groups_started)
         s.train_busy_until = self.now + dt
-        self.push(s.train_busy_until, "trained", s.k)
+        self.push(s.train_busy_until, "trained", (s.k, s.groups_started))
 
-    def _on_trained(self, k: int) -> None:
+    def _group_trained(self, s: _Step) -> None:
+        if s.group_training is not None and s.train_busy_until <= self.now:
+            s.pretrained += s.group_training[1]
+            s.group_training = None
+
+    def _on_trained(self, payload: tuple[int, int]) -> None:
+        k, gid = payload
         s = self._step
-        if s is not None and s.k == k:
-            self._train_more(s)
+        if s is None or s.k != k or s.gen_end is not None:
+            return
+        if s.group_training is not None and s.group_training[2] == gid:
+            self._group_trained(s)
+        self._train_more(s)
 
     def _generation_done(self, s: _Step) -> None:
         s.gen_end = self.now
         kept = ~s.dropped
         total = int(s.end[kept].sum())
-        pre = s.pretrained
-        if s.busy and s.busy[-1][1] > self.now:  # a group was mid-training: keep the part done
+        if s.group_training is not None:  # a group was mid-training (or just done): keep the part done
+            started, tokens, _ = s.group_training
+            s.pretrained += trained_part(tokens, started, self.now, self.train_rate)
+            s.group_training = None
             a, b = s.busy[-1]
-            pre -= int((b - self.now) * self.train_rate)
-            s.busy[-1] = (a, self.now)
-        left = max(0, total - pre) if self.overlap else total
+            s.busy[-1] = (a, min(b, self.now))
+        left = left_to_train(total, s.pretrained, self.overlap)
         t_train_end = self.now + left / self.train_rate
+        if self.policy.sync:  # old-logprob + ref forward passes before training (the KV-cache free is
+            # in simulate.step_overhead_s, as for rlboost's trainer, whose engine shares its GPUs too)
+            t_train_end += SYNC_COSTS.forward_s(total, self.train_rate)
         s.busy.append((self.now, t_train_end))
         self.push(t_train_end + self.sim.step_overhead_s, "step_end", (s.k, total))
 
@@ -661,7 +743,7 @@ class Simulation:
         k, total = payload
         s = self._step
         busy_total = sum(b - a for a, b in s.busy)
-        busy_tail = sum(max(0.0, min(b, s.gen_end) - max(a, s.offload_at)) for a, b in s.busy) if s.offload_at else 0.0
+        busy_tail = busy_between(s.busy, s.offload_at, s.gen_end)
         outcome = StepOutcome.from_marks(
             s.n_remote, s.t0, self.now, s.gen_end, s.offload_at, busy_tail, total, busy_total
         )
@@ -880,7 +962,11 @@ class _Step:
         self.changed = False  # a slot freed up or an engine joined since the last migration round
         self.next_offload_check = 0.0
         self.busy: list[tuple[float, float]] = []
-        self.pretrained = 0
+        self.share: dict[int, int] | None = None  # `split` baseline: responses per engine this step
+        self.given: dict[int, int] = {}
+        self.pretrained = 0  # tokens trained during generation (whole groups, and the cut-short part)
+        self.group_training: tuple[float, int, int] | None = None  # (start, tokens, id) of the group in training
+        self.groups_started = 0
         self.train_busy_until = 0.0
 
 

@@ -34,8 +34,10 @@ def test_engine_model_hits_both_reference_points():
     assert m.step_time(10) < m.step_time(100)
     node = engine_model("A100:8", DEFAULT_PERF, max_batch=256)
     assert node.capacity == 8 * 256
-    assert node.rate(8 * 256) == pytest.approx(8 * 2500)  # 8 GPUs, each with a full batch
-    assert node.step_time(8) == pytest.approx(m.step_time(1))  # spread over 8 GPUs: one each
+    ref = DEFAULT_PERF["A100"].tokens_per_s
+    assert node.rate(8 * 256) == pytest.approx(8 * ref)  # 8 GPUs, each with a full batch
+    one = engine_model("A100:1", DEFAULT_PERF, max_batch=256)
+    assert node.step_time(8) == pytest.approx(one.step_time(1))  # spread over 8 GPUs: one each
     with pytest.raises(ValueError):
         EngineModel(0, 1, 1)
 

@@ -34,7 +34,14 @@ from trainer import token_frames
 from trainer.policies.dispatch import plan_dispatch
 from trainer.policies.lengths import LengthStats
 from trainer.policies.migration import MigrationConfig, plan_migrations
-from trainer.policies.offload import NoOffload, OffloadPolicy, StepOutcome, StepProgress
+from trainer.policies.offload import (
+    NoOffload,
+    OffloadPolicy,
+    StepOutcome,
+    StepProgress,
+    offload_tick,
+    step_progress,
+)
 from trainer.policies.perf import AcceleratorPerf, EngineModel, engine_model
 from trainer.policies.views import EngineView, ReqView
 from trainer.rollout_book import ProtocolViolation, Response, RolloutBook
@@ -468,9 +475,20 @@ class Coordinator:
         m = self.marks
         if m is None:
             return
-        if m.offload_at is None and now >= m.next_offload_check:
-            await self._maybe_offload(now, m)
-        elif not any(c.kind != "reserved" and c.state == "ready" for c in self.engines.values()):
+        reserved = [c for c in self.engines.values() if c.kind == "reserved" and c.state != "gone"]
+        d = offload_tick(
+            self.offload,
+            now,
+            offload_at=m.offload_at,
+            next_check=m.next_offload_check,
+            has_reserved=bool(reserved),
+            remote_ready=any(c.kind != "reserved" and c.state == "ready" for c in self.engines.values()),
+            progress=lambda: self.progress(now),
+        )
+        m.next_offload_check = d.next_check
+        if d.action == "offload":
+            await self._offload(now, m, reserved)
+        elif d.action == "resume":
             # every remote engine is gone: the trainer's engine generates again rather than stall
             for c in self.engines.values():
                 c.offloaded = False
@@ -484,7 +502,8 @@ class Coordinator:
         m = self.marks
         views = self._engine_views(now)
         remote = [e for e in views if e.remote and e.accepting]
-        full_rates, seq_rates = [], []
+        full_rates: list[float] = []
+        seq_rates: list[float] = []
         for e in remote:
             if e.tokens_per_s > 0 and e.active > 0:
                 scale = (e.model.rate(e.capacity) / e.model.rate(e.active)) if e.model else e.capacity / e.active
@@ -496,43 +515,32 @@ class Coordinator:
             seq_rates.append(1.0 / e.seq_time(1))
         known = [r for r in full_rates if r > 0]
         fill = sum(known) / len(known) if known else 0.0
-        remote_rate = sum(r if r > 0 else fill for r in full_rates)
         unfinished = [
             r for r in self.book.responses.values() if r.version == v and not r.done and m and r.step == m.step
         ]
         gen = self.book.lengths(unfinished)
         left = np.fromiter((r.max_new_tokens for r in unfinished), np.int64, len(unfinished)) - gen
-        exp = self.lengths.expected_remaining(gen, left) if unfinished else np.zeros(0)
         held = sum(r.generated for r in self.book.responses.values() if m and r.step == m.step)
         reserved = {c.id for c in self.engines.values() if c.kind == "reserved"}
         ctx = sum(len(r.prompt) + int(g) for r, g in zip(unfinished, gen.tolist()) if r.engine in reserved)
         models = tuple(e.model for e in remote if e.model is not None)
         if len(models) != len(remote):
             models = ()  # some engine has no model: fall back to the measured-rate estimate
-        prefill_rate = sum(mm.prefill_tokens_per_s * mm.replicas * mm.speed for mm in models)
-        return StepProgress(
+        return step_progress(
             elapsed=now - (m.t0 if m else now),
-            remote_engines=len(remote),
-            remote_rate=remote_rate,
-            remote_seq_rate=sum(seq_rates) / len(seq_rates) if seq_rates else 0.0,
-            remaining_tokens=float(exp.sum()),
-            max_remaining=float(exp.max()) if exp.size else 0.0,
-            total_tokens=float(held + exp.sum()),
-            unfinished=len(unfinished),
-            remaining_sample=self.lengths.sample_remaining(gen, left) if unfinished else None,
+            remote_full_rates=[r if r > 0 else fill for r in full_rates],
+            remote_seq_rates=seq_rates,
             remote_models=models,
-            handoff_prefill_s=ctx / prefill_rate if prefill_rate > 0 else 0.0,
+            generated=gen,
+            budget_left=left,
+            held_tokens=float(held),
+            reserved_context=float(ctx),
             reserved_rate=sum(e.tokens_per_s for e in views if e.kind == "reserved"),
+            stats=self.lengths,
         )
 
-    async def _maybe_offload(self, now: float, m: StepMarks) -> None:
-        reserved = [c for c in self.engines.values() if c.kind == "reserved" and c.state != "gone"]
-        if not reserved:
-            return
-        p = self.progress(now)
-        if not self.offload.should_offload(p):
-            m.next_offload_check = now + self.offload.next_check_s(p)
-            return
+    async def _offload(self, now: float, m: StepMarks, reserved: list[EngineConn]) -> None:
+        """The policy said so (offload_tick): the reserved engines hand their partial responses over."""
         m.offload_at = now
         self.offloads += 1
         moved = 0

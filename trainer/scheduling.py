@@ -35,8 +35,9 @@ def trainer_tokens_per_s(spec: JobSpec) -> float:
 
 def trains_while_generating(spec: JobSpec) -> bool:
     """Whether the trainer can train finished groups while the tail still generates (what makes an
-    offload pay). Every learner does: the synthetic one, and the real ones (tiny-gpt, hf, ddp/fsdp)
-    through the streamed update (trainer/streaming.py, Learner.add_groups)."""
+    offload pay). Every learner streams (DESIGN.md: "must hold for every real model kind"): the
+    synthetic one, and the real ones (tiny-gpt, hf, ddp/fsdp) through the streamed update
+    (trainer/streaming.py, Learner.add_groups), so the model kind never changes a step's speed."""
     return True
 
 

@@ -20,6 +20,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Protocol
 
 from trainer.grpo import Sample
+from trainer.policies.overlap import busy_between, may_train_group
 
 
 class GroupSource(Protocol):
@@ -54,7 +55,7 @@ class GroupFeeder:
         coord = self.coord
         await _first(coord.offloaded.wait(), self.gen_done.wait())
         while not self.abandon:
-            if coord.groups_done and not self.gen_done.is_set():
+            if coord.groups_done and may_train_group(True, *self._marks()):
                 await self._add([coord.groups_done.popleft()])
                 self.streamed_groups += 1
                 continue
@@ -67,6 +68,11 @@ class GroupFeeder:
             coord.group_ready.clear()  # no await since the check above: no completion is missed
             await _first(coord.group_ready.wait(), self.gen_done.wait())
 
+    def _marks(self) -> tuple[float | None, float | None]:
+        """(offload, end of generation) as the simulator's marks: now if it has happened, else None."""
+        now = self.clock()
+        return (now if self.coord.offloaded.is_set() else None, now if self.gen_done.is_set() else None)
+
     async def _add(self, groups: Sequence[str]) -> None:
         samples = self.samples_of(groups)
         t0 = self.clock()
@@ -78,9 +84,7 @@ class GroupFeeder:
 
     def busy_between(self, a: float | None, b: float | None) -> float:
         """Training time inside [a, b] (the tail: offload -> last response)."""
-        if a is None or b is None:
-            return 0.0
-        return sum(max(0.0, min(e, b) - max(s, a)) for s, e in self.busy)
+        return busy_between(self.busy, a, b)
 
     def busy_total(self) -> float:
         return sum(e - s for s, e in self.busy)

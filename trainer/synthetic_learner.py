@@ -15,6 +15,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from trainer.policies.overlap import busy_between, left_to_train, trained_part
+
 
 class SyntheticLearner:
     def __init__(self, train_tokens_per_s: float, clock=time.monotonic) -> None:
@@ -44,7 +46,7 @@ class SyntheticLearner:
     def train_step(self, samples: Sequence) -> dict[str, float]:
         """Train what was not trained during generation (blocking; called in a thread)."""
         total = sum(len(s.response_ids) for s in samples)
-        left = max(0, total - self.pretrained_tokens)
+        left = left_to_train(total, self.pretrained_tokens, overlap=True)
         t0 = self.clock()
         time.sleep(left / self.rate)
         self.busy.append((t0, self.clock()))
@@ -67,7 +69,7 @@ class SyntheticLearner:
             try:
                 await asyncio.sleep(tokens / self.rate)
             except asyncio.CancelledError:  # generation ended mid-group: keep the part already trained
-                done = min(tokens, int((self.clock() - t0) * self.rate))
+                done = trained_part(tokens, t0, self.clock(), self.rate)
                 self.busy.append((t0, self.clock()))
                 self.pretrained_tokens += done
                 raise
@@ -76,9 +78,7 @@ class SyntheticLearner:
 
     def busy_between(self, a: float | None, b: float | None) -> float:
         """Training time that fell inside [a, b] (the tail: offload -> last response)."""
-        if a is None or b is None:
-            return 0.0
-        return float(sum(max(0.0, min(e, b) - max(s, a)) for s, e in self.busy))
+        return busy_between(self.busy, a, b)
 
     def busy_total(self) -> float:
         return float(np.sum([e - s for s, e in self.busy])) if self.busy else 0.0

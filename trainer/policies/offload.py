@@ -23,12 +23,13 @@ Policies (pure; the coordinator and the simulator feed them the same numbers):
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Literal, Protocol
 
 import numpy as np
 
+from trainer.policies.lengths import LengthStats
 from trainer.policies.perf import EngineModel
 
 
@@ -261,3 +262,74 @@ def trainer_idle(box_at: float | None, gen_end: float, busy_during_tail: float) 
     if box_at is None:
         return 0.0
     return max(0.0, (gen_end - box_at) - busy_during_tail)
+
+
+def step_progress(
+    *,
+    elapsed: float,
+    remote_full_rates: Sequence[float],
+    remote_seq_rates: Sequence[float],
+    remote_models: Sequence[EngineModel],
+    generated: np.ndarray,
+    budget_left: np.ndarray,
+    held_tokens: float,
+    reserved_context: float,
+    reserved_rate: float,
+    stats: LengthStats,
+) -> StepProgress:
+    """What the offload policy sees, from one clock's measurements (the live coordinator's and the
+    simulator's alike): the ready remote engines' full-batch and one-sequence rates (and their models,
+    all or none), every unfinished response's generated tokens and remaining budget, the step's tokens
+    so far, and the context (prompt + partial) that would move off the reserved engine."""
+    unfinished = int(generated.size)
+    exp = stats.expected_remaining(generated, budget_left) if unfinished else np.zeros(0)
+    models = tuple(remote_models)
+    prefill_rate = sum(m.prefill_tokens_per_s * m.replicas * m.speed for m in models)
+    return StepProgress(
+        elapsed=elapsed,
+        remote_engines=len(remote_full_rates),
+        remote_rate=float(sum(remote_full_rates)),
+        remote_seq_rate=sum(remote_seq_rates) / len(remote_seq_rates) if remote_seq_rates else 0.0,
+        remaining_tokens=float(exp.sum()),
+        max_remaining=float(exp.max()) if exp.size else 0.0,
+        total_tokens=float(held_tokens + exp.sum()),
+        unfinished=unfinished,
+        remaining_sample=stats.sample_remaining(generated, budget_left) if unfinished else None,
+        remote_models=models,
+        handoff_prefill_s=reserved_context / prefill_rate if prefill_rate > 0 else 0.0,
+        reserved_rate=reserved_rate,
+    )
+
+
+@dataclass(frozen=True)
+class OffloadDecision:
+    """One tick's offload decision: `offload` (the reserved engines hand their partial responses to the
+    remotes now), `resume` (every remote engine is gone: the reserved engines generate again rather
+    than stall the step), or `none`; `next_check` is when to ask the policy again."""
+
+    action: Literal["none", "offload", "resume"]
+    next_check: float
+
+
+def offload_tick(
+    policy: OffloadPolicy,
+    now: float,
+    *,
+    offload_at: float | None,
+    next_check: float,
+    has_reserved: bool,
+    remote_ready: bool,
+    progress: Callable[[], StepProgress],
+) -> OffloadDecision:
+    """The offload decision of one tick, for the live coordinator and the simulator alike (pure;
+    `progress` is called only when the policy is asked)."""
+    if offload_at is None and now >= next_check:
+        if not has_reserved:
+            return OffloadDecision("none", next_check)
+        p = progress()
+        if not policy.should_offload(p):
+            return OffloadDecision("none", now + policy.next_check_s(p))
+        return OffloadDecision("offload", next_check)
+    if not remote_ready:
+        return OffloadDecision("resume", next_check)
+    return OffloadDecision("none", next_check)

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from rlboost_cli.spec import JobSpec
-from trainer.tasks import Problem, Task, make_task
+from trainer.tasks import EpochOrder, Problem, Task, make_task
 
 CHARS_PER_TOKEN = 4.0
 DEFAULT_PROMPT_TOKENS = 256  # no dataset to estimate from and no prompt_tokens set
@@ -36,14 +36,12 @@ class EstimatedPrompts:
             seed = int.from_bytes(hashlib.blake2b(f"{i}\0{text}".encode(), digest_size=8).digest(), "little")
             ids = np.random.default_rng(seed).integers(0, 1 << 31, size=n)
             self.prompts.append([int(x) for x in ids])
-        self._order: list[int] = []
+        self._order = EpochOrder()
 
     def sample(self, rng: np.random.Generator, n: int) -> list[Problem]:
         out = []
         for _ in range(n):
-            if not self._order:
-                self._order = [int(i) for i in rng.permutation(len(self.prompts))][::-1]
-            i = self._order.pop()
+            i = self._order.next(rng, len(self.prompts))
             out.append(Problem(list(self.prompts[i]), [], f"record {i + 1}", index=i))
         return out
 

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 
 from rlboost_cli.spec import AlgorithmSpec, ModelSpec, TaskSpec
+from tests.torch_threads import one_thread  # noqa: F401  (autouse: single-threaded torch)
 from worker.engines.base import Engine, GenRequest
 
 BUDGET = 16
@@ -38,14 +38,6 @@ class Kit:
         e = self.engines[i]
         e.load_weights(version, self.weights[weights])
         return e
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread() -> Iterator[None]:
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def _tiny_gpt_kit() -> Kit:

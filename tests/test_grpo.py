@@ -3,28 +3,17 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 
 import numpy as np
 import pytest
 import torch
 
 from rlboost_cli.spec import AlgorithmSpec, ModelSpec, TaskSpec
+from tests.torch_threads import one_thread  # noqa: F401  (autouse: single-threaded torch)
 from trainer.grpo import Sample, group_advantages, policy_gradient_loss, sample_advantages
 from trainer.learner import Learner, rollout_groups
 from trainer.tasks import EOS
 from worker.engines.torch_engine import TorchEngine
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread() -> Iterator[None]:
-    """Single-threaded torch, as a trainer on a small machine runs: faster for these tiny models and
-    immune to oversubscription when other processes share the cores."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
 
 # ---- advantages and loss ------------------------------------------------------------------------
 

@@ -4,7 +4,6 @@ prompts, the jsonl task's reward, and the job-file rules for hf models and datas
 from __future__ import annotations
 
 import shutil
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -16,19 +15,12 @@ pytest.importorskip("transformers")
 
 from rlboost_cli.spec import AlgorithmSpec, ModelSpec, SpecError, TaskSpec, load_spec, parse_spec
 from tests.hf_fixtures import make_tiny_model, write_math_jsonl
+from tests.torch_threads import one_thread  # noqa: F401  (autouse: single-threaded torch)
 from trainer.grpo import Sample
 from trainer.learner import Learner
 from trainer.tasks import JsonlTask, make_task
 from worker.engines import make_engine
 from worker.engines.base import GenRequest
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread() -> Iterator[None]:
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")

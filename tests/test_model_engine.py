@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import numpy as np
 import pytest
 import torch
 
 from rlboost_cli.spec import AlgorithmSpec, ModelSpec, TaskSpec
+from tests.torch_threads import one_thread  # noqa: F401  (autouse: single-threaded torch)
 from trainer.learner import Learner
 from trainer.model import TinyGPT, TinyGPTConfig, left_pad
 from trainer.tasks import EOS
@@ -16,15 +15,6 @@ from worker.engines.base import Engine, GenRequest
 from worker.engines.torch_engine import TorchEngine
 
 SPEC = ModelSpec()
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread() -> Iterator[None]:
-    """Single-threaded torch: faster for a tiny model, and immune to oversubscribed cores."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")

@@ -7,27 +7,20 @@ count, so a missing or wrong end-of-step rescale fails these tests."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 
 import pytest
 import torch
 
 from rlboost_cli.spec import AlgorithmSpec, ModelSpec, TaskSpec
 from tests.test_distributed import _samples
+from tests.torch_threads import one_thread  # noqa: F401  (autouse: single-threaded torch)
 from trainer.grpo import Sample
 from trainer.learner import Learner
 
 TINY = (ModelSpec(n_layer=2, n_embd=32, n_head=2), TaskSpec())
 # group arrival order and chunking of a 5-group step: completion order is not prompt order
 CHUNKS = [[3], [0, 4], [2], [1]]
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread() -> Iterator[None]:
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def _learner(model: ModelSpec, task: TaskSpec, dtype: torch.dtype, sgd: bool, micro: int | None) -> Learner:

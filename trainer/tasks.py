@@ -167,6 +167,18 @@ def make_task(spec: TaskSpec, model: ModelSpec | None = None, alphabet: str = DE
     return classes[spec.name](spec.min_len, spec.max_len, alphabet)
 
 
+class EpochOrder:
+    """Each of n items once per epoch, in a new random order every epoch (a dataset's sampler)."""
+
+    def __init__(self) -> None:
+        self._left: list[int] = []
+
+    def next(self, rng: np.random.Generator, n: int) -> int:
+        if not self._left:
+            self._left = [int(i) for i in rng.permutation(n)][::-1]
+        return self._left.pop()
+
+
 class JsonlTask(Task):
     """Prompts from a JSONL dataset (trainer/datasets.py), rewarded by a verifier on the decoded
     response (trainer/verifiers.py). Prompts go through the tokenizer's chat template when it has one
@@ -183,7 +195,7 @@ class JsonlTask(Task):
         self.records = datasets.load_jsonl(spec.path, spec.prompt_field, spec.answer_field)
         self.verify = verifiers.VERIFIERS[spec.reward]
         self._prompts = [self._encode_prompt(r.prompt) for r in self.records]
-        self._order: list[int] = []
+        self._order = EpochOrder()
 
     def _encode_prompt(self, text: str) -> list[int]:
         content = f"{text}\n{self.spec.instruction}" if self.spec.instruction else text
@@ -206,9 +218,7 @@ class JsonlTask(Task):
     def sample(self, rng: np.random.Generator, n: int) -> list[Problem]:
         out = []
         for _ in range(n):
-            if not self._order:
-                self._order = [int(i) for i in rng.permutation(len(self.records))][::-1]
-            i = self._order.pop()
+            i = self._order.next(rng, len(self.records))
             r = self.records[i]
             out.append(Problem(list(self._prompts[i]), [], r.prompt[:80], answer=r.answer, index=i))
         return out

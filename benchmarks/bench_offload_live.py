@@ -3,7 +3,7 @@ responses, 2 spot workers, constant capacity) with the adaptive offload on (`pre
 trainer's engine hands its tail to the spot workers and the trainer trains finished groups meanwhile)
 and off (`none`: the trainer's engine generates until the step's last response, then it trains).
 
-    .venv/bin/python benchmarks/bench_offload_live.py [--runs 3] [--steps 6] [--max-new-tokens 48]
+    .venv/bin/python benchmarks/bench_offload_live.py [--runs 3] [--steps 6] [--max-new-tokens 64]
 
 Each run is a real `rlboost launch` (trainer, reserved engine and workers as local processes). Every
 step starts only once both workers and the reserved engine hold its weights (RLBOOST_WAIT_ENGINES),
@@ -11,6 +11,15 @@ so boot time is not measured. Per run: the median step time over steps 2.. (step
 policy's prior for the training rate; from step 2 on, on the measured rate); per policy: the median
 of the runs. Prints both and the ratio none / predictive (> 1: the offload pays). CPU-bound: the
 numbers mean something only on an otherwise idle machine.
+
+The simulator's prediction of the same ratio, for the same job files: before the live runs, one
+process on this machine measures tiny-gpt's component rates (decode tokens/s of one sequence and of a
+full engine batch, prefill tokens/s, GRPO training tokens/s, the optimizer step) and writes them into
+the job file's `perf:` and `simulate:` sections, which the live runs use as their priors too. After
+them, `rlboost simulate` replays both job files with 2 constant workers and the response lengths the
+live runs recorded (`--lengths`). Nothing is fitted to the live step times: the rates come from
+single-process measurements (the live job shares 2 cores between 4 processes, which the model does
+not know).
 """
 
 from __future__ import annotations
@@ -22,6 +31,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import yaml
@@ -29,11 +39,13 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from rlboost_cli.spec import JobSpec, load_spec  # noqa: E402
 from rlboost_cli.state import StateStore  # noqa: E402
 
+ACCELERATOR = "cpu"  # the local job's engines and trainer, priced and modelled as one CPU "accelerator"
 
-def job_file(tmp: Path, name: str, policy: str, args: argparse.Namespace) -> Path:
-    (tmp / "trace.json").write_text(json.dumps({"metadata": {"gap_seconds": 1}, "data": [args.workers] * 86400}))
+
+def job_dict(name: str, policy: str, args: argparse.Namespace, calibration: dict | None = None) -> dict:
     job = {
         "name": name,
         "algorithm": {
@@ -45,31 +57,121 @@ def job_file(tmp: Path, name: str, policy: str, args: argparse.Namespace) -> Pat
             "warm_start_steps": args.warm_start_steps,
         },
         # long answers: generation dominates the step
-        "task": {"name": "reverse", "min_len": args.max_new_tokens // 2, "max_len": args.max_new_tokens - 1},
-        "trainer": {"hourly_price": 10.0},
-        "model": {"block_size": 4 * args.max_new_tokens},
+        "task": {"name": "reverse", "min_len": args.max_new_tokens // 2, "max_len": min(64, args.max_new_tokens - 1)},
+        "trainer": {"hourly_price": 10.0, "accelerators": ACCELERATOR},
+        "model": {"block_size": 4 * args.max_new_tokens, "n_layer": args.n_layer, "n_embd": args.n_embd},
         "rollout": {
             "max_workers": args.workers,
             "engine_batch": args.engine_batch,
             "offload_policy": policy,
-            "candidates": [{"accelerator": "A100", "clouds": ["local"], "spot_price": 1.5, "on_demand_price": 3.5}],
+            "candidates": [
+                {"accelerator": ACCELERATOR, "clouds": ["local"], "spot_price": 1.5, "on_demand_price": 3.5}
+            ],
         },
         "local": {"trace": "trace.json", "time_scale": 1.0, "notice_seconds": 0.5, "notice_fraction": 0.5},
     }
-    path = tmp / f"{name}.yaml"
+    if calibration:
+        job.update(calibration)
+    return job
+
+
+def write_job(tmp: Path, job: dict) -> Path:
+    (tmp / "trace.json").write_text(
+        json.dumps({"metadata": {"gap_seconds": 1}, "data": [job["rollout"]["max_workers"]] * 86400})
+    )
+    path = tmp / f"{job['name']}.yaml"
     path.write_text(yaml.safe_dump(job))
     return path
 
 
-def one_run(policy: str, i: int, args: argparse.Namespace) -> dict:
+def _timed(fn, repeats: int = 3) -> float:
+    """Median seconds of fn() over `repeats` calls, after one warm-up call."""
+    fn()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def calibrate(args: argparse.Namespace) -> dict:
+    """This machine's tiny-gpt rates, measured in one single-threaded process: `perf:` and `simulate:`
+    sections for the job file (what the simulator needs; the live trainer's priors)."""
+    import numpy as np
+    import torch
+
+    from trainer.grpo import Sample
+    from trainer.learner import Learner
+    from worker.engines.torch_engine import TorchEngine
+
+    torch.set_num_threads(1)  # as the trainer and the workers run
+    spec = JobSpec.model_validate(job_dict("calibrate", "none", args))
+    rng = np.random.default_rng(0)
+    prompt_len = (spec.task.min_len + spec.task.max_len) // 2 + 2
+    new = spec.algorithm.max_new_tokens
+    # eos_id -1: no sequence stops early, so every decode step runs the whole batch
+    engine = TorchEngine(spec.model, max_batch=args.engine_batch, eos_id=-1)
+
+    def generate(batch: int, max_new: int) -> None:
+        from worker.engines.base import GenRequest
+
+        reqs = [
+            GenRequest(f"r{i}", [int(x) for x in rng.integers(4, 20, prompt_len)], max_new, i) for i in range(batch)
+        ]
+        engine.generate(reqs, lambda *a: None, lambda rid: False)
+
+    one = _timed(lambda: generate(1, new))
+    full = _timed(lambda: generate(args.engine_batch, new))
+    prefill = _timed(lambda: generate(args.engine_batch, 1))
+    learner = Learner(spec.model, spec.algorithm, spec.task, seed=0)
+    n = args.prompts * args.group_size
+    samples = [
+        Sample(
+            [int(x) for x in rng.integers(4, 20, prompt_len)],
+            [int(x) for x in rng.integers(4, 20, new)],
+            float(rng.random()),
+            group=i // args.group_size,
+        )
+        for i in range(n)
+    ]
+
+    adds, finishes = [], []
+    for _ in range(4):  # the first is a warm-up
+        t0 = time.perf_counter()
+        learner.begin_step(n * new)
+        learner.add_groups(samples)
+        t1 = time.perf_counter()
+        learner.finish_step()
+        adds.append(t1 - t0)
+        finishes.append(time.perf_counter() - t1)
+    train, finish = statistics.median(adds[1:]), statistics.median(finishes[1:])
+    prefill_s = max(prefill, 1e-6)
+    return {
+        "perf": {
+            ACCELERATOR: {
+                "seq_tokens_per_s": round(new / one, 1),
+                "tokens_per_s": round(args.engine_batch * new / full, 1),
+                "prefill_tokens_per_s": round(args.engine_batch * prompt_len / prefill_s, 1),
+                "train_tokens_per_s": round(n * new / train, 1),
+                "ref_batch": args.engine_batch,
+            }
+        },
+        "simulate": {"boot_s": 0.0, "pull_s": 0.05, "reserved_pull_s": 0.0, "step_overhead_s": round(finish, 4)},
+    }
+
+
+def one_run(policy: str, i: int, args: argparse.Namespace, calibration: dict, lengths: Path) -> dict:
+    """One live `rlboost launch`; appends the response lengths it recorded to `lengths`."""
     with tempfile.TemporaryDirectory(prefix="bench-offload-") as d:
         tmp = Path(d)
         home = tmp / "home"
         name = f"bo-{policy}-{i}"
         env = {**os.environ, "RLBOOST_HOME": str(home), "RLBOOST_WAIT_ENGINES": str(args.workers)}
         env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+        job = write_job(tmp, job_dict(name, policy, args, calibration))
         proc = subprocess.run(
-            [sys.executable, "-m", "rlboost_cli.main", "launch", str(job_file(tmp, name, policy, args))],
+            [sys.executable, "-m", "rlboost_cli.main", "launch", "--record-rollouts", str(job)],
             env=env,
             capture_output=True,
             text=True,
@@ -80,42 +182,81 @@ def one_run(policy: str, i: int, args: argparse.Namespace) -> dict:
         store = StateStore(home / "state.db")
         steps = store.steps(store.get_job(name).id)
         store.close()
-    later = [s for s in steps if s.step >= 1] or steps
+        with lengths.open("a") as out:
+            for rec in home.rglob("rollouts.jsonl"):
+                out.write(rec.read_text())
     return {
-        "step_s": statistics.median(s.seconds for s in later),
+        "step_s": median_step(s.seconds for s in steps if s.step >= 2),  # the store counts steps from 1
         "offloaded_steps": sum(1 for s in steps if s.offload_s is not None),
         "tail_train_s": round(sum(s.tail_train_s or 0.0 for s in steps), 3),
         "idle_s": round(sum(s.idle_s or 0.0 for s in steps), 3),
     }
 
 
+def median_step(seconds) -> float:
+    """Steps 2..: step 1 runs on the offload policy's prior for the training rate."""
+    xs = list(seconds)
+    if not xs:
+        raise SystemExit("need --steps >= 2")
+    return statistics.median(xs)
+
+
+def predict(policy: str, args: argparse.Namespace, calibration: dict, lengths: Path) -> float:
+    """The simulator's median step time (steps 2..) for the same job file."""
+    from simulator import cli as sim
+
+    with tempfile.TemporaryDirectory(prefix="bench-offload-sim-") as d:
+        spec = load_spec(write_job(Path(d), job_dict(f"bo-{policy}", policy, args, calibration)))
+        _, results = sim.run(spec, None, ["job"], lengths=lengths, steps=args.steps, constant_workers=args.workers)
+    (job,) = [r for r in results if r.policy.name == "job"]
+    return median_step(s["step_s"] for s in job.step_log if s["step"] >= 1)  # the replay counts from 0
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--steps", type=int, default=6)
-    ap.add_argument("--prompts", type=int, default=16)
+    ap.add_argument("--prompts", type=int, default=32)
     ap.add_argument("--group-size", type=int, default=4)
-    ap.add_argument("--max-new-tokens", type=int, default=48)
+    ap.add_argument("--max-new-tokens", type=int, default=64)
+    ap.add_argument("--n-layer", type=int, default=4)
+    ap.add_argument("--n-embd", type=int, default=128)
     ap.add_argument("--engine-batch", type=int, default=16)
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--warm-start-steps", type=int, default=20)
     ap.add_argument("--timeout", type=float, default=1800)
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
+    calibration = calibrate(args)
+    print(f"calibration (one process, this machine): {json.dumps(calibration)}", flush=True)
     results: dict[str, list[dict]] = {}
-    for policy in ("predictive", "none"):
-        results[policy] = []
-        for i in range(args.runs):
-            r = one_run(policy, i, args)
-            results[policy].append(r)
-            print(f"{policy:>10} run {i + 1}: median step {r['step_s']:.2f}s, {r['offloaded_steps']} offloaded, "
-                  f"trained {r['tail_train_s']:.2f}s during tails, idle {r['idle_s']:.2f}s", flush=True)
+    with tempfile.TemporaryDirectory(prefix="bench-offload-lengths-") as d:
+        lengths = Path(d) / "rollouts.jsonl"
+        for policy in ("predictive", "none"):
+            results[policy] = []
+            for i in range(args.runs):
+                r = one_run(policy, i, args, calibration, lengths)
+                results[policy].append(r)
+                print(
+                    f"{policy:>10} run {i + 1}: median step {r['step_s']:.2f}s, {r['offloaded_steps']} offloaded, "
+                    f"trained {r['tail_train_s']:.2f}s during tails, idle {r['idle_s']:.2f}s",
+                    flush=True,
+                )
+        predicted = {p: predict(p, args, calibration, lengths) for p in results}
     med = {p: statistics.median(r["step_s"] for r in rs) for p, rs in results.items()}
-    print(f"median step time: offload {med['predictive']:.2f}s, no offload {med['none']:.2f}s, "
-          f"ratio none/offload {med['none'] / med['predictive']:.2f}")
+    print(
+        f"live, median step time: offload {med['predictive']:.2f}s, no offload {med['none']:.2f}s, "
+        f"ratio none/offload {med['none'] / med['predictive']:.2f}"
+    )
+    print(
+        f"simulated, median step time: offload {predicted['predictive']:.2f}s, no offload {predicted['none']:.2f}s, "
+        f"ratio none/offload {predicted['none'] / predicted['predictive']:.2f}"
+    )
     if args.out:
-        args.out.write_text(json.dumps({"args": vars(args) | {"out": str(args.out)}, "runs": results, "median": med},
-                                       indent=2))
+        summary = {"live": med, "simulated": predicted, "calibration": calibration}
+        args.out.write_text(
+            json.dumps({"args": vars(args) | {"out": str(args.out)}, "runs": results} | summary, indent=2)
+        )
 
 
 if __name__ == "__main__":

@@ -32,7 +32,7 @@ from rlboost_cli.ledger import summarize
 from rlboost_cli.pricing import Offer
 from rlboost_cli.progress import JobProgress
 from rlboost_cli.spec import JobSpec
-from rlboost_cli.state import StateStore, UnknownInstanceError
+from rlboost_cli.state import StateStore, StepMetrics, UnknownInstanceError
 from rlboost_cli.step_numbers import shown
 from trainer.tls import https_url
 
@@ -401,8 +401,7 @@ class Controller:
         history = snap.pop("history", [])
         clock = self.provider.clock()
         for rec in history[self.steps_recorded :]:
-            self.store.record_step(
-                self.job_id,
+            metrics = StepMetrics(
                 step=shown(rec["step"]),  # the trainer counts from 0; the store, like every message, from 1
                 version=rec["version"],
                 reward=rec["reward"],
@@ -415,6 +414,7 @@ class Controller:
                 tail_train_s=rec.get("tail_train_s"),
                 idle_s=rec.get("trainer_idle_s"),
             )
+            self.store.record_step(self.job_id, metrics)
             progress.step(rec)
         self.steps_recorded = max(self.steps_recorded, len(history))
         self.placement.on_workers(snap.get("workers", []))

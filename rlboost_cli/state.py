@@ -212,6 +212,23 @@ class EventRow:
 
 
 @dataclass(frozen=True)
+class StepMetrics:
+    """What the controller records of one finished training step (counted from 1)."""
+
+    step: int
+    version: int
+    reward: float
+    tokens: int
+    responses: int
+    migrated: int
+    seconds: float
+    clock: float  # the provider's (billing) clock at recording
+    offload_s: float | None = None  # seconds into the step at the offload (None: no offload)
+    tail_train_s: float | None = None  # trained while the tail generated remotely
+    idle_s: float | None = None  # trainer idle after the offload, waiting for rollouts
+
+
+@dataclass(frozen=True)
 class StepRow:
     job_id: int
     step: int
@@ -514,29 +531,15 @@ class StateStore:
         rows = self._query("SELECT * FROM events WHERE job_id = ? ORDER BY id", (job_id,))
         return [EventRow(**dict(r)) for r in rows]
 
-    def record_step(
-        self,
-        job_id: int,
-        step: int,
-        version: int,
-        reward: float,
-        tokens: int,
-        responses: int,
-        migrated: int,
-        seconds: float,
-        clock: float,
-        offload_s: float | None = None,
-        tail_train_s: float | None = None,
-        idle_s: float | None = None,
-    ) -> None:
+    def record_step(self, job_id: int, m: StepMetrics) -> None:
         """One finished training step. Re-recording a step (after a restart) replaces it."""
         with self._tx() as db:
             db.execute(
                 "INSERT OR REPLACE INTO steps (job_id, step, version, reward, tokens, responses, migrated, "
                 "seconds, clock, wall, offload_s, tail_train_s, idle_s) "
                 "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (job_id, step, version, reward, tokens, responses, migrated, seconds, clock, self._now(),
-                 offload_s, tail_train_s, idle_s),
+                (job_id, m.step, m.version, m.reward, m.tokens, m.responses, m.migrated, m.seconds, m.clock,
+                 self._now(), m.offload_s, m.tail_train_s, m.idle_s),
             )
 
     def steps(self, job_id: int) -> list[StepRow]:

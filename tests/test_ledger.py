@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from providers.base import InstanceKind, InstanceState, LaunchRequest, Role
 from rlboost_cli.ledger import summarize, summarize_all
-from rlboost_cli.state import StateStore
+from rlboost_cli.state import StateStore, StepMetrics
 
 
 def _launch(
@@ -84,7 +84,7 @@ def test_per_step_and_per_token(store: StateStore) -> None:
     store.update_instance("t", InstanceState.TERMINATED, 3600.0)
     assert summarize(store, job).dollars_per_step is None
     for i in range(4):
-        store.record_step(job, i + 1, i + 1, 0.1, 250_000, 16, 0, 1.0, 100.0 * i)
+        store.record_step(job, StepMetrics(i + 1, i + 1, 0.1, 250_000, 16, 0, 1.0, 100.0 * i))
     s = summarize(store, job)
     assert s.steps == 4 and s.tokens == 1_000_000
     assert s.dollars_per_step == pytest.approx(2.5)

@@ -23,7 +23,7 @@ import yaml
 
 from providers.base import InstanceKind, LaunchRequest, Role
 from rlboost_cli.reconcile import controller_alive
-from rlboost_cli.state import StateStore
+from rlboost_cli.state import StateStore, StepMetrics
 from tests.chaos import job_step, wait_until_step
 from tests.conftest import ROOT, rlboost_pids, run_cli, run_json
 
@@ -302,7 +302,7 @@ def test_rm_refuses_an_active_job_and_removes_an_ended_one(home):
     old = store.create_job("ops-rm", "name: ops-rm\n", "local")
     _record(store, old, "ops-rm-1-trainer", Role.TRAINER)
     store.update_instance("ops-rm-1-trainer", "terminated", 10.0)
-    store.record_step(old, 1, 1, 0.5, 10, 8, 0, 1.0, 5.0)
+    store.record_step(old, StepMetrics(1, 1, 0.5, 10, 8, 0, 1.0, 5.0))
     store.update_job(old, status="stopped", ended_at=time.time())
     live = store.create_job("ops-rm", "name: ops-rm\n", "local")
     store.update_job(live, status="running", controller_pid=os.getpid())

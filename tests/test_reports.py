@@ -8,7 +8,7 @@ from rich.console import Console
 
 from providers.base import InstanceKind, InstanceState, LaunchRequest, Role
 from rlboost_cli.reports import cost_json, render_cost, render_status, sparkline, status_json
-from rlboost_cli.state import StateStore, UnknownJobError
+from rlboost_cli.state import StateStore, StepMetrics, UnknownJobError
 
 TOKEN = "job-token-0d9e8f7a6b5c4d3e"
 SPEC = "name: demo\nalgorithm:\n  steps: 30\n"
@@ -50,7 +50,7 @@ def _populate(store: StateStore) -> int:
     store.update_instance("demo-w002", InstanceState.PREEMPTED, 1800.0)
     store.update_instance("demo-w003", InstanceState.RUNNING, 1900.0)
     for i in range(1, 6):
-        store.record_step(job, i, i, 0.1 * i, 1000, 32, i % 2, 2.0, 600.0 * i)
+        store.record_step(job, StepMetrics(i, i, 0.1 * i, 1000, 32, i % 2, 2.0, 600.0 * i))
     snap = {
         "step": 5,
         "steps": 30,

@@ -13,6 +13,7 @@ from rlboost_cli.state import (
     JobExistsError,
     StateError,
     StateStore,
+    StepMetrics,
     UnknownInstanceError,
     UnknownJobError,
     rlboost_home,
@@ -213,12 +214,12 @@ def test_events_and_steps(store: StateStore) -> None:
     store.add_event(job, "capacity-unavailable", "none left", instance_id="w9", clock=12.0)
     ev = store.events(job)[-1]
     assert (ev.type, ev.detail, ev.instance_id, ev.clock) == ("capacity-unavailable", "none left", "w9", 12.0)
-    store.record_step(job, 2, 2, 0.5, 100, 8, 1, 3.0, 20.0)
-    store.record_step(job, 1, 1, 0.25, 90, 8, 0, 2.5, 10.0)
-    store.record_step(job, 2, 2, 0.75, 110, 8, 2, 3.5, 21.0)  # re-recorded after a restart: replaces
+    store.record_step(job, StepMetrics(2, 2, 0.5, 100, 8, 1, 3.0, 20.0))
+    store.record_step(job, StepMetrics(1, 1, 0.25, 90, 8, 0, 2.5, 10.0))
+    store.record_step(job, StepMetrics(2, 2, 0.75, 110, 8, 2, 3.5, 21.0))  # re-recorded after a restart: replaces
     steps = store.steps(job)
     assert [(s.step, s.reward, s.tokens, s.migrated) for s in steps] == [(1, 0.25, 90, 0), (2, 0.75, 110, 2)]
-    store.record_step(job, 3, 3, 0.5, 120, 8, 0, 4.0, 30.0, offload_s=1.5, tail_train_s=2.0, idle_s=0.25)
+    store.record_step(job, StepMetrics(3, 3, 0.5, 120, 8, 0, 4.0, 30.0, offload_s=1.5, tail_train_s=2.0, idle_s=0.25))
     s3 = store.steps(job)[-1]
     assert (s3.offload_s, s3.tail_train_s, s3.idle_s) == (1.5, 2.0, 0.25)
     assert steps[0].offload_s is None  # no offload recorded
@@ -238,7 +239,7 @@ def test_v1_store_migrates_to_v2_keeping_its_steps(tmp_path: Path) -> None:
     s = StateStore(path)
     (row,) = s.steps(1)
     assert (row.reward, row.offload_s, row.tail_train_s, row.idle_s) == (0.5, None, None, None)
-    s.record_step(1, 1, 1, 0.6, 10, 4, 0, 1.0, 3.0, offload_s=0.5, tail_train_s=0.4, idle_s=0.1)
+    s.record_step(1, StepMetrics(1, 1, 0.6, 10, 4, 0, 1.0, 3.0, offload_s=0.5, tail_train_s=0.4, idle_s=0.1))
     assert s.steps(1)[-1].tail_train_s == 0.4
     s.close()
 

@@ -81,6 +81,14 @@ class Lines:
             raise AssertionError(f"no line within {timeout_s}s") from None
 
 
+def terminal_signals() -> None:
+    """preexec_fn: SIGHUP and SIGINT as in a terminal's session. A process started in the background
+    (`nohup`, `cmd &` in a script, some CI runners) inherits them ignored, and Python then never turns
+    SIGINT into KeyboardInterrupt: these tests stand in for a user at a terminal."""
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def env(home: Path) -> dict[str, str]:
     return {**os.environ, "RLBOOST_HOME": str(home), "PYTHONUNBUFFERED": "1", "COLUMNS": "200"}
 
@@ -138,6 +146,7 @@ def test_detached_launch_outlives_its_shell_and_down_stops_it(tmp_path, home, no
         stderr=subprocess.STDOUT,
         text=True,
         start_new_session=True,
+        preexec_fn=terminal_signals,
     )
     out = ""
     for line in shell.stdout:  # returns at once: the launch prints and exits while the job runs on
@@ -195,7 +204,12 @@ def test_signal_to_attached_launch_stops_the_job_like_down(tmp_path, home, sig, 
     out = tmp_path / "launch.out"
     with open(out, "wb") as f:
         proc = subprocess.Popen(
-            [PY, "-m", "rlboost_cli.main", "launch", str(jf)], env=env(home), cwd=ROOT, stdout=f, stderr=f
+            [PY, "-m", "rlboost_cli.main", "launch", str(jf)],
+            env=env(home),
+            cwd=ROOT,
+            stdout=f,
+            stderr=f,
+            preexec_fn=terminal_signals,
         )
     try:
         wait_until_step(home, name, 1)

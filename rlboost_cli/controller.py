@@ -108,8 +108,11 @@ class Controller:
         """Run the job to the end; returns the final job status. `resume`: a previous controller of
         this job died or was stopped; reattach to what still runs, relaunch what does not."""
         prev = signal.signal(signal.SIGTERM, _raise_stop)
-        # a closed terminal stops the job as `down` would: an unattended controller is worse than none
-        prev_hup = signal.signal(signal.SIGHUP, self._on_hangup)
+        # a closed terminal stops the job as `down` would: an unattended controller is worse than none.
+        # SIGHUP inherited ignored (`nohup rlboost launch`) is the user asking it to outlive the terminal.
+        prev_hup = signal.getsignal(signal.SIGHUP)
+        if prev_hup != signal.SIG_IGN:
+            signal.signal(signal.SIGHUP, self._on_hangup)
         status, error = "failed", None
         progress = JobProgress(self.console, self.spec.algorithm.steps)
         try:

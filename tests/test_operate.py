@@ -228,6 +228,41 @@ def test_signal_to_attached_launch_stops_the_job_like_down(tmp_path, home, sig, 
     assert f"job {name}: stopped" in said.read_text(errors="replace")
 
 
+def test_nohup_launch_outlives_its_terminal(tmp_path, home, no_job_left):
+    """`nohup rlboost launch` (SIGHUP inherited ignored): the hang-up is ignored and the job trains on."""
+    name = "ops-nohup"
+    jf = job_file(tmp_path, name)
+
+    def as_nohup() -> None:
+        terminal_signals()
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+
+    out = tmp_path / "nohup.out"
+    with open(out, "wb") as f:
+        proc = subprocess.Popen(
+            [PY, "-m", "rlboost_cli.main", "launch", str(jf)],
+            env=env(home),
+            cwd=ROOT,
+            stdout=f,
+            stderr=f,
+            preexec_fn=as_nohup,
+        )
+    try:
+        wait_until_step(home, name, 1)
+        proc.send_signal(signal.SIGHUP)
+        target = job_step(home, name) + 2
+        # the launch either stops (wrong) or trains two more steps: whichever comes first
+        wait_for(lambda: proc.poll() is not None or job_step(home, name) >= target, "two more steps or an exit", 300)
+        assert proc.poll() is None and job_row(home, 1).status == "running", out.read_text()
+        down = run_cli("down", name, home=home, timeout=180)
+        assert down.returncode == 0, down.stdout + down.stderr
+        assert proc.wait(timeout=60) == 1, out.read_text()  # stopped, not a success
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert_job_gone(home, name, 1)
+
+
 # ---- step numbers ------------------------------------------------------------------------------
 
 

@@ -20,7 +20,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -229,20 +229,11 @@ class StepMetrics:
 
 
 @dataclass(frozen=True)
-class StepRow:
-    job_id: int
-    step: int
-    version: int
-    reward: float
-    tokens: int
-    responses: int
-    migrated: int
-    seconds: float
-    clock: float
-    wall: float
-    offload_s: float | None = None  # seconds into the step at the offload (None: no offload)
-    tail_train_s: float | None = None  # trained while the tail generated remotely
-    idle_s: float | None = None  # trainer idle after the offload, waiting for rollouts
+class StepRow(StepMetrics):
+    """A recorded step: its metrics, the job, and when it was recorded (wall clock)."""
+
+    job_id: int = field(kw_only=True)
+    wall: float = field(kw_only=True)
 
 
 _JOB_FIELDS = {

@@ -89,6 +89,19 @@ def terminal_signals() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
+def attached_launch(jf: Path, home: Path, out: Path, preexec: Callable[[], None]) -> subprocess.Popen:
+    """`rlboost launch JOB` in the foreground of a stand-in terminal (output to `out`)."""
+    with open(out, "wb") as f:
+        return subprocess.Popen(
+            [PY, "-m", "rlboost_cli.main", "launch", str(jf)],
+            env=env(home),
+            cwd=ROOT,
+            stdout=f,
+            stderr=f,
+            preexec_fn=preexec,
+        )
+
+
 def env(home: Path) -> dict[str, str]:
     return {**os.environ, "RLBOOST_HOME": str(home), "PYTHONUNBUFFERED": "1", "COLUMNS": "200"}
 
@@ -202,15 +215,7 @@ def test_signal_to_attached_launch_stops_the_job_like_down(tmp_path, home, sig, 
     name = f"ops-{sig.name.lower()}"
     jf = job_file(tmp_path, name)
     out = tmp_path / "launch.out"
-    with open(out, "wb") as f:
-        proc = subprocess.Popen(
-            [PY, "-m", "rlboost_cli.main", "launch", str(jf)],
-            env=env(home),
-            cwd=ROOT,
-            stdout=f,
-            stderr=f,
-            preexec_fn=terminal_signals,
-        )
+    proc = attached_launch(jf, home, out, terminal_signals)
     try:
         wait_until_step(home, name, 1)
         wait_for(lambda: len(rlboost_pids(f"RLBOOST_INSTANCE_ID={name}-1-w")) > 0, "a spot worker to run")
@@ -238,15 +243,7 @@ def test_nohup_launch_outlives_its_terminal(tmp_path, home, no_job_left):
         signal.signal(signal.SIGHUP, signal.SIG_IGN)
 
     out = tmp_path / "nohup.out"
-    with open(out, "wb") as f:
-        proc = subprocess.Popen(
-            [PY, "-m", "rlboost_cli.main", "launch", str(jf)],
-            env=env(home),
-            cwd=ROOT,
-            stdout=f,
-            stderr=f,
-            preexec_fn=as_nohup,
-        )
+    proc = attached_launch(jf, home, out, as_nohup)
     try:
         wait_until_step(home, name, 1)
         proc.send_signal(signal.SIGHUP)

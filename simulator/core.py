@@ -39,7 +39,7 @@ from trainer.policies.offload import (
     offload_tick,
     step_progress,
 )
-from trainer.policies.overlap import busy_between, left_to_train, may_train_group, trained_part
+from trainer.policies.overlap import busy_between, busy_total, left_to_train, may_train_group, trained_part
 from trainer.policies.perf import SYNC_COSTS, EngineModel
 from trainer.policies.tail_batching import TailBatcher
 from trainer.policies.views import EngineView, ReqView
@@ -742,10 +742,9 @@ class Simulation:
     def _on_step_end(self, payload) -> None:
         k, total = payload
         s = self._step
-        busy_total = sum(b - a for a, b in s.busy)
         busy_tail = busy_between(s.busy, s.offload_at, s.gen_end)
         outcome = StepOutcome.from_marks(
-            s.n_remote, s.t0, self.now, s.gen_end, s.offload_at, busy_tail, total, busy_total
+            s.n_remote, s.t0, self.now, s.gen_end, s.offload_at, busy_tail, total, busy_total(s.busy)
         )
         self.offload.end_step(outcome)
         self.step_log.append(

@@ -274,17 +274,20 @@ class TrainerRuntime:
         migrated0 = self.coord.book.migrations
         overlap = feeder = None
         by_group: dict[str, list] = {}
+
+        def sample_of(r) -> Sample:
+            return Sample(r.prompt, r.tokens, self.task.reward(problems[group_of[r.rid]], r.tokens), group_of[r.rid])
+
         if isinstance(self.learner, SyntheticLearner):  # trains finished groups once offloaded
             overlap = asyncio.create_task(self.learner.train_while_generating(self.coord))
         else:  # the streamed update: finished groups train once offloaded (trainer/streaming.py)
             await asyncio.to_thread(self.learner.begin_step, len(requests) * algo.max_new_tokens)
 
             def samples_of(groups) -> list[Sample]:
-                return [
-                    Sample(r.prompt, r.tokens, self.task.reward(problems[group_of[r.rid]], r.tokens), group_of[r.rid])
-                    for g in groups
-                    for r in sorted(by_group[g], key=lambda r: int(r.rid.rsplit("-g", 1)[1]))
-                ]
+                def member(r) -> int:  # s3-p4-g10 -> 10: a group's responses in request order
+                    return int(r.rid.rsplit("-g", 1)[1])
+
+                return [sample_of(r) for g in groups for r in sorted(by_group[g], key=member)]
 
             feeder = GroupFeeder(self.learner, self.coord, samples_of)
             overlap = asyncio.create_task(feeder.run())
@@ -322,15 +325,7 @@ class TrainerRuntime:
             if len(samples) != len(responses):
                 raise RuntimeError(f"step {step}: {len(samples)} samples trained for {len(responses)} responses")
         else:  # the synthetic learner trains from token counts
-            samples = [
-                Sample(
-                    prompt_ids=r.prompt,
-                    response_ids=r.tokens,
-                    reward=self.task.reward(problems[group_of[r.rid]], r.tokens),
-                    group=group_of[r.rid],
-                )
-                for r in responses
-            ]
+            samples = [sample_of(r) for r in responses]
         async with self.updating:  # a drain checkpoint waits for this step's update to land
             t_fin = time.monotonic()
             if feeder is not None:

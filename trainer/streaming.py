@@ -20,7 +20,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Protocol
 
 from trainer.grpo import Sample
-from trainer.policies.overlap import busy_between, may_train_group
+from trainer.policies.overlap import busy_between, busy_total, may_train_group
 
 
 class GroupSource(Protocol):
@@ -87,7 +87,7 @@ class GroupFeeder:
         return busy_between(self.busy, a, b)
 
     def busy_total(self) -> float:
-        return sum(e - s for s, e in self.busy)
+        return busy_total(self.busy)
 
 
 async def _first(*waits: Awaitable[Any]) -> None:

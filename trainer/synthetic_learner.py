@@ -13,9 +13,7 @@ import asyncio
 import time
 from collections.abc import Sequence
 
-import numpy as np
-
-from trainer.policies.overlap import busy_between, left_to_train, trained_part
+from trainer.policies.overlap import busy_between, busy_total, left_to_train, trained_part
 
 
 class SyntheticLearner:
@@ -81,4 +79,4 @@ class SyntheticLearner:
         return busy_between(self.busy, a, b)
 
     def busy_total(self) -> float:
-        return float(np.sum([e - s for s, e in self.busy])) if self.busy else 0.0
+        return busy_total(self.busy)

@@ -28,6 +28,11 @@ def left_to_train(total: int, pretrained: int, overlap: bool) -> int:
     return max(0, total - pretrained) if overlap else total
 
 
+def busy_total(intervals: Iterable[tuple[float, float]]) -> float:
+    """Training time of a step (its busy intervals summed)."""
+    return float(sum(e - s for s, e in intervals))
+
+
 def busy_between(intervals: Iterable[tuple[float, float]], a: float | None, b: float | None) -> float:
     """Training time inside [a, b] (the tail: offload -> last response); 0 without both marks."""
     if a is None or b is None:

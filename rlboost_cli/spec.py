@@ -194,6 +194,10 @@ class RolloutSpec(Strict):
     engine: Literal["torch", "vllm", "synthetic"] = "torch"
     candidates: list[SpotCandidate] = Field(default_factory=list)
     max_workers: Annotated[int, Field(ge=0, le=100_000)] = 2
+    # How many of max_workers to hold (trainer/policies/fleet.py), decided after each step from its
+    # measured length: `cost` the most tokens per dollar (trainer + workers), `throughput` the fewest
+    # workers that give the fastest step (no paying for workers that wait on the trainer).
+    objective: Literal["cost", "throughput"] = "cost"
     max_hourly_price: Annotated[float, Field(gt=0)] | None = None
     # Concurrent sequences per engine (the engine's batch size).
     engine_batch: Annotated[int, Field(ge=1, le=100_000)] = 64
@@ -274,6 +278,9 @@ class JobSpec(Strict):
     rollout: RolloutSpec = RolloutSpec()
     local: LocalSpec = LocalSpec()
     budget_usd: Annotated[float, Field(gt=0)] | None = None
+    # Finish the job's steps within this many hours of its start at the lowest cost: the fleet grows
+    # as the deadline nears (rollout.objective decides while there is slack).
+    deadline_hours: Annotated[float, Field(gt=0)] | None = None
     # Performance per accelerator name (e.g. A100), for synthetic engines and `rlboost simulate`.
     perf: dict[str, PerfSpec] = Field(default_factory=dict)
     simulate: SimulateSpec = SimulateSpec()

@@ -29,6 +29,7 @@ from rlboost_cli.spec import JobSpec
 from simulator.workload import replay_task
 from trainer import scheduling
 from trainer.policies.dispatch import plan_dispatch
+from trainer.policies.fleet import StepSample
 from trainer.policies.lengths import LengthModel, LengthStats, prompt_key
 from trainer.policies.migration import plan_migrations, worth_a_look
 from trainer.policies.offload import (
@@ -44,6 +45,7 @@ from trainer.policies.perf import SYNC_COSTS, EngineModel
 from trainer.policies.tail_batching import TailBatcher
 from trainer.policies.views import EngineView, ReqView
 from trainer.sampling import request_seed
+from trainer.scheduling import FleetClock, fleet_goal
 
 INF = float("inf")
 
@@ -63,6 +65,9 @@ class SimPolicy:
     # a synchronous colocated step (veRL/TRL): generate, then old-logprob (+ ref) forward passes, then
     # train, then sync weights into the engine and rebuild its KV cache (perf.SYNC_COSTS)
     sync: bool = False
+    # how many of max_workers to hold: None = all of them (a fixed fleet), "job" = the job file's
+    # rollout.objective, or "cost" / "throughput" (trainer/policies/fleet.py, as the controller)
+    objective: str | None = None
     label: str = ""
 
 
@@ -89,7 +94,16 @@ PRESETS: dict[str, SimPolicy] = {
             label="spot workers take their share of each step; lost responses restart",
         ),
         SimPolicy("rlboost-rule", "rlboost", "spread", True, label="RLBoost's published offload rule"),
-        SimPolicy("rlboost", "predictive", "rate", True, label="predictive offload, rate dispatch, migration"),
+        SimPolicy(
+            "rlboost", "predictive", "rate", True, objective="job",
+            label="predictive offload, rate dispatch, migration, fleet sized by the job's objective",
+        ),
+        SimPolicy("rlboost-fixed", "predictive", "rate", True, label="rlboost holding max_workers always"),
+        SimPolicy("rlboost-cost", "predictive", "rate", True, objective="cost", label="rlboost, objective cost"),
+        SimPolicy(
+            "rlboost-throughput", "predictive", "rate", True, objective="throughput",
+            label="rlboost, objective throughput",
+        ),
         SimPolicy("rlboost-tail", "predictive", "rate", True, tail_batching=True, label="... + tail batching"),
     )
 }
@@ -104,6 +118,7 @@ def policy_from_spec(spec: JobSpec) -> SimPolicy:
         ro.migration,
         tail_batching=ro.tail_batching,
         spot=ro.max_workers > 0,
+        objective="job",
         label="the job file's own settings",
     )
 
@@ -198,6 +213,15 @@ class _Engine:
     def set_load(self) -> None:
         self.st = self.model.step_time(max(1, len(self.live)))
 
+    def rebase(self, t: float) -> None:
+        """Restart the progress count while the engine holds nothing: P counts decode steps, and over
+        a long replay a lifetime count grows until its float spacing exceeds the finish tolerance;
+        an event then finds no progress and is scheduled again at the same instant, forever."""
+        assert not self.live
+        self.advance(t)
+        self.P = 0.0
+        self.heap.clear()
+
 
 class Simulation:
     def __init__(
@@ -250,6 +274,10 @@ class Simulation:
         )
         self.stats = LengthStats(spec.algorithm.max_new_tokens)
         self.placement = scheduling.placement_tracker(spec, self.spot_offers)
+        self.objective = spec.rollout.objective if policy.objective == "job" else policy.objective
+        self.fleet = scheduling.fleet_policy(spec, self.spot_offers)
+        self.fleet_target = spec.rollout.max_workers
+        self.deadline_at_risk = False
         self.backoff: dict[str, tuple[int, float]] = {o.key: (0, 0.0) for o in self.spot_offers}
         self.events: list = []
         self.seq = 0
@@ -482,7 +510,11 @@ class Simulation:
         return True
 
     def _admit(self, e: _Engine, s: _Step, items: list[int]) -> None:
-        e.advance(self.now)
+        if not e.live:
+            e.rebase(self.now)
+            self._pnow_key = None  # cached progress of this instant no longer holds
+        else:
+            e.advance(self.now)
         ctx = 0
         for i in items:
             s.eng[i] = e.idx
@@ -507,6 +539,10 @@ class Simulation:
             return
         start = max(self.now, e.stall, e.last)
         t = start + max(0.0, e.heap[0][0] - e.progress_at(start)) * e.st
+        if t <= start and e.heap[0][0] > e.progress_at(start) + 1e-9:
+            # the rest is below the clock's float spacing (late in a long replay): one tick later
+            # makes progress, where the same instant would be scheduled again and again
+            t = math.nextafter(start, INF)
         self.push(t, "engine", (e.idx, e.epoch))
 
     def _on_engine(self, payload) -> None:
@@ -747,6 +783,8 @@ class Simulation:
             s.n_remote, s.t0, self.now, s.gen_end, s.offload_at, busy_tail, total, busy_total(s.busy)
         )
         self.offload.end_step(outcome)
+        if self.objective is not None and self.spot_offers:
+            self._size_fleet(s, outcome, total)
         self.step_log.append(
             {
                 "step": k,
@@ -835,7 +873,37 @@ class Simulation:
 
     def _want(self) -> int:
         live = [e for e in self.engines if e.kind == "spot" and e.state != "gone" and not e.noticed]
-        return self.spec.rollout.max_workers - len(live) if self.policy.spot else 0
+        return self.fleet_target - len(live) if self.policy.spot else 0
+
+    def _size_fleet(self, s: _Step, outcome: StepOutcome, tokens: int) -> None:
+        """After a step, as the controller: the fleet policy picks the size; surplus workers (idle
+        between steps) are released, newest first."""
+        best = self.placement.order(self.spot_offers, self.clock())[0]
+        sample = StepSample(s.n_remote, outcome.step_s, outcome.gen_s, outcome.train_busy_s, tokens)
+        d = self.fleet.decide(
+            sample,
+            fleet_goal(self.spec, self.objective, FleetClock(self.steps_done + 1, self.clock(), self._spent())),
+            self.trainer_offer.hourly_price,
+            best.hourly_price,
+            current=self.fleet_target,
+            useful=self.placement.useful(best, self.clock()),
+        )
+        self.fleet_target = d.workers
+        self.deadline_at_risk = self.deadline_at_risk or d.deadline_at_risk
+        live = [e for e in self.engines if e.kind == "spot" and e.state != "gone" and not e.noticed]
+        for e in sorted(live, key=lambda e: -e.started)[: max(0, len(live) - d.workers)]:
+            self._gone(e, preempted=False)
+
+    def _spent(self) -> float:
+        """Dollars so far, on the billing clock."""
+        now = self.clock()
+        closed = sum((b - a) / 3600 * p for a, b, p, _ in self.bill)
+        open_ = sum(
+            (now - e.started) / 3600 * (e.offer.hourly_price if e.offer else 0.0)
+            for e in self.engines
+            if e.kind == "spot" and e.state != "gone"
+        )
+        return closed + open_ + (now - self.bill_start_trainer) / 3600 * self.trainer_offer.hourly_price
 
     def _reconcile(self, t: float, T: float) -> None:
         want = self._want()

@@ -117,6 +117,29 @@ def test_a_day_of_trace_runs_in_seconds():
     assert took < 45, f"a day took {took:.1f} CPU seconds"
 
 
+@pytest.mark.timeout(120)  # ~2 s here; before the fix it never returned
+def test_a_week_of_trace_finishes():
+    """Late in a long replay the clock's float spacing (~1e-10 s after a week) exceeds what is left of a
+    response's decode time: the engine's next event landed on the same instant, made no progress, and was
+    scheduled again, forever (`rlboost-rule` on a 48 h trace). A week of hour-long steps must replay."""
+    spec = parse_spec(
+        job(
+            algorithm={"max_new_tokens": 4096},
+            rollout={"synthetic": {"lengths": {"median_tokens": 500, "sigma": 0.8, "prompt_sigma": 0.5}}},
+            model={"train_tokens_per_s": 100},
+            perf={},
+            simulate={"boot_s": 120, "pull_s": 5, "reserved_pull_s": 1, "step_overhead_s": 2},
+        )
+    )
+    week = 7 * 86400.0
+    h = 3600.0
+    trace = AvailabilityTrace([0.0, 30 * h, 31 * h, 100 * h, 101 * h, week], [4, 0, 4, 1, 4, 4], "week")
+    r = run(spec, [PRESETS["rlboost-rule"]], trace=trace, max_steps=10**9)[0]
+    assert r.job_s == pytest.approx(week) and r.preemptions >= 4
+    first_day = sum(1 for s in r.step_log if s["t0"] + s["step_s"] <= 86400.0)
+    assert r.steps >= 6 * first_day  # the pace holds to the end (~86 steps a day)
+
+
 def test_cli_prints_a_table_json_and_a_plot(tmp_path, home):
     import yaml
 

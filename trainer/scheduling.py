@@ -6,9 +6,10 @@ models here, so a live run and `rlboost simulate` of the same job file make the 
 
 from __future__ import annotations
 
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 
 from rlboost_cli.spec import JobSpec
+from trainer.policies.fleet import FleetGoal, FleetPolicy, Objective
 from trainer.policies.lengths import LengthModel
 from trainer.policies.migration import MigrationConfig
 from trainer.policies.offload import OffloadPolicy, make_offload
@@ -110,3 +111,36 @@ def placement_tracker(spec: JobSpec, offers) -> PlacementTracker:
             priors = {}
             break
     return PlacementTracker(boot_s=spec.simulate.boot_s, prior_rate=priors)
+
+
+def fleet_policy(spec: JobSpec, offers) -> FleetPolicy:
+    """The fleet-size policy, with the trainer's own engine counted in units of the best-modelled spot
+    worker's decode rate (1 when the performance table has no model for them)."""
+    if not spec.rollout.trainer_engine:
+        return FleetPolicy(reserved_workers=0.0)
+    try:
+        own = engine_model_for(spec, reserved_accelerator(spec)).full_rate()
+        spot = max(engine_model_for(spec, o.accelerator).full_rate() * o.throughput for o in offers)
+        return FleetPolicy(reserved_workers=own / spot if spot > 0 else 1.0)
+    except (KeyError, ValueError):
+        return FleetPolicy(reserved_workers=1.0)
+
+
+@dataclass(frozen=True)
+class FleetClock:
+    """Where a job stands when the fleet is sized (either clock: the controller's or the simulator's)."""
+
+    steps_done: int
+    elapsed_s: float  # billing clock since the job started
+    spent: float  # dollars so far
+
+
+def fleet_goal(spec: JobSpec, objective: Objective, at: FleetClock) -> FleetGoal:
+    bounded = spec.deadline_hours is not None or spec.budget_usd is not None
+    return FleetGoal(
+        objective=objective,
+        max_workers=spec.rollout.max_workers,
+        steps_left=max(0, spec.algorithm.steps - at.steps_done) if bounded else None,
+        time_left_s=spec.deadline_hours * 3600.0 - at.elapsed_s if spec.deadline_hours is not None else None,
+        budget_left=spec.budget_usd - at.spent if spec.budget_usd is not None else None,
+    )

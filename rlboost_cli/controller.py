@@ -34,6 +34,8 @@ from rlboost_cli.progress import JobProgress
 from rlboost_cli.spec import JobSpec
 from rlboost_cli.state import StateStore, StepMetrics, UnknownInstanceError
 from rlboost_cli.step_numbers import shown
+from trainer.policies.fleet import StepSample
+from trainer.scheduling import FleetClock, fleet_goal
 from trainer.tls import https_url
 
 
@@ -83,10 +85,13 @@ class Controller:
         self.worker_seq = 0
         self.backoff = {o.key: Backoff() for o in self.spot_offers}
         self.worker_offer: dict[str, str] = {}  # worker id -> offer key (async capacity errors back off it)
-        from trainer.scheduling import placement_tracker
+        from trainer.scheduling import fleet_policy, placement_tracker
 
         # which candidate to bid for next: price, observed preemptions/capacity, measured tokens/s
         self.placement = placement_tracker(self.spec, self.spot_offers)
+        # how many of max_workers to hold: re-decided after each step (trainer/policies/fleet.py)
+        self.fleet = fleet_policy(self.spec, self.spot_offers)
+        self.fleet_target = self.spec.rollout.max_workers
         self.steps_recorded = 0
         self.snapshot: dict = {}
         from trainer.tls import client_context, job_tls
@@ -337,9 +342,9 @@ class Controller:
         return sum(1 for i in self.store.instances(self.job_id) if i.state == InstanceState.PREEMPTED.value)
 
     def _reconcile_workers(self, progress: JobProgress) -> None:
-        """Keep up to max_workers spot workers, cheapest expected $/token first."""
+        """Keep the fleet policy's number of spot workers, cheapest expected $/token first."""
         live = [i for i in self._live_workers() if i.state != InstanceState.NOTICE.value]
-        want = self.spec.rollout.max_workers - len(live)
+        want = self.fleet_target - len(live)
         now = time.monotonic()
         for offer in self.placement.order(self.spot_offers, self.provider.clock()):
             if want <= 0:
@@ -383,6 +388,41 @@ class Controller:
             progress.note(f"launched spot worker {iid} ({offer.describe()})")
             want -= 1
 
+    def _size_fleet(self, rec: dict, progress: JobProgress) -> None:
+        """After a step, as the simulator: the fleet policy picks the size from the step's measured
+        length; surplus workers are released, newest first (their responses move on, token by token)."""
+        if not self.spot_offers or "step_s" not in rec:
+            return
+        clock = self.provider.clock()
+        best = self.placement.order(self.spot_offers, clock)[0]
+        sample = StepSample(
+            int(rec.get("n_remote", 0)), rec["step_s"], rec["gen_s"], float(rec.get("train_s", 0.0)), rec["tokens"]
+        )
+        started = [i.started_clock for i in self.store.instances(self.job_id) if i.started_clock is not None]
+        at = FleetClock(self.steps_recorded + 1, clock - min(started, default=clock),
+                        summarize(self.store, self.job_id).total_dollars)
+        d = self.fleet.decide(
+            sample,
+            fleet_goal(self.spec, self.spec.rollout.objective, at),
+            self.trainer_offer.hourly_price,
+            best.hourly_price,
+            current=self.fleet_target,
+            useful=self.placement.useful(best, clock),
+        )
+        if d.deadline_at_risk:
+            self.store.add_event(self.job_id, "deadline-at-risk", d.why, clock=clock)
+        if d.workers == self.fleet_target:
+            return
+        self.store.add_event(
+            self.job_id, "fleet-size", f"{self.fleet_target} -> {d.workers} spot workers ({d.why})", clock=clock
+        )
+        progress.note(f"fleet: {self.fleet_target} -> {d.workers} spot workers ({d.why})")
+        self.fleet_target = d.workers
+        live = [i for i in self._live_workers() if i.state != InstanceState.NOTICE.value]
+        for inst in sorted(live, key=lambda i: -(i.started_clock or 0.0))[: max(0, len(live) - d.workers)]:
+            self.store.add_event(self.job_id, "fleet-scale-down", "released", inst.id, clock)
+            self.provider.terminate(inst.id)  # records close when the provider confirms (billing too)
+
     def _over_budget(self) -> bool:
         if self.spec.budget_usd is None:
             return False
@@ -419,6 +459,7 @@ class Controller:
             )
             self.store.record_step(self.job_id, metrics)
             progress.step(rec)
+            self._size_fleet(rec, progress)
         self.steps_recorded = max(self.steps_recorded, len(history))
         self.placement.on_workers(snap.get("workers", []))
         self._note_draining(snap.get("workers", []))

@@ -72,15 +72,15 @@ def test_every_policy_trains_the_same_tokens_and_spot_helps():
     spec = parse_spec(job())
     res = {
         r.policy.name: r
-        for r in run(spec, [PRESETS[p] for p in ("on-demand", "spot-restart", "rlboost-rule", "rlboost")])
+        for r in run(spec, [PRESETS[p] for p in ("on-demand", "spot-restart", "rlboost-rule", "rlboost-fixed")])
     }
     tokens = {r.trained_tokens for r in res.values()}
     assert len(tokens) == 1  # same prompts, same lengths: only time and money differ
     od = res["on-demand"]
     assert od.spot_dollars == 0 and od.preemptions == 0
-    assert res["rlboost"].tokens_per_s > 1.3 * od.tokens_per_s  # spot capacity is used
-    assert res["rlboost"].tokens_per_s >= res["spot-restart"].tokens_per_s
-    assert res["spot-restart"].restarted_tokens > 0 and res["rlboost"].restarted_tokens == 0
+    assert res["rlboost-fixed"].tokens_per_s > 1.3 * od.tokens_per_s  # spot capacity is used
+    assert res["rlboost-fixed"].tokens_per_s >= res["spot-restart"].tokens_per_s
+    assert res["spot-restart"].restarted_tokens > 0 and res["rlboost-fixed"].restarted_tokens == 0
 
 
 def test_tail_batching_keeps_prompts_and_drops_tail_tokens():
@@ -111,10 +111,24 @@ def test_a_day_of_trace_runs_in_seconds():
     )
     day = AvailabilityTrace([0.0, 3600.0 * 6, 3600.0 * 7, 86400.0], [4, 0, 4, 4], "day")
     t0 = time.process_time()
-    r = run(spec, [PRESETS["rlboost"]], trace=day, max_steps=10**9)[0]
+    r = run(spec, [PRESETS["rlboost-fixed"]], trace=day, max_steps=10**9)[0]
     took = time.process_time() - t0
     assert r.job_s == pytest.approx(86400.0) and r.steps > 500 and r.preemptions >= 4
     assert took < 45, f"a day took {took:.1f} CPU seconds"
+
+
+def test_fleet_objectives_in_the_replay():
+    """The simulator sizes the fleet with the controller's policy: `cost` releases workers that do not
+    pay for themselves ($3/h A100 workers next to a $4/h trainer), `throughput` keeps every worker
+    that makes the step faster."""
+    cand = {"accelerator": "A100", "clouds": ["local"], "spot_price": 3.0, "on_demand_price": 3.6}
+    spec = parse_spec(job(algorithm={"steps": 60}, rollout={"candidates": [cand]}))
+    names = ("rlboost-fixed", "rlboost-cost", "rlboost-throughput")
+    res = {r.policy.name: r for r in run(spec, [PRESETS[p] for p in names])}
+    fixed, cost, fast = res["rlboost-fixed"], res["rlboost-cost"], res["rlboost-throughput"]
+    assert cost.trained_tokens / cost.dollars > 1.5 * fixed.trained_tokens / fixed.dollars
+    assert cost.spot_dollars < 0.5 * fixed.spot_dollars
+    assert fast.tokens_per_s >= 0.98 * fixed.tokens_per_s
 
 
 @pytest.mark.timeout(120)  # ~2 s here; before the fix it never returned

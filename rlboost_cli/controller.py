@@ -456,6 +456,9 @@ class Controller:
                 offload_s=rec.get("box_s"),
                 tail_train_s=rec.get("tail_train_s"),
                 idle_s=rec.get("trainer_idle_s"),
+                n_remote=rec.get("n_remote"),
+                gen_tokens=rec.get("gen_tokens"),
+                spot_tokens=rec.get("spot_tokens"),
             )
             self.store.record_step(self.job_id, metrics)
             progress.step(rec)

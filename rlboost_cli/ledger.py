@@ -7,14 +7,18 @@ cost nothing (clouds do not bill unfulfilled spot requests). Prices are per inst
 The savings baseline prices the same hours at on-demand rates. A spot instance recorded without an
 on-demand price is counted at its own price in that baseline (no savings claimed) and noted.
 Totals are computed as sums of the lines, so they always add up.
+
+The on-demand counterfactual answers "what did spot save me": what the trainer alone would have
+cost to train the same tokens, at the rate this job's own steps without a spot worker measured.
 """
 
 from __future__ import annotations
 
+import time
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from rlboost_cli.state import InstanceRow, JobRow, StateStore
+from rlboost_cli.state import InstanceRow, JobRow, StateStore, StepRow
 
 
 @dataclass(frozen=True)
@@ -42,6 +46,38 @@ class CostLine:
 
 
 @dataclass(frozen=True)
+class GeneratedTokens:
+    """Tokens generated on spot workers and on the reserved (trainer-side) engine, and what each cost.
+
+    Counted from steps whose record carries the split (rlboost >= schema 3); the reserved side's
+    dollars are the trainer's whole bill, which also pays for training."""
+
+    spot: int
+    reserved: int
+    spot_dollars: float
+    reserved_dollars: float
+
+    @property
+    def spot_dollars_per_million(self) -> float | None:
+        return self.spot_dollars / self.spot * 1e6 if self.spot else None
+
+    @property
+    def reserved_dollars_per_million(self) -> float | None:
+        return self.reserved_dollars / self.reserved * 1e6 if self.reserved else None
+
+
+@dataclass(frozen=True)
+class Counterfactual:
+    """The trainer alone, training the same tokens at the rate this job measured without spot."""
+
+    dollars: float
+    alone_tokens_per_s: float | None  # trained tokens/s of step on the steps with no spot worker (one job)
+    alone_steps: int  # how many steps that rate is measured on
+    saved_dollars: float  # counterfactual - what the job cost
+    saved_fraction: float | None
+
+
+@dataclass(frozen=True)
 class CostSummary:
     lines: tuple[CostLine, ...]
     instances: tuple[InstanceCost, ...]
@@ -54,6 +90,11 @@ class CostSummary:
     tokens: int  # generated tokens of recorded (finished) steps
     dollars_per_step: float | None
     dollars_per_million_tokens: float | None
+    generated: GeneratedTokens = field(default_factory=lambda: GeneratedTokens(0, 0, 0.0, 0.0))
+    refused_launches: int = 0  # launches that never ran (refused, or cancelled first): not billed, not instances
+    preemptions: int = 0
+    migrations: int = 0  # partial responses continued on another engine
+    counterfactual: Counterfactual | None = None
     notes: tuple[str, ...] = ()
 
     @property
@@ -91,20 +132,62 @@ def instance_cost(inst: InstanceRow, job_clock: float | None) -> InstanceCost:
     )
 
 
+def trainer_alone(job: JobRow, steps: list[StepRow], trainer_dollars: float) -> Counterfactual | None:
+    """What the trainer alone would have cost for this job's trained tokens (None: nothing measured).
+
+    The rate comes from the job's own steps that ran with no spot worker, never the first (it carries
+    warm-up: 5x a later step in the local demo). The time outside steps (boot, teardown) is the same
+    either way, so only the steps' share of the trainer's bill scales with the slower rate."""
+    alone = [s for s in steps[1:] if s.n_remote == 0 and s.seconds > 0]
+    step_s = sum(s.seconds for s in steps)
+    if not alone or step_s <= 0 or trainer_dollars <= 0 or job.started_at is None:
+        return None
+    rate = sum(s.tokens for s in alone) / sum(s.seconds for s in alone)
+    alone_s = sum(s.tokens for s in steps) / rate
+    wall = max((job.ended_at or time.time()) - job.started_at, step_s)
+    dollars = trainer_dollars * (1.0 + (alone_s - step_s) / wall)
+    return Counterfactual(dollars, rate, len(alone), 0.0, None)
+
+
 def _summary(store: StateStore, jobs: list[JobRow]) -> CostSummary:
     costs: list[InstanceCost] = []
-    unpriced = 0
+    unpriced = refused = preemptions = migrations = 0
     steps = 0
     tokens = 0
+    spot_tok = reserved_tok = 0
+    split_dollars = [0.0, 0.0]  # spot, reserved: of the jobs whose steps carry the split
+    counterfactual = 0.0
+    measured = stepped = 0  # jobs with a counterfactual, jobs with steps
+    alone_rates: list[Counterfactual] = []
     for job in jobs:
+        job_costs = []
         for inst in store.instances(job.id):
-            costs.append(instance_cost(inst, job.clock))
+            if inst.started_clock is None and inst.terminal:
+                refused += 1  # never ran (capacity refused, or gone before it started): not billed
+                continue
+            job_costs.append(instance_cost(inst, job.clock))
             if inst.kind == "spot" and inst.on_demand_price is None and inst.started_clock is not None:
                 unpriced += 1
+            preemptions += inst.state == "preempted"
+        costs += job_costs
         rows = store.steps(job.id)
         steps += len(rows)
         tokens += sum(r.tokens for r in rows)
-
+        migrations += sum(r.migrated for r in rows)
+        stepped += bool(rows)
+        trainer_dollars = sum(c.dollars for c in job_costs if c.kind == "on-demand")
+        spot_dollars = sum(c.dollars for c in job_costs if c.kind == "spot")
+        split = [r for r in rows if r.gen_tokens is not None and r.spot_tokens is not None]
+        if split and len(split) == len(rows):
+            spot_tok += sum(r.spot_tokens or 0 for r in split)
+            reserved_tok += sum((r.gen_tokens or 0) - (r.spot_tokens or 0) for r in split)
+            split_dollars[0] += spot_dollars
+            split_dollars[1] += trainer_dollars
+        cf = trainer_alone(job, rows, trainer_dollars)
+        if cf is not None:
+            measured += 1
+            alone_rates.append(cf)
+            counterfactual += cf.dollars
     groups: dict[tuple[str, str, str], list[InstanceCost]] = defaultdict(list)
     for c in costs:
         groups[(c.kind, c.cloud, c.accelerator)].append(c)
@@ -125,6 +208,20 @@ def _summary(store: StateStore, jobs: list[JobRow]) -> CostSummary:
     od_equiv = sum(line.on_demand_equivalent_dollars for line in lines)
     savings = od_equiv - dollars
     notes = []
+    cf = None
+    if measured and measured == stepped:
+        cf = Counterfactual(
+            dollars=counterfactual,
+            alone_tokens_per_s=alone_rates[0].alone_tokens_per_s if len(alone_rates) == 1 else None,
+            alone_steps=sum(c.alone_steps for c in alone_rates),
+            saved_dollars=counterfactual - dollars,
+            saved_fraction=(counterfactual - dollars) / counterfactual if counterfactual > 0 else None,
+        )
+    elif steps:
+        notes.append(
+            "no on-demand counterfactual: no step after the first ran on the trainer alone, so its rate "
+            "alone is not measured (`rlboost simulate` estimates it)"
+        )
     if unpriced:
         notes.append(
             f"{unpriced} spot instance(s) have no on-demand price on record; the savings baseline "
@@ -142,6 +239,11 @@ def _summary(store: StateStore, jobs: list[JobRow]) -> CostSummary:
         tokens=tokens,
         dollars_per_step=dollars / steps if steps else None,
         dollars_per_million_tokens=dollars / tokens * 1e6 if tokens else None,
+        generated=GeneratedTokens(spot_tok, reserved_tok, split_dollars[0], split_dollars[1]),
+        refused_launches=refused,
+        preemptions=preemptions,
+        migrations=migrations,
+        counterfactual=cf,
         notes=tuple(notes),
     )
 

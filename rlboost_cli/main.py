@@ -7,6 +7,7 @@ import json
 import os
 import secrets
 import signal
+import sys
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, NoReturn
@@ -32,7 +33,8 @@ app = typer.Typer(
     no_args_is_help=True,
     help="RL post-training on an on-demand trainer plus harvested spot GPUs.",
 )
-console = Console(log_path=False)  # progress lines name no source file
+# progress lines name no source file; piped, tables keep their columns whole instead of 80 wide
+console = Console(log_path=False, width=None if sys.stdout.isatty() or "COLUMNS" in os.environ else 200)
 err = Console(stderr=True)
 
 ACTIVE = ("pending", "running")
@@ -611,14 +613,22 @@ def simulate(
         int | None,
         typer.Option(help="a constant spot market: exactly N workers available all along (instead of a trace)"),
     ] = None,
-    plot: Annotated[Path | None, typer.Option(help="write a PNG: throughput and live spot workers over time")] = None,
+    sweep: Annotated[
+        bool, typer.Option("--sweep", help="replay max_workers 1, 2, 4, ... x objectives cost and throughput")
+    ] = False,
+    sweep_workers: Annotated[
+        str | None, typer.Option(help="the max_workers values --sweep tries, comma-separated (e.g. 1,2,4,8)")
+    ] = None,
+    jobs: Annotated[int | None, typer.Option(help="--sweep: replays run in parallel (default: CPU count)")] = None,
+    plot: Annotated[
+        Path | None, typer.Option(help="write a PNG: throughput and spot workers over time (--sweep: by max_workers)")
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
 ) -> None:
     """What would spot save? Replay a spot trace and prices through the scheduling policies on a virtual clock."""
     from providers.spot_market import TraceError
     from simulator import cli as sim_cli
-    from simulator.report import plot as plot_results
-    from simulator.report import results_json, results_table
+    from simulator import report
 
     try:
         spec = load_spec(job_file)
@@ -626,33 +636,93 @@ def simulate(
         fail(str(e), 2)
     if plot is not None and importlib.util.find_spec("matplotlib") is None:
         fail("--plot needs matplotlib: pip install 'rlboost[plot]'", 2)
+    if sweep and policy:
+        fail("--sweep replays objectives cost and throughput by max_workers: leave --policy out", 2)
     t0 = time.monotonic()
     try:
-        tr, results = sim_cli.run(
+        points = _sweep_workers(sweep_workers) if sweep_workers else None
+        rp = sim_cli.prepare(
             spec,
             trace,
-            policy,
             catalog=catalog,
             hours=hours,
             lengths=lengths,
             steps=(10**9 if steps == 0 else steps),
             constant_workers=constant_workers,
         )
+        base, swept = None, []
+        if sweep:
+            base, swept = _run_sweep(rp, points or sim_cli.sweep_points(rp.spec.rollout.max_workers), jobs)
+            results = [base, *(p.result for p in swept)]
+            choices = [report.Choice(p.label, p.result) for p in swept]
+        else:
+            results = rp.simulate(sim_cli.pick_policies(policy, rp.spec))
+            choices = [report.Choice(_policy_setting(r.policy, rp.spec), r) for r in results]
+        sim_cli.check_steps(rp, results)
     except (PricingError, TraceError, ValueError) as e:
         fail(str(e), 2)
     took = time.monotonic() - t0
-    title = (
-        f"{spec.name}: {tr.source}, {max(r.job_s for r in results) * results[0].time_scale / 3600:.1f} h of trace, "
-        f"simulated in {took:.1f}s"
+    replayed = max(r.job_s for r in results) * results[0].time_scale / 3600
+    trace_h = rp.trace.duration / 3600
+    # a replay longer than its trace holds the last count (the market does not wrap around)
+    length = (
+        f" ({trace_h:.1f} h trace{', its last count held after' if replayed > trace_h + 0.05 else ''})"
+        if len(set(rp.trace.counts)) > 1
+        else ""
     )
+    shown = f"{replayed:.1f} h" if replayed >= 1 else f"{replayed * 60:.0f} min"
+    title = f"{spec.name}: {_shown_path(rp.trace.source)}{length}, {shown} replayed in {took:.1f}s"
+    rec = report.recommend(results[0], choices, min((o.hourly_price for o in rp.spots), default=0.0))
     if as_json:
-        print(json.dumps({"title": title, "results": results_json(results)}, indent=2))
+        doc: dict = {"title": title, "recommendation": rec.as_json() if rec else None}
+        doc["results"] = report.sweep_json(base, swept) if sweep else report.results_json(results)
+        print(json.dumps(doc, indent=2))
     else:
-        console.print(results_table(results, title))
+        for line in rec.lines() if rec else []:
+            console.print(line, markup=False, highlight=False, soft_wrap=True)
+        table = report.sweep_table(base, swept, title) if sweep else report.results_table(results, title)
+        console.print(table)
     if plot is not None:
-        plot_results(results, plot, title)
+        if sweep:
+            report.plot_sweep(base, swept, plot, title)
+        else:
+            report.plot(results, plot, title)
         if not as_json:
             console.print(f"plot: {plot}", markup=False)
+
+
+def _sweep_workers(text: str) -> list[int]:
+    try:
+        pts = sorted({int(x) for x in text.split(",") if x.strip()})
+    except ValueError:
+        raise ValueError(f"--sweep-workers {text!r}: give whole numbers separated by commas, e.g. 1,2,4,8") from None
+    if not pts or pts[0] < 1:
+        raise ValueError(f"--sweep-workers {text!r}: give at least one value, each 1 or more (0 is on-demand)")
+    return pts
+
+
+def _run_sweep(rp, points: list[int], jobs: int | None):
+    from rich.progress import Progress
+
+    from simulator import cli as sim_cli
+
+    with Progress(console=err, transient=True, disable=not err.is_terminal) as bar:
+        task = bar.add_task("sweep", total=len(points) * len(sim_cli.SWEEP_OBJECTIVES))
+        return sim_cli.sweep(rp, points, jobs=jobs, on_done=lambda _: bar.advance(task))
+
+
+def _policy_setting(p, spec: JobSpec) -> str:
+    """A policy row as a setting a user can write down: its name, and the objective it sized the fleet by."""
+    objective = spec.rollout.objective if p.objective == "job" else p.objective
+    if not p.spot:
+        return p.name
+    fleet = f"objective {objective}" if objective else "fixed fleet"
+    return f"{p.name} ({fleet}, max_workers {spec.rollout.max_workers})"
+
+
+def _shown_path(source: str) -> str:
+    """A trace file as the user would type it here (relative), not the absolute path the spec resolved."""
+    return os.path.relpath(source) if Path(source).is_absolute() else source
 
 
 if __name__ == "__main__":

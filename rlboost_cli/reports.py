@@ -50,7 +50,9 @@ def fmt_duration(seconds: float | None) -> str:
 def fmt_money(x: float | None) -> str:
     if x is None:
         return "-"
-    return f"${x:,.4f}"  # local runs cost cents: keep four decimals, one format per column
+    if 0 < abs(x) < 0.005:
+        return "<$0.01" if x > 0 else "-<$0.01"  # not "$0.00" for something that did cost
+    return f"-${-x:,.2f}" if x < 0 else f"${x:,.2f}"
 
 
 def _fmt(x: Any, spec: str = "") -> str:
@@ -297,15 +299,34 @@ def _summary_json(s: CostSummary) -> dict[str, Any]:
     d["lines"] = [dataclasses.asdict(line) for line in s.lines]
     d["instances"] = [dataclasses.asdict(i) for i in s.instances]
     d["notes"] = list(s.notes)
+    g = s.generated
+    d["generated"].update(
+        spot_dollars_per_million=g.spot_dollars_per_million, reserved_dollars_per_million=g.reserved_dollars_per_million
+    )
     return d
+
+
+def _clocks(store: StateStore, row: JobRow) -> dict[str, Any]:
+    """The two clocks of a job: the one it is billed on, and the wall clock it ran on."""
+    wall = None
+    if row.started_at is not None:
+        wall = (row.ended_at or time.time()) - row.started_at
+    billed = max((i.ended_clock or i.last_clock or 0.0 for i in store.instances(row.id)), default=None)
+    billed = max(billed or 0.0, row.clock or 0.0) or None
+    # the local provider bills on the spot trace's replayed clock; a cloud on the wall clock
+    return {
+        "billing_clock": "trace" if row.provider == "local" else "wall",
+        "billed_s": billed,
+        "wall_s": wall,
+    }
 
 
 def cost_json(store: StateStore, job: str | None) -> dict[str, Any]:
     """The ledger for one job (newest of that name) or all jobs, with a per-job breakdown."""
     if job:
         row = resolve_job(store, job)
-        out = {"scope": "job", "job": row.name, "job_id": row.id, **_summary_json(summarize(store, row.id))}
-        return out
+        out = {"scope": "job", "job": row.name, "job_id": row.id, "status": row.status, **_clocks(store, row)}
+        return {**out, **_summary_json(summarize(store, row.id))}
     out = {"scope": "all", **_summary_json(summarize_all(store))}
     per_job = []
     for row in store.list_jobs()[::-1]:  # newest first, as `rlboost status` lists them
@@ -331,31 +352,49 @@ def render_cost(store: StateStore, job: str | None, console: Console) -> None:
     if job is None and not data["jobs"]:
         console.print("No jobs yet, so no spend. Start one with `rlboost launch job.yaml`.")
         return
-    title = f"cost — {data['job']} (id {data['job_id']})" if job else "cost — all jobs"
+    title = f"cost — {data['job']} (id {data['job_id']}, {data['status']})" if job else "cost — all jobs"
     table = Table(title=title, title_justify="left", show_footer=True)
     table.add_column("kind", footer="total")
     table.add_column("cloud")
     table.add_column("accel")
     table.add_column("inst", justify="right", footer=str(sum(ln["instances"] for ln in data["lines"])))
-    table.add_column("inst-hours", justify="right", footer=f"{data['instance_hours']:.3f}")
+    table.add_column("inst-hours", justify="right", footer=f"{data['instance_hours']:.2f}")
     table.add_column("cost", justify="right", footer=fmt_money(data["dollars"]))
-    table.add_column("all on-demand", justify="right", footer=fmt_money(data["on_demand_equivalent_dollars"]))
+    table.add_column("same hours on-demand", justify="right", footer=fmt_money(data["on_demand_equivalent_dollars"]))
     for ln in data["lines"]:
         table.add_row(
             Text(str(ln["kind"])),  # spec text, not markup
             Text(str(ln["cloud"])),
             Text(str(ln["accelerator"])),
             str(ln["instances"]),
-            f"{ln['instance_hours']:.3f}",
+            f"{ln['instance_hours']:.2f}",
             fmt_money(ln["dollars"]),
             fmt_money(ln["on_demand_equivalent_dollars"]),
         )
     console.print(table)
+    say = _plain(console)
+    if job is not None:
+        say(_clock_line(data))
+    if data["refused_launches"]:
+        say(f"launches that never ran (refused, or cancelled first; not billed): {data['refused_launches']}")
+    _render_tokens(data, console)
+    cf = data["counterfactual"]
+    if cf is not None:
+        frac = f" ({cf['saved_fraction']:.0%})" if cf["saved_fraction"] is not None else ""
+        tps = cf["alone_tokens_per_s"]
+        rate = f"at its measured {tps:,.0f} tokens/s" if tps else "as measured"
+        say(
+            f"on-demand counterfactual: {fmt_money(cf['dollars'])} for the same trained tokens on the trainer alone "
+            f"({rate} on {cf['alone_steps']} step(s) without a spot worker); spot saved "
+            f"{fmt_money(cf['saved_dollars'])}{frac}"
+        )
     frac = data["savings_fraction"]
     pct = f" ({frac:.0%})" if frac is not None else ""
-    console.print(f"savings vs all on-demand: {fmt_money(data['savings_dollars'])}{pct}")
-    console.print(f"$ per step: {fmt_money(data['dollars_per_step'])} over {data['steps']} step(s)")
-    console.print(f"$ per 1M tokens: {fmt_money(data['dollars_per_million_tokens'])} over {data['tokens']:,} token(s)")
+    say(f"the same instance-hours all on-demand would cost {fmt_money(data['on_demand_equivalent_dollars'])}: "
+        f"{fmt_money(data['savings_dollars'])} less{pct}")
+    say(f"$ per step: {fmt_money(data['dollars_per_step'])} over {data['steps']} step(s); "
+        f"$ per 1M trained tokens: {fmt_money(data['dollars_per_million_tokens'])} over {data['tokens']:,}")
+    say(f"preemptions: {data['preemptions']}; responses migrated mid-generation: {data['migrations']}")
     for note in data["notes"]:
         console.print(Text(f"note: {note}", style="yellow"))
     if job is None and len(data["jobs"]) > 1:
@@ -367,9 +406,39 @@ def render_cost(store: StateStore, job: str | None, console: Console) -> None:
                 Text(j["job"]),
                 str(j["job_id"]),
                 j["status"],
-                f"{j['instance_hours']:.3f}",
+                f"{j['instance_hours']:.2f}",
                 fmt_money(j["dollars"]),
                 str(j["steps"]),
                 fmt_money(j["dollars_per_step"]),
             )
         console.print(jt)
+
+
+def _plain(console: Console):
+    return lambda line: console.print(line, markup=False, highlight=False, soft_wrap=True)
+
+
+def _clock_line(data: dict[str, Any]) -> str:
+    billed, wall = data["billed_s"], data["wall_s"]
+    if data["billing_clock"] == "trace":
+        return (
+            f"billed on the replayed spot trace's clock: {fmt_duration(billed)} of trace "
+            f"in {fmt_duration(wall)} of wall time (local.time_scale)"
+        )
+    return f"billed on the wall clock: {fmt_duration(billed)}"
+
+
+def _render_tokens(data: dict[str, Any], console: Console) -> None:
+    g = data["generated"]
+    total = g["spot"] + g["reserved"]
+    if not total:
+        return
+    t = Table(title="tokens generated", title_justify="left")
+    for col in ("where", "tokens", "share", "cost", "$ per 1M"):
+        t.add_column(col, justify="left" if col == "where" else "right")
+    t.add_row("spot workers", f"{g['spot']:,}", f"{g['spot'] / total:.0%}", fmt_money(g["spot_dollars"]),
+              fmt_money(g["spot_dollars_per_million"]))
+    t.add_row("reserved (trainer)", f"{g['reserved']:,}", f"{g['reserved'] / total:.0%}",
+              fmt_money(g["reserved_dollars"]), fmt_money(g["reserved_dollars_per_million"]))
+    t.caption = "reserved: the trainer's whole bill, which also pays for training"
+    console.print(t)

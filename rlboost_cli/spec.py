@@ -194,6 +194,8 @@ class RolloutSpec(Strict):
     engine: Literal["torch", "vllm", "synthetic"] = "torch"
     candidates: list[SpotCandidate] = Field(default_factory=list)
     max_workers: Annotated[int, Field(ge=0, le=100_000)] = 2
+    # The objective never holds fewer (min_workers = max_workers: a fixed fleet, e.g. for benchmarks).
+    min_workers: Annotated[int, Field(ge=0, le=100_000)] = 0
     # How many of max_workers to hold (trainer/policies/fleet.py), decided after each step from its
     # measured length: `cost` the most tokens per dollar (trainer + workers), `throughput` the fewest
     # workers that give the fastest step (no paying for workers that wait on the trainer).
@@ -225,6 +227,15 @@ class RolloutSpec(Strict):
     # How often workers send generated tokens (seconds); larger = fewer frames at scale.
     flush_s: Annotated[float, Field(gt=0, le=10)] = 0.02
     synthetic: SyntheticSpec = SyntheticSpec()
+
+    @model_validator(mode="after")
+    def _fleet_bounds(self) -> RolloutSpec:
+        if self.min_workers > self.max_workers:
+            raise ValueError(
+                f"min_workers ({self.min_workers}) is above max_workers ({self.max_workers}): lower min_workers, "
+                "or raise max_workers to at least it"
+            )
+        return self
 
 
 class LocalSpec(Strict):

@@ -26,7 +26,7 @@ from typing import Any
 
 from providers.base import InstanceState, LaunchRequest
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 JOB_STATUSES = ("pending", "running", "succeeded", "failed", "stopped")
 ACTIVE_STATUSES = ("pending", "running")
@@ -113,8 +113,16 @@ ALTER TABLE steps ADD COLUMN tail_train_s REAL;
 ALTER TABLE steps ADD COLUMN idle_s REAL
 """
 
+# v3: who generated each step (NULL before): spot workers in the step, tokens generated during the step
+# (trained or not) and the part of them that spot workers generated. cost-report splits spend by it.
+_SCHEMA_V3 = """
+ALTER TABLE steps ADD COLUMN n_remote INTEGER;
+ALTER TABLE steps ADD COLUMN gen_tokens INTEGER;
+ALTER TABLE steps ADD COLUMN spot_tokens INTEGER
+"""
+
 # Future schema changes: add {N: "ALTER TABLE ..."} here and bump SCHEMA_VERSION.
-_MIGRATIONS: dict[int, str] = {1: _SCHEMA_V1, 2: _SCHEMA_V2}
+_MIGRATIONS: dict[int, str] = {1: _SCHEMA_V1, 2: _SCHEMA_V2, 3: _SCHEMA_V3}
 
 _INSERT_EVENT = "INSERT INTO events (job_id, instance_id, type, detail, clock, wall) VALUES (?, ?, ?, ?, ?, ?)"
 
@@ -226,6 +234,9 @@ class StepMetrics:
     offload_s: float | None = None  # seconds into the step at the offload (None: no offload)
     tail_train_s: float | None = None  # trained while the tail generated remotely
     idle_s: float | None = None  # trainer idle after the offload, waiting for rollouts
+    n_remote: int | None = None  # spot workers serving when the step started
+    gen_tokens: int | None = None  # tokens generated during the step, by every engine
+    spot_tokens: int | None = None  # of which spot workers generated
 
 
 @dataclass(frozen=True)
@@ -527,10 +538,10 @@ class StateStore:
         with self._tx() as db:
             db.execute(
                 "INSERT OR REPLACE INTO steps (job_id, step, version, reward, tokens, responses, migrated, "
-                "seconds, clock, wall, offload_s, tail_train_s, idle_s) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "seconds, clock, wall, offload_s, tail_train_s, idle_s, n_remote, gen_tokens, spot_tokens) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (job_id, m.step, m.version, m.reward, m.tokens, m.responses, m.migrated, m.seconds, m.clock,
-                 self._now(), m.offload_s, m.tail_train_s, m.idle_s),
+                 self._now(), m.offload_s, m.tail_train_s, m.idle_s, m.n_remote, m.gen_tokens, m.spot_tokens),
             )
 
     def steps(self, job_id: int) -> list[StepRow]:

@@ -2,15 +2,24 @@
 
 from __future__ import annotations
 
+import os
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from providers.spot_market import BUILTIN_TRACE, AvailabilityTrace, constant_trace, load_trace
-from rlboost_cli.pricing import spot_offers, trainer_offer
+from rlboost_cli.pricing import Offer, spot_offers, trainer_offer
 from rlboost_cli.spec import JobSpec
 from simulator.core import PRESETS, SimPolicy, SimResult, policy_from_spec, simulate_job
 from trainer.policies.lengths import LengthModel
 
 DEFAULT_POLICIES = ("on-demand", "spot-restart", "rlboost-rule", "rlboost")
+SWEEP_OBJECTIVES = ("cost", "throughput")
+
+
+class NoStepError(ValueError):
+    """The replay ended before a policy finished its first step."""
 
 
 def pick_policies(names: list[str] | None, spec: JobSpec) -> list[SimPolicy]:
@@ -28,17 +37,45 @@ def pick_policies(names: list[str] | None, spec: JobSpec) -> list[SimPolicy]:
     return out
 
 
-def run(
+@dataclass(frozen=True)
+class Replay:
+    """One job, trace and prices, ready to replay under any policy (picklable: sweeps fan it out)."""
+
+    spec: JobSpec
+    trace: AvailabilityTrace
+    trainer: Offer
+    spots: list[Offer]
+    lengths: LengthModel | None
+    max_steps: int | None
+    hours: float | None  # trace hours asked for (None: the whole trace, or until the job's steps)
+
+    def simulate(self, policies: list[SimPolicy]) -> list[SimResult]:
+        return simulate_job(
+            self.spec,
+            self.trace,
+            policies,
+            self.trainer,
+            self.spots,
+            lengths=self.lengths,
+            max_steps=self.max_steps,
+            horizon_s=None,
+        )
+
+    def with_max_workers(self, n: int) -> Replay:
+        ro = self.spec.rollout.model_copy(update={"max_workers": n})
+        return replace(self, spec=self.spec.model_copy(update={"rollout": ro}))
+
+
+def prepare(
     spec: JobSpec,
     trace_path: Path | None,
-    policies: list[str] | None = None,
     *,
     catalog: Path | None = None,
     hours: float | None = None,
     lengths: Path | None = None,
     steps: int | None = None,
     constant_workers: int | None = None,
-) -> tuple[AvailabilityTrace, list[SimResult]]:
+) -> Replay:
     if catalog is not None:
         spec = spec.model_copy(update={"local": spec.local.model_copy(update={"catalog": catalog})})
     if hours is not None:
@@ -56,15 +93,112 @@ def run(
             if trace_path
             else (load_trace(spec.local.trace) if spec.local.trace else BUILTIN_TRACE)
         )
-    lm = LengthModel.from_recorded(lengths) if lengths else None
-    results = simulate_job(
-        spec,
-        trace,
-        pick_policies(policies, spec),
-        trainer_offer(spec),
-        spot_offers(spec),
-        lengths=lm,
+    return Replay(
+        spec=spec,
+        trace=trace,
+        trainer=trainer_offer(spec),
+        spots=spot_offers(spec),
+        lengths=LengthModel.from_recorded(lengths) if lengths else None,
         max_steps=steps if steps is not None else (10**9 if hours is not None else None),
-        horizon_s=None,
+        hours=hours,
     )
-    return trace, results
+
+
+def run(
+    spec: JobSpec,
+    trace_path: Path | None,
+    policies: list[str] | None = None,
+    *,
+    catalog: Path | None = None,
+    hours: float | None = None,
+    lengths: Path | None = None,
+    steps: int | None = None,
+    constant_workers: int | None = None,
+) -> tuple[AvailabilityTrace, list[SimResult]]:
+    rp = prepare(
+        spec, trace_path, catalog=catalog, hours=hours, lengths=lengths, steps=steps, constant_workers=constant_workers
+    )
+    return rp.trace, rp.simulate(pick_policies(policies, rp.spec))
+
+
+def check_steps(rp: Replay, results: list[SimResult]) -> None:
+    """A replay that trains nothing has no ratios to give: say why and what to change."""
+    idle = [r.policy.name for r in results if r.steps == 0]
+    if not idle:
+        return
+    scale = results[0].time_scale
+    replayed = max(r.job_s for r in results) * scale / 3600
+    sim = rp.spec.simulate
+    first = sim.trainer_boot_s if sim.trainer_boot_s is not None else sim.boot_s
+    how = (
+        f"replay more of it: --hours above {replayed:.1f}, or leave --hours out to run the job's "
+        f"{rp.spec.algorithm.steps} steps"
+        if rp.hours is not None
+        else "check simulate.* timings and the perf table"
+    )
+    raise NoStepError(
+        f"no step finished in {replayed:.1f} h of trace ({replayed * 3600 / scale:,.0f} s of job time"
+        f"{f' at local.time_scale {scale:g}' if scale != 1 else ''}; the trainer alone needs "
+        f"{first:g} s to boot) for: {', '.join(idle)}. {how.capitalize()}"
+    )
+
+
+# ---- sweep over max_workers x objectives ---------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SweepPoint:
+    max_workers: int
+    objective: str
+    result: SimResult
+    mean_workers: float  # spot workers held, averaged over the job
+
+    @property
+    def label(self) -> str:
+        return f"objective {self.objective}, max_workers {self.max_workers}"
+
+
+def sweep_points(max_workers: int) -> list[int]:
+    """1, 2, 4, ... up to twice the job's max_workers, and max_workers itself."""
+    top = max(2 * max_workers, 2)
+    pts = {max_workers} if max_workers > 0 else set()
+    n = 1
+    while n <= top:
+        pts.add(n)
+        n *= 2
+    return sorted(pts)
+
+
+def _replay_one(rp: Replay, max_workers: int, objective: str) -> SweepPoint:
+    r = rp.with_max_workers(max_workers).simulate([PRESETS[f"rlboost-{objective}"]])[0]
+    held = r.mean_spot_workers
+    r.timeline = []  # not plotted in a sweep; keeps what crosses the process boundary small
+    r.step_log = []
+    return SweepPoint(max_workers, objective, r, held)
+
+
+def sweep(
+    rp: Replay,
+    points: list[int],
+    *,
+    jobs: int | None = None,
+    on_done: Callable[[SweepPoint], None] | None = None,
+) -> tuple[SimResult, list[SweepPoint]]:
+    """The on-demand baseline once, then every max_workers x objective point, in parallel processes."""
+    base = rp.simulate([PRESETS["on-demand"]])[0]
+    todo = [(n, o) for n in points for o in SWEEP_OBJECTIVES]
+    jobs = max(1, min(jobs or os.cpu_count() or 1, len(todo)))
+    out: list[SweepPoint] = []
+    if jobs == 1:
+        for n, o in todo:
+            out.append(_replay_one(rp, n, o))
+            if on_done:
+                on_done(out[-1])
+    else:
+        with ProcessPoolExecutor(max_workers=jobs) as pool:
+            for f in as_completed([pool.submit(_replay_one, rp, n, o) for n, o in todo]):
+                out.append(f.result())
+                if on_done:
+                    on_done(out[-1])
+    out.sort(key=lambda p: (p.max_workers, SWEEP_OBJECTIVES.index(p.objective)))
+    return base, out

@@ -137,7 +137,7 @@ class SimResult:
     migrations: int  # partial responses continued elsewhere (preemption, offload, tail)
     restarted_tokens: int  # tokens thrown away (restart policy, tail batching)
     time_scale: float
-    timeline: list[tuple[float, int, int]] = field(default_factory=list)  # (t, live spot workers, tokens)
+    timeline: list[tuple[float, int, int]] = field(default_factory=list)  # (t, spot workers held, tokens)
     step_log: list[dict] = field(default_factory=list)
 
     @property
@@ -151,6 +151,16 @@ class SimResult:
     @property
     def tokens_per_dollar(self) -> float:
         return self.trained_tokens / self.dollars if self.dollars > 0 else 0.0
+
+    @property
+    def mean_spot_workers(self) -> float:
+        """Spot workers held (booting or serving), averaged over the job's time."""
+        if not self.timeline or self.job_s <= 0:
+            return 0.0
+        area = 0.0
+        for (t0, n, _), (t1, _, _) in zip(self.timeline, [*self.timeline[1:], (self.job_s, 0, 0)]):
+            area += n * (min(t1, self.job_s) - t0)
+        return area / self.job_s
 
 
 class _Engine:
@@ -958,7 +968,8 @@ class Simulation:
         self.placement.ended(e.id, self.clock(), preempted)
 
     def _sample(self) -> None:
-        live = sum(1 for e in self.engines if e.kind == "spot" and e.state != "gone")
+        # held = booting or serving; a draining worker is on its way out (its replacement may already boot)
+        live = sum(1 for e in self.engines if e.kind == "spot" and e.state not in ("draining", "gone"))
         if not self.timeline or self.timeline[-1][1] != live or self.timeline[-1][2] != self.trained_tokens:
             self.timeline.append((self.now, live, self.trained_tokens))
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 from rich.table import Table
@@ -42,6 +43,167 @@ def results_table(results: list[SimResult], title: str) -> Table:
         )
     t.caption = "; ".join(f"{r.policy.name}: {r.policy.label}" for r in results)
     return t
+
+
+@dataclass(frozen=True)
+class Choice:
+    """A setting the recommendation can name: a policy row, or a sweep point."""
+
+    label: str
+    result: SimResult
+
+
+@dataclass(frozen=True)
+class Recommendation:
+    cheapest: Choice | None  # most tokens/$ (None: on-demand alone beats every spot setting)
+    fastest: Choice
+    best_spot: Choice  # the spot setting with the most tokens/$, even when on-demand beats it
+    base: SimResult
+    spot_price_now: float  # cheapest spot offer's $/h
+
+    def vs(self, r: SimResult) -> tuple[float, float]:
+        """(speed, tokens/$), each against on-demand."""
+        return r.tokens_per_s / self.base.tokens_per_s, r.tokens_per_dollar / self.base.tokens_per_dollar
+
+    def breakeven_fraction(self) -> float | None:
+        """The share of today's spot prices at which best_spot's tokens/$ would equal on-demand's."""
+        r = self.best_spot.result
+        if r.spot_dollars <= 0:
+            return None
+        spot_be = r.trained_tokens / self.base.tokens_per_dollar - r.trainer_dollars
+        return max(0.0, spot_be / r.spot_dollars)
+
+    def lines(self) -> list[str]:
+        def said(c: Choice) -> str:
+            sp, td = self.vs(c.result)
+            return f"{c.label}: {td:.2f}x on-demand's tokens/$ at {sp:.2f}x its speed"
+
+        out = []
+        if self.cheapest is not None:
+            out.append(f"Cheapest per token: {said(self.cheapest)}.")
+        else:
+            out.append(f"Cheapest per token: on-demand alone (no spot). The best spot setting, {said(self.best_spot)}.")
+        sp, td = self.vs(self.fastest.result)
+        out.append(f"Fastest: {self.fastest.label}: {sp:.2f}x on-demand's speed at {td:.2f}x its tokens/$.")
+        if self.cheapest is None:
+            out.append(self.why_spot_costs_more())
+        return out
+
+    def why_spot_costs_more(self) -> str:
+        r, b = self.best_spot.result, self.base
+        sp, _ = self.vs(r)
+        rate = (r.dollars / r.job_s) / (b.dollars / b.job_s) if r.job_s > 0 and b.job_s > 0 else float("nan")
+        msg = (
+            f"Why: spot workers add {sp - 1:+.0%} tokens/s but {rate - 1:+.0%} dollars per hour"
+            f" ({r.spot_dollars / r.dollars:.0%} of the bill is spot)"
+        )
+        if sp < 1.15:
+            msg += (
+                "; the trainer is the bottleneck, so more rollout capacity barely shortens a step"
+                " (spot helps once generation is: more trainer GPUs, longer responses)"
+            )
+        be = self.breakeven_fraction()
+        if be is not None and be > 0:
+            msg += (
+                f". Spot pays once it costs under {be:.0%} of today's price (about ${self.spot_price_now * be:.2f}/h"
+                f" a worker, now ${self.spot_price_now:.2f}); until then keep max_workers: 0 on this trace and"
+                " these prices."
+            )
+        else:
+            msg += ". No spot price pays here: keep max_workers: 0 on this trace and these prices."
+        return msg
+
+    def as_json(self) -> dict:
+        def one(c: Choice | None) -> dict | None:
+            if c is None:
+                return None
+            sp, td = self.vs(c.result)
+            return {
+                "setting": c.label,
+                "throughput_vs_on_demand": round(sp, 4),
+                "tokens_per_dollar_vs_on_demand": round(td, 4),
+            }
+
+        be = self.breakeven_fraction()
+        return {
+            "cheapest": one(self.cheapest),
+            "fastest": one(self.fastest),
+            "best_spot": one(self.best_spot),
+            "spot_breakeven_price_fraction": round(be, 4) if be is not None else None,
+            "text": " ".join(self.lines()),
+        }
+
+
+def recommend(base: SimResult, choices: list[Choice], spot_price_now: float) -> Recommendation | None:
+    """The setting with the most tokens/$ and the fastest one, against on-demand (None: nothing to compare)."""
+    spot = [c for c in choices if c.result.policy.spot and c.result.steps > 0]
+    if not spot or base.tokens_per_s <= 0 or base.tokens_per_dollar <= 0:
+        return None
+    best = max(spot, key=lambda c: c.result.tokens_per_dollar)
+    # a tie in speed (to 0.1 %) goes to the cheaper setting
+    fastest = max(spot, key=lambda c: (round(c.result.tokens_per_s / base.tokens_per_s, 3), c.result.tokens_per_dollar))
+    cheapest = best if best.result.tokens_per_dollar >= base.tokens_per_dollar else None
+    return Recommendation(cheapest, fastest, best, base, spot_price_now)
+
+
+def sweep_table(base: SimResult, points: list, title: str) -> Table:
+    """One row per max_workers x objective (simulator.cli.SweepPoint), ratios against on-demand."""
+    t = Table(title=title)
+    cols = ("max_workers", "objective", "held", "steps/h", "trained tok/s", "$", "tokens/$", "thr vs OD", "tok/$ vs OD")
+    for col in cols:
+        t.add_column(col, justify="left" if col == "objective" else "right", no_wrap=True)
+    t.add_row("0", "on-demand", "0.0", f"{base.steps_per_hour:.1f}", f"{base.tokens_per_s:,.0f}",
+              f"{base.dollars:,.2f}", f"{base.tokens_per_dollar:,.0f}", "1.00x", "1.00x")
+    for p in points:
+        r = p.result
+        t.add_row(
+            str(p.max_workers),
+            p.objective,
+            f"{p.mean_workers:.1f}",
+            f"{r.steps_per_hour:.1f}",
+            f"{r.tokens_per_s:,.0f}",
+            f"{r.dollars:,.2f}",
+            f"{r.tokens_per_dollar:,.0f}",
+            ratio(r.tokens_per_s, base.tokens_per_s),
+            ratio(r.tokens_per_dollar, base.tokens_per_dollar),
+        )
+    t.caption = "held: spot workers held on average (the objective may hold fewer than max_workers)"
+    return t
+
+
+def sweep_json(base: SimResult, points: list) -> list[dict]:
+    rows = results_json([base])
+    for p in points:
+        row = results_json([base, p.result])[1]
+        row.update(max_workers=p.max_workers, objective=p.objective, mean_spot_workers=round(p.mean_workers, 3))
+        rows.append(row)
+    return rows
+
+
+def plot_sweep(base: SimResult, points: list, path: Path, title: str) -> None:
+    """Speed and tokens/$ against on-demand, by max_workers, one line per objective."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(8, 6), sharex=True)
+    for obj in dict.fromkeys(p.objective for p in points):
+        pts = [p for p in points if p.objective == obj]
+        xs = [p.max_workers for p in pts]
+        ax1.plot(xs, [p.result.tokens_per_s / base.tokens_per_s for p in pts], marker="o", label=f"objective {obj}")
+        ax2.plot(xs, [p.result.tokens_per_dollar / base.tokens_per_dollar for p in pts], marker="o",
+                 label=f"objective {obj}")
+    for ax, what in ((ax1, "speed vs on-demand"), (ax2, "tokens/$ vs on-demand")):
+        ax.axhline(1.0, color="grey", lw=0.8, ls="--", label="on-demand")
+        ax.set_ylabel(what)
+        ax.legend(fontsize=8)
+    ax2.set_xlabel("max_workers")
+    ax2.set_xticks(sorted({p.max_workers for p in points}))
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def results_json(results: list[SimResult]) -> list[dict]:
@@ -86,12 +248,12 @@ def plot(results: list[SimResult], path: Path, title: str) -> None:
     for r in results:
         if not r.timeline:
             continue
-        ts = [t / 3600 for t, _, _ in r.timeline]
+        ts = [t * r.time_scale / 3600 for t, _, _ in r.timeline]  # trace hours, as the title counts
         tok = [k for _, _, k in r.timeline]
         window = max(1, len(ts) // 60)
         rate_t, rate = [], []
         for i in range(window, len(ts)):
-            dt = (ts[i] - ts[i - window]) * 3600
+            dt = (ts[i] - ts[i - window]) * 3600 / r.time_scale  # the job's own seconds
             if dt > 0:
                 rate_t.append(ts[i])
                 rate.append((tok[i] - tok[i - window]) / dt)
@@ -99,8 +261,9 @@ def plot(results: list[SimResult], path: Path, title: str) -> None:
         ax2.step(ts, [w for _, w, _ in r.timeline], where="post", label=r.policy.name, lw=1)
     ax1.set_ylabel("trained tokens/s")
     ax1.legend(fontsize=8)
-    ax2.set_ylabel("live spot workers")
-    ax2.set_xlabel("hours (simulated)")
+    ax2.set_ylabel("spot workers held")
+    ax2.legend(fontsize=8)
+    ax2.set_xlabel("hours of trace replayed")
     fig.suptitle(title)
     fig.tight_layout()
     fig.savefig(path, dpi=110)

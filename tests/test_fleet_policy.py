@@ -91,3 +91,17 @@ def test_budget_caps_the_fleet():
     assert size(1000.0) == 8
     assert size(240.0) == 6  # the fastest that fits
     assert size(200.0) == 2  # nothing fits: the cheapest way per token
+
+
+def test_min_workers_is_a_floor_and_min_equal_to_max_a_fixed_fleet():
+    def sized(objective: str, worker: float, lo: int, hi: int) -> list[int]:
+        policy, n, out = FleetPolicy(reserved_workers=1.0), hi, []
+        goal = FleetGoal(objective=objective, max_workers=hi, min_workers=lo)
+        for _ in range(120):
+            n = policy.decide(world(n), goal, trainer_per_h=10.0, worker_per_h=worker, current=n).workers
+            out.append(n)
+        return out
+
+    # a worker dearer than the trainer never pays: cost goes to the floor, and no lower
+    assert run("cost", worker=30.0)[-1] == 0 and min(sized("cost", 30.0, 3, 16)) == 3
+    assert set(sized("cost", 30.0, 4, 4)) == {4} and set(sized("throughput", 1.0, 16, 16)) == {16}

@@ -40,6 +40,7 @@ def write_job(tmp: Path, name: str, max_workers: int) -> Path:
         "trainer": {"hourly_price": 10.0},
         "rollout": {
             "max_workers": max_workers,
+            "min_workers": max_workers,  # a fixed fleet: these runs are about faults, not fleet size
             "engine_dtype": "float64",
             "engine_batch": 96,
             "heartbeat_timeout_s": 3,

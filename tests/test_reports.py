@@ -185,7 +185,7 @@ def test_cost_json_and_render(store: StateStore) -> None:
         "on-demand",
         "spot",
         "total",
-        "savings vs all on-demand",
+        "the same instance-hours all on-demand would cost",
         "$ per step",
         "per job",
         "other",
@@ -197,3 +197,60 @@ def test_sparkline() -> None:
     assert sparkline([]) == ""
     assert sparkline([0.0, 0.5, 1.0]) == "▁▅█"
     assert len(set(sparkline([2.0, 2.0]))) == 1
+
+
+def test_cost_report_splits_tokens_counts_refusals_and_measures_the_counterfactual(store: StateStore) -> None:
+    job = store.create_job("split", SPEC, "local")
+    store.update_job(job, status="succeeded", started_at=1000.0, ended_at=1040.0)  # 40 s of wall time
+    _launch(store, job, "split-trainer", InstanceKind.ON_DEMAND, 10.0, None)
+    for w in ("split-w1", "split-w2", "split-w3"):
+        _launch(store, job, w, InstanceKind.SPOT, 1.0, 3.0)
+    store.update_instance("split-trainer", InstanceState.RUNNING, 0.0)
+    store.update_instance("split-trainer", InstanceState.TERMINATED, 3600.0)  # $10
+    store.update_instance("split-w1", InstanceState.RUNNING, 0.0)
+    store.update_instance("split-w1", InstanceState.PREEMPTED, 1800.0)  # $0.50
+    store.update_instance("split-w2", InstanceState.RUNNING, 1800.0)
+    store.update_instance("split-w2", InstanceState.TERMINATED, 3600.0)  # $0.50
+    store.update_instance("split-w3", InstanceState.FAILED, 10.0)  # refused: never ran
+    # step 1 (warm-up) and step 3 ran without a spot worker; 3 trained 1000 tokens in 4 s: 250 tokens/s
+    rows = [(1, 0, 9.0, 0), (2, 1, 2.0, 600), (3, 0, 4.0, 0), (4, 1, 2.0, 700)]
+    for step, n, secs, spot in rows:
+        store.record_step(job, StepMetrics(step, step, 0.5, 1000, 8, 2 * n, secs, 0.0, n_remote=n,
+                                           gen_tokens=1000, spot_tokens=spot))
+    data = cost_json(store, "split")
+    assert data["refused_launches"] == 1 and sum(ln["instances"] for ln in data["lines"]) == 3
+    assert data["preemptions"] == 1 and data["migrations"] == 4
+    g = data["generated"]
+    assert (g["spot"], g["reserved"]) == (1300, 2700)
+    assert g["spot_dollars_per_million"] == pytest.approx(1.0 / 1300 * 1e6)
+    assert g["reserved_dollars_per_million"] == pytest.approx(10.0 / 2700 * 1e6)
+    cf = data["counterfactual"]
+    # alone: 4000 tokens / 250 tokens/s = 16 s of steps instead of 17 s, over 40 s of wall time
+    assert cf["alone_steps"] == 1 and cf["alone_tokens_per_s"] == pytest.approx(250.0)
+    assert cf["dollars"] == pytest.approx(10.0 * (1 + (16 - 17) / 40))
+    assert cf["saved_dollars"] == pytest.approx(cf["dollars"] - 11.0)
+    assert (data["billing_clock"], data["billed_s"], data["wall_s"]) == ("trace", 3600.0, 40.0)
+    console = Console(record=True, width=200)
+    render_cost(store, "split", console)
+    out = console.export_text()
+    for needle in (
+        "$11.00",  # two decimals
+        "billed on the replayed spot trace's clock: 1:00:00 of trace in 0:00:40 of wall time",
+        "launches that never ran (refused, or cancelled first; not billed): 1",
+        "spot workers",
+        "$769.23",  # $ per 1M spot tokens
+        "on-demand counterfactual: $9.75",
+        "preemptions: 1; responses migrated mid-generation: 4",
+    ):
+        assert needle in out, needle
+
+
+def test_no_counterfactual_without_a_measured_trainer_alone_step(store: StateStore) -> None:
+    job = store.create_job("busy", SPEC, "local")
+    store.update_job(job, status="succeeded", started_at=0.0, ended_at=10.0)
+    _launch(store, job, "busy-trainer", InstanceKind.ON_DEMAND, 10.0, None)
+    store.update_instance("busy-trainer", InstanceState.RUNNING, 0.0)
+    for step in (1, 2):  # the first step alone is warm-up, not a measurement
+        store.record_step(job, StepMetrics(step, step, 0.5, 100, 8, 0, 1.0, 0.0, n_remote=step - 1))
+    data = cost_json(store, "busy")
+    assert data["counterfactual"] is None and any("no on-demand counterfactual" in n for n in data["notes"])

@@ -225,7 +225,7 @@ def test_events_and_steps(store: StateStore) -> None:
     assert steps[0].offload_s is None  # no offload recorded
 
 
-def test_v1_store_migrates_to_v2_keeping_its_steps(tmp_path: Path) -> None:
+def test_v1_store_migrates_to_the_latest_keeping_its_steps(tmp_path: Path) -> None:
     path = tmp_path / "v1.db"
     db = sqlite3.connect(path)
     db.executescript(state._SCHEMA_V1)
@@ -239,8 +239,11 @@ def test_v1_store_migrates_to_v2_keeping_its_steps(tmp_path: Path) -> None:
     s = StateStore(path)
     (row,) = s.steps(1)
     assert (row.reward, row.offload_s, row.tail_train_s, row.idle_s) == (0.5, None, None, None)
-    s.record_step(1, StepMetrics(1, 1, 0.6, 10, 4, 0, 1.0, 3.0, offload_s=0.5, tail_train_s=0.4, idle_s=0.1))
-    assert s.steps(1)[-1].tail_train_s == 0.4
+    assert (row.n_remote, row.gen_tokens, row.spot_tokens) == (None, None, None)
+    s.record_step(1, StepMetrics(1, 1, 0.6, 10, 4, 0, 1.0, 3.0, offload_s=0.5, tail_train_s=0.4, idle_s=0.1,
+                                 n_remote=2, gen_tokens=12, spot_tokens=7))
+    new = s.steps(1)[-1]
+    assert (new.tail_train_s, new.n_remote, new.gen_tokens, new.spot_tokens) == (0.4, 2, 12, 7)
     s.close()
 
 
@@ -264,7 +267,7 @@ def test_schema_version(home: Path) -> None:
     path = s.path
     s.close()
     db = sqlite3.connect(path)
-    assert db.execute("PRAGMA user_version").fetchone()[0] == state.SCHEMA_VERSION == 2
+    assert db.execute("PRAGMA user_version").fetchone()[0] == state.SCHEMA_VERSION == 3
     db.execute("PRAGMA user_version = 99")
     db.commit()
     db.close()

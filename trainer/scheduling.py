@@ -140,6 +140,7 @@ def fleet_goal(spec: JobSpec, objective: Objective, at: FleetClock) -> FleetGoal
     return FleetGoal(
         objective=objective,
         max_workers=spec.rollout.max_workers,
+        min_workers=spec.rollout.min_workers,
         steps_left=max(0, spec.algorithm.steps - at.steps_done) if bounded else None,
         time_left_s=spec.deadline_hours * 3600.0 - at.elapsed_s if spec.deadline_hours is not None else None,
         budget_left=spec.budget_usd - at.spent if spec.budget_usd is not None else None,

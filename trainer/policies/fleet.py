@@ -51,6 +51,7 @@ class FleetGoal:
 
     objective: Objective
     max_workers: int
+    min_workers: int = 0  # never fewer (min = max: a fixed fleet)
     steps_left: int | None = None
     time_left_s: float | None = None  # to the deadline
     budget_left: float | None = None  # dollars
@@ -96,7 +97,8 @@ class FleetPolicy:
         self, s: StepSample, goal: FleetGoal, trainer_per_h: float, worker_per_h: float, current: int,
         useful: float = 1.0,
     ) -> FleetDecision:
-        sizes = range(0 if self.reserved_workers > 0 else 1, max(goal.max_workers, 0) + 1)
+        floor = max(goal.min_workers, 0 if self.reserved_workers > 0 else 1)
+        sizes = range(floor, max(goal.max_workers, 0) + 1)
         if not sizes:
             return FleetDecision(0, float("inf"), why="no worker allowed")
         cur = min(max(current, sizes[0]), sizes[-1])

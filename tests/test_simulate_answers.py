@@ -1,0 +1,126 @@
+"""`rlboost simulate` answers "what does spot save me": a recommendation first, a sweep over
+max_workers x objectives (in parallel processes, the same numbers as one at a time), a clear error
+when nothing trains, and plots whose every line is named."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import replace
+
+import pytest
+import yaml
+
+from rlboost_cli.spec import parse_spec
+from simulator import PRESETS, report
+from simulator import cli as sim_cli
+from simulator.core import SimResult
+from tests.conftest import run_cli
+from tests.test_simulator import TRACE, job, run
+
+
+def result(policy: str, *, tokens: int, run_s: float, trainer: float, spot: float) -> SimResult:
+    return SimResult(
+        policy=PRESETS[policy],
+        steps=10,
+        run_s=run_s,
+        job_s=run_s,
+        trained_tokens=tokens,
+        dollars=trainer + spot,
+        spot_dollars=spot,
+        trainer_dollars=trainer,
+        preemptions=0,
+        migrations=0,
+        restarted_tokens=0,
+        time_scale=1.0,
+    )
+
+
+def test_recommendation_names_the_cheapest_and_the_fastest():
+    base = result("on-demand", tokens=1000, run_s=100, trainer=10, spot=0)
+    cheap = result("rlboost-cost", tokens=1000, run_s=80, trainer=8, spot=1)  # 1.25x speed, 1.11x tok/$
+    fast = result("rlboost-throughput", tokens=1000, run_s=50, trainer=5, spot=6)  # 2x speed, 0.91x tok/$
+    rec = report.recommend(base, [report.Choice("cheap", cheap), report.Choice("fast", fast)], 1.0)
+    assert rec is not None and rec.cheapest.label == "cheap" and rec.fastest.label == "fast"
+    text = rec.lines()
+    assert text[0].startswith("Cheapest per token: cheap: 1.11x") and "at 1.25x its speed" in text[0]
+    assert text[1].startswith("Fastest: fast: 2.00x") and len(text) == 2  # no "why": spot pays here
+
+
+def test_when_spot_costs_more_it_says_why_and_the_price_that_pays():
+    base = result("on-demand", tokens=1000, run_s=100, trainer=10, spot=0)  # 100 tokens/$
+    # 5 % faster for 3 $ of spot: 95.2 tokens/$; at 2 $ of spot (2/3 of today's price) it breaks even
+    slow = result("rlboost-cost", tokens=1000, run_s=95.238, trainer=8, spot=3)
+    rec = report.recommend(base, [report.Choice("two workers", slow)], 1.5)
+    assert rec is not None and rec.cheapest is None and rec.best_spot.label == "two workers"
+    assert rec.breakeven_fraction() == pytest.approx(2 / 3)
+    why = rec.lines()[-1]
+    assert why.startswith("Why: spot workers add +5% tokens/s") and "the trainer is the bottleneck" in why
+    assert "under 67% of today's price (about $1.00/h a worker, now $1.50)" in why
+    # a spot result that trains no faster has no price at which it pays
+    flat = result("rlboost-cost", tokens=1000, run_s=100, trainer=10, spot=1)
+    assert "No spot price pays here" in report.recommend(base, [report.Choice("x", flat)], 1.0).lines()[-1]
+
+
+def test_sweep_in_parallel_processes_matches_one_at_a_time():
+    spec = parse_spec(job(algorithm={"steps": 6}))
+    rp = replace(sim_cli.prepare(spec, None), trace=TRACE)
+    base1, one = sim_cli.sweep(rp, [1, 4], jobs=1)
+    base2, two = sim_cli.sweep(rp, [1, 4], jobs=2)
+    pairs = [(1, "cost"), (1, "throughput"), (4, "cost"), (4, "throughput")]
+    assert [(p.max_workers, p.objective) for p in two] == pairs
+    key = [(p.result.steps, p.result.trained_tokens, round(p.result.dollars, 9), p.mean_workers) for p in one]
+    assert key == [(p.result.steps, p.result.trained_tokens, round(p.result.dollars, 9), p.mean_workers) for p in two]
+    assert base1.dollars == base2.dollars and all(p.mean_workers <= p.max_workers for p in two)
+    assert two[0].mean_workers < two[2].mean_workers  # a bigger cap holds more on this trace
+
+
+def test_sweep_points_cover_the_job_and_twice_it():
+    assert sim_cli.sweep_points(3) == [1, 2, 3, 4]
+    assert sim_cli.sweep_points(4) == [1, 2, 4, 8]
+    assert sim_cli.sweep_points(0) == [1, 2]
+
+
+def test_workers_held_never_exceed_max_workers():
+    # notice preemptions: a draining worker and its replacement overlap, but only one is held
+    spec = parse_spec(job(local={"notice_fraction": 1.0}))
+    r = run(spec, [PRESETS["rlboost-fixed"]])[0]
+    assert r.preemptions > 0
+    assert max(n for _, n, _ in r.timeline) == spec.rollout.max_workers
+
+
+@pytest.fixture
+def jobfile(tmp_path):
+    trace = tmp_path / "trace.json"
+    trace.write_text(json.dumps({"metadata": {"gap_seconds": 30}, "data": [4, 4, 1, 4, 4, 4, 4, 4, 4, 4]}))
+    jf = tmp_path / "job.yaml"
+    jf.write_text(yaml.safe_dump(job(algorithm={"steps": 6}, local={"trace": str(trace)})))
+    return jf
+
+
+def test_cli_sweep_prints_the_recommendation_first_then_the_table(jobfile, tmp_path, home):
+    png = tmp_path / "sweep.png"
+    out = run_cli("simulate", str(jobfile), "--sweep", "--sweep-workers", "1,4", "--plot", str(png), home=home)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0].startswith("Cheapest per token: ") and lines[1].startswith("Fastest: objective ")
+    assert "max_workers" in out.stdout and "throughput" in out.stdout and png.stat().st_size > 1000
+    # the title names the trace as given, not the absolute path the spec resolved
+    assert f"simjob: {os.path.relpath(tmp_path / 'trace.json')} (" in out.stdout
+    doc = json.loads(
+        run_cli("simulate", str(jobfile), "--sweep", "--sweep-workers", "2", "--json", home=home, check=True).stdout
+    )
+    assert [(r.get("max_workers"), r["policy"]) for r in doc["results"]] == [
+        (None, "on-demand"),
+        (2, "rlboost-cost"),
+        (2, "rlboost-throughput"),
+    ]
+    assert doc["recommendation"]["fastest"]["setting"].startswith("objective ")
+    bad = run_cli("simulate", str(jobfile), "--sweep", "--sweep-workers", "1,x", home=home)
+    assert bad.returncode == 2 and "--sweep-workers" in bad.stderr
+
+
+def test_cli_says_when_the_replay_trains_nothing(jobfile, home):
+    out = run_cli("simulate", str(jobfile), "--hours", "0.001", home=home)
+    assert out.returncode == 2 and "no step finished in 0.0 h of trace" in out.stderr
+    assert "--hours" in out.stderr and out.stdout == ""

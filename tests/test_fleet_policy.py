@@ -28,6 +28,12 @@ def run(objective="cost", worker=1.0, trainer=10.0, steps=300, start=16, max_wor
     return sizes
 
 
+def held(sizes: list[int]) -> int:
+    """The size the policy settled on: the one it held most over the second half (probes are brief)."""
+    half = sizes[len(sizes) // 2 :]
+    return max(set(half), key=half.count)
+
+
 def tokens_per_dollar(n: int, worker: float, trainer: float = 10.0) -> float:
     s = world(n)
     return s.tokens / s.step_s / (trainer + n * worker)
@@ -50,17 +56,17 @@ def test_throughput_stops_at_the_trainer_bottleneck():
 
 def test_cost_finds_the_most_tokens_per_dollar():
     for worker in (0.5, 2.0, 30.0):
-        final = run("cost", worker=worker)[-1]
+        final = held(run("cost", worker=worker))
         best = max(tokens_per_dollar(n, worker) for n in range(17))
         assert tokens_per_dollar(final, worker) >= 0.9 * best, (worker, final)
-    assert run("cost", worker=30.0)[-1] == 0  # a worker dearer than the trainer never pays
+    assert held(run("cost", worker=30.0)) == 0  # a worker dearer than the trainer never pays
 
 
 @settings(max_examples=25, deadline=None)
 @given(p1=st.floats(0.05, 40.0), p2=st.floats(0.05, 40.0))
 def test_monotone_in_price(p1, p2):
     lo, hi = sorted((p1, p2))
-    assert run("cost", worker=hi, steps=150)[-1] <= run("cost", worker=lo, steps=150)[-1]
+    assert held(run("cost", worker=hi, steps=150)) <= held(run("cost", worker=lo, steps=150))
 
 
 def test_holds_a_size_between_probes():
@@ -103,5 +109,5 @@ def test_min_workers_is_a_floor_and_min_equal_to_max_a_fixed_fleet():
         return out
 
     # a worker dearer than the trainer never pays: cost goes to the floor, and no lower
-    assert run("cost", worker=30.0)[-1] == 0 and min(sized("cost", 30.0, 3, 16)) == 3
+    assert held(run("cost", worker=30.0)) == 0 and min(sized("cost", 30.0, 3, 16)) == 3
     assert set(sized("cost", 30.0, 4, 4)) == {4} and set(sized("throughput", 1.0, 16, 16)) == {16}

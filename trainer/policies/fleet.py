@@ -65,23 +65,54 @@ class FleetDecision:
     why: str = ""
 
 
+@dataclass(frozen=True)
+class StepFit:
+    """Seconds per trained token against the rollout pool, fitted to the measured steps:
+
+        y(pool) = max(base + par / pool, floor)
+
+    `par` is the generation work more workers spread out, `base` what they do not shorten (the tail's
+    longest responses, training left after the last response, the publish), `floor` the trainer's own
+    training time per token, which no worker shortens."""
+
+    base: float
+    par: float
+    floor: float
+
+    def seconds_per_token(self, pool: float) -> float:
+        return max(self.base + self.par / pool, self.floor) if pool > 0 else float("inf")
+
+
+def fit_steps(points: list[tuple[float, float]], floor: float) -> StepFit | None:
+    """Least squares of seconds per token on 1/pool over (pool, y) points; None without two pools."""
+    xs = [1.0 / p for p, _ in points]
+    if len(points) < 2 or max(xs) - min(xs) < 1e-9 * max(xs):
+        return None
+    mx, my = sum(xs) / len(xs), sum(y for _, y in points) / len(points)
+    sxx = sum((x - mx) ** 2 for x in xs)
+    par = max(0.0, sum((x - mx) * (y - my) for x, (_, y) in zip(xs, points)) / sxx)
+    return StepFit(base=my - par * mx, par=par, floor=floor)
+
+
 @dataclass
 class FleetPolicy:
     reserved_workers: float  # a: the trainer's own engine's decode rate in units of one worker's (0: none)
-    min_gain: float = 0.03
+    min_gain: float = 0.03  # `throughput`: add workers only for 3% of speed
+    move_gain: float = 0.01  # `cost`: move only for a predicted gain of 1% in tokens per dollar
     flat: float = 0.02  # `throughput`: steps within 2% count as equally fast
-    probe_steps: int = 4  # steps measured at a size before comparing
-    probe_every: int = 8  # steps held between probes
+    window: int = 48  # `cost`: the measured steps the fit uses
+    probe_steps: int = 4  # steps measured at a new size before fitting again
+    probe_every: int = 8  # steps held at one size before a probe, when the window shows no other size
     shrink: float = 0.6  # a probe tries this fraction of the workers (or 1/shrink of them)
     warmup_steps: int = 2  # the first steps (workers still booting, cold caches) are not measured
-    _seen: dict[int, list[tuple[float, float]]] = field(default_factory=dict)  # size -> (tok/s, tok/$)
-    _trial: tuple[int, int] | None = None  # (held size, tried size)
+    # measured steps: (workers, seconds per token, training seconds per token, on the trainer's floor)
+    _window: list[tuple[int, float, float, bool]] = field(default_factory=list)
+    _trial: int | None = None  # the size being probed
     _trial_steps: int = 0
-    _held: int = 0  # steps since the last probe ended
+    _held: int = 0  # steps at the current size since the last move
     _probes: int = 0
     _steps: int = 0
     _last_held: int = -1
-    _got: int = 0  # workers the last step had
 
     def predict_step_s(self, s: StepSample, n: int, useful: float = 1.0) -> float:
         a, u = self.reserved_workers, max(useful, 1e-3)
@@ -102,7 +133,7 @@ class FleetPolicy:
         if not sizes:
             return FleetDecision(0, float("inf"), why="no worker allowed")
         cur = min(max(current, sizes[0]), sizes[-1])
-        self._measure(s, cur, trainer_per_h, worker_per_h)
+        self._measure(s, cur)
         step = {n: self.predict_step_s(s, n, useful) for n in sizes}
         per_h = {n: trainer_per_h + n * worker_per_h for n in sizes}
         tok_per_dollar = {n: s.tokens / step[n] * 3600.0 / per_h[n] if per_h[n] > 0 else float("inf") for n in sizes}
@@ -125,8 +156,8 @@ class FleetPolicy:
             if best > cur and step[best] * (1 + self.min_gain) > step[cur]:
                 best = cur  # more workers for less than min_gain of speed: not worth a change
         else:
-            best = self._by_measurement(cur, sizes)
-        why = f"{goal.objective}: {best} worker(s)" + (" (trying)" if self._trial else "")
+            best = self._by_fit(cur, sizes, trainer_per_h, worker_per_h, useful)
+        why = f"{goal.objective}: {best} worker(s)" + (" (trying)" if self._trial is not None else "")
         if goal.budget_left is not None and goal.steps_left is not None:
             fits = [n for n in sizes if goal.steps_left * step[n] * per_h[n] / 3600.0 <= goal.budget_left]
             if not fits:
@@ -135,51 +166,68 @@ class FleetPolicy:
                 best, why = min(fits, key=lambda n: (step[n], n)), "budget: the fastest size that fits"
         return FleetDecision(best, step[best], False, why)
 
-    # ---- measurement -------------------------------------------------------------------
-    def _measure(self, s: StepSample, held: int, trainer_per_h: float, worker_per_h: float) -> None:
+    # ---- `cost`: measure, fit, move ----------------------------------------------------
+    def _measure(self, s: StepSample, held: int) -> None:
         self._steps += 1
-        self._got = s.n_remote
         changed, self._last_held = held != self._last_held, held
         # the first step at a new size mostly waits for booting workers (or still pays released ones)
-        if self._steps <= self.warmup_steps or changed or s.step_s <= 0:
+        if self._steps <= self.warmup_steps or changed or s.step_s <= 0 or s.tokens <= 0:
             return
-        tps = s.tokens / s.step_s
-        per_h = trainer_per_h + s.n_remote * worker_per_h
+        on_floor = s.step_s <= s.train_s * (1 + self.flat)
         # by the workers the step really had: the market may give fewer than the size held
-        seen = self._seen.setdefault(s.n_remote, [])
-        seen.append((tps, tps * 3600.0 / per_h if per_h > 0 else float("inf")))
-        del seen[: -self.probe_steps]
+        self._window.append((s.n_remote, s.step_s / s.tokens, s.train_s / s.tokens, on_floor))
+        del self._window[: -self.window]
 
-    def _mean(self, n: int) -> float:
-        xs = [v[1] for v in self._seen.get(n, [])]
-        return sum(xs) / len(xs) if xs else 0.0
+    def fit(self) -> StepFit | None:
+        """The step model from the window's steps that generation bounded (None: no spread to fit)."""
+        a = self.reserved_workers
+        pts = [(a + n, y) for n, y, _, on_floor in self._window if not on_floor and a + n > 0]
+        trains = sorted(t for _, _, t, _ in self._window)
+        return fit_steps(pts, trains[len(trains) // 2] if trains else 0.0)
 
-    def _by_measurement(self, cur: int, sizes: range) -> int:
-        """`cost`: hold, probe a neighbour, keep whichever measured more tokens per dollar."""
-        if self._trial is not None:
-            held, tried = self._trial
-            self._trial_steps += 1
-            if len(self._seen.get(tried, [])) < self.probe_steps and self._trial_steps < 3 * self.probe_steps:
-                return tried
-            self._trial, self._held = None, 0
-            return self._better(held, tried)
+    def _by_fit(self, cur: int, sizes: range, trainer_per_h: float, worker_per_h: float, useful: float) -> int:
+        """`cost`: hold the size the fitted step model says makes the most tokens per dollar; probe a
+        neighbouring size when the window has nothing to fit (all its steps at one size)."""
         self._held += 1
-        got = min(cur, self._got)  # what the market gave at this size
-        if self._held < self.probe_every or len(self._seen.get(got, [])) < self.probe_steps:
+        if self._trial is not None:
+            self._trial_steps += 1
+            measured = sum(1 for n, *_ in self._window[-self._trial_steps :] if n == self._trial)
+            if measured < self.probe_steps and self._trial_steps < 3 * self.probe_steps:
+                return cur
+            self._trial = None
+        fit = self.fit()
+        if fit is None:
+            # a step on the trainer's floor says fewer workers would do: try fewer at once
+            floored = any(f for n, _, _, f in self._window[-2:] if n == cur)
+            return self._probe(cur, sizes, floored) if floored or self._held >= self.probe_every else cur
+        a, u = self.reserved_workers, max(useful, 1e-3)
+        seen = [n for n, *_ in self._window]
+        # trust the fit a probe's step beyond the sizes it has seen, and move a probe's step at a time
+        lo = max(int(min(seen) * self.shrink), int(cur * self.shrink))
+        hi = min(self._step_up(max(seen)), self._step_up(cur))
+        value = {
+            n: 1.0 / (fit.seconds_per_token(a + u * n) * (trainer_per_h + n * worker_per_h))
+            for n in sizes
+            if lo <= n <= hi or n == cur
+        }
+        best = max(value, key=lambda n: (value[n], -n))
+        if best == cur or value[best] < value[cur] * (1 + self.move_gain):
+            if self._held >= self.probe_every and sum(1 for n in seen if n != cur) < self.probe_steps:
+                return self._probe(cur, sizes)  # the window is ageing out every other size: measure one again
             return cur
-        down = max(sizes[0], min(got - 1, int(got * self.shrink)))
-        up = min(sizes[-1], max(cur + 1, round(cur / self.shrink)))
-        tried = up if (self._probes % 2 == 1 or down == got) and got == cur else down
-        if tried in (cur, got):
+        self._held = 0
+        return best
+
+    def _step_up(self, n: int) -> int:
+        return max(n + 1, round(n / self.shrink))
+
+    def _probe(self, cur: int, sizes: range, down_only: bool = False) -> int:
+        down = max(sizes[0], min(cur - 1, int(cur * self.shrink)))
+        up = min(sizes[-1], self._step_up(cur))
+        go_up = not down_only and (self._probes % 2 == 1 or down == cur)
+        tried = up if go_up and up != cur else down
+        if tried == cur:
             return cur
         self._probes += 1
-        self._trial, self._trial_steps = (got, tried), 0
-        self._seen[tried] = []  # fresh measurements: the market may have changed since the last visit
+        self._trial, self._trial_steps, self._held = tried, 0, 0
         return tried
-
-    def _better(self, held: int, tried: int) -> int:
-        if len(self._seen.get(tried, [])) < 2:
-            return held  # could not measure it (workers kept booting or dying): keep what worked
-        a, b = self._mean(held), self._mean(tried)
-        # fewer workers need only be as good; more must be clearly better
-        return tried if (b > a if tried < held else b > a * (1 + self.min_gain)) else held

@@ -673,12 +673,22 @@ def simulate(
     shown = f"{replayed:.1f} h" if replayed >= 1 else f"{replayed * 60:.0f} min"
     title = f"{spec.name}: {_shown_path(rp.trace.source)}{length}, {shown} replayed in {took:.1f}s"
     rec = report.recommend(results[0], choices, min((o.hourly_price for o in rp.spots), default=0.0))
+    verdict = (
+        report.DeadlineVerdict.of(
+            spec.deadline_hours,
+            rp.spec.algorithm.steps,
+            [report.Choice("on-demand", base), *choices] if base is not None else choices,
+        )
+        if spec.deadline_hours is not None
+        else None
+    )
     if as_json:
         doc: dict = {"title": title, "recommendation": rec.as_json() if rec else None}
+        doc["deadline"] = verdict.as_json() if verdict else None
         doc["results"] = report.sweep_json(base, swept) if sweep else report.results_json(results)
         print(json.dumps(doc, indent=2))
     else:
-        for line in rec.lines() if rec else []:
+        for line in [*(rec.lines() if rec else []), *(verdict.lines() if verdict else [])]:
             console.print(line, markup=False, highlight=False, soft_wrap=True)
         table = report.sweep_table(base, swept, title) if sweep else report.results_table(results, title)
         console.print(table)

@@ -268,3 +268,53 @@ def plot(results: list[SimResult], path: Path, title: str) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+@dataclass(frozen=True)
+class DeadlineVerdict:
+    """Whether each replayed setting finished the job's steps by its `deadline_hours`, and at what cost."""
+
+    deadline_h: float
+    steps: int
+    rows: list[tuple[Choice, float | None]]  # (setting, hours to finish; None: not finished in the replay)
+
+    @classmethod
+    def of(cls, deadline_h: float, steps: int, choices: list[Choice]) -> DeadlineVerdict:
+        def hours(r: SimResult) -> float | None:
+            return r.job_s * r.time_scale / 3600 if r.steps >= steps else None
+
+        return cls(deadline_h, steps, [(c, hours(c.result)) for c in choices])
+
+    def meeting(self) -> list[tuple[Choice, float]]:
+        return [(c, h) for c, h in self.rows if h is not None and h <= self.deadline_h]
+
+    def lines(self) -> list[str]:
+        head = f"Deadline {self.deadline_h:g} h for {self.steps} steps:"
+        ok = self.meeting()
+        if not ok:
+            done = [(c, h) for c, h in self.rows if h is not None]
+            if done:
+                c, h = min(done, key=lambda x: x[1])
+                return [f"{head} cannot be met on this trace; the fastest, {c.label}, needs {h:.1f} h."]
+            return [f"{head} no setting finished them in the replay: cannot be met on this trace."]
+        best, best_h = min(ok, key=lambda x: x[0].result.dollars)
+        out = [
+            f"{head} met by {len(ok)} of {len(self.rows)} settings; the cheapest, {best.label}, finishes in "
+            f"{best_h:.1f} h for ${best.result.dollars:,.2f}."
+        ]
+        for c, h in self.rows:
+            if not c.result.policy.spot:
+                when = f"{h:.1f} h ({'meets' if h <= self.deadline_h else 'misses'} it)" if h else "does not finish"
+                out.append(f"The trainer alone ({c.label}) {when} for ${c.result.dollars:,.2f}.")
+        return out
+
+    def as_json(self) -> dict:
+        return {
+            "deadline_hours": self.deadline_h,
+            "steps": self.steps,
+            "settings": [
+                {"setting": c.label, "hours": None if h is None else round(h, 3), "dollars": round(c.result.dollars, 2),
+                 "meets": h is not None and h <= self.deadline_h}
+                for c, h in self.rows
+            ],
+        }

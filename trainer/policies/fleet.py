@@ -140,15 +140,6 @@ class FleetPolicy:
         fastest = min(step.values())
         cheapest = max(sizes, key=lambda n: (tok_per_dollar[n], -n))
 
-        if goal.steps_left is not None and goal.time_left_s is not None:
-            pace = goal.time_left_s / max(goal.steps_left, 1)
-            ok = [n for n in sizes if step[n] <= pace]
-            if ok:
-                pick = max(ok, key=lambda n: (tok_per_dollar[n], -n))
-                return FleetDecision(pick, step[pick], why=f"deadline: {pace:.0f} s a step is enough")
-            pick = min(n for n in sizes if step[n] <= fastest * (1 + self.flat))
-            return FleetDecision(pick, step[pick], True, f"deadline needs {pace:.0f} s a step; best {fastest:.0f} s")
-
         if goal.objective == "throughput":
             # the roofline only removes workers once the step sits on the trainer's floor: it never
             # trades measured speed for money, which noisy step-to-step measurements would
@@ -158,6 +149,21 @@ class FleetPolicy:
         else:
             best = self._by_fit(cur, sizes, trainer_per_h, worker_per_h, useful)
         why = f"{goal.objective}: {best} worker(s)" + (" (trying)" if self._trial is not None else "")
+
+        if goal.steps_left is not None and goal.time_left_s is not None:
+            # the objective decides while its pace makes the deadline; then the cheapest size that does
+            pace = goal.time_left_s / max(goal.steps_left, 1)
+            pred = self.predict_steps(s, sizes, useful)
+            if pred[best] <= pace:
+                return FleetDecision(best, pred[best], why=f"{why}; deadline: {pace:.0f} s a step is enough")
+            ok = [n for n in sizes if pred[n] <= pace]
+            if ok:
+                pick = max(ok, key=lambda n: (1.0 / (pred[n] * per_h[n]) if per_h[n] > 0 else float("inf"), -n))
+                return FleetDecision(pick, pred[pick], why=f"deadline: needs {pace:.0f} s a step")
+            quickest = min(pred.values())
+            pick = min(n for n in sizes if pred[n] <= quickest * (1 + self.flat))
+            return FleetDecision(pick, pred[pick], True, f"deadline needs {pace:.0f} s a step; best {quickest:.0f} s")
+
         if goal.budget_left is not None and goal.steps_left is not None:
             fits = [n for n in sizes if goal.steps_left * step[n] * per_h[n] / 3600.0 <= goal.budget_left]
             if not fits:
@@ -165,6 +171,15 @@ class FleetPolicy:
             elif best not in fits:
                 best, why = min(fits, key=lambda n: (step[n], n)), "budget: the fastest size that fits"
         return FleetDecision(best, step[best], False, why)
+
+    def predict_steps(self, s: StepSample, sizes: range, useful: float = 1.0) -> dict[int, float]:
+        """Step length by fleet size: the fit to the measured steps where there is one (it knows the
+        tail that more workers do not shorten), else the roofline on the last step."""
+        fit = self.fit()
+        if fit is None:
+            return {n: self.predict_step_s(s, n, useful) for n in sizes}
+        a, u = self.reserved_workers, max(useful, 1e-3)
+        return {n: fit.seconds_per_token(a + u * n) * s.tokens for n in sizes}
 
     # ---- `cost`: measure, fit, move ----------------------------------------------------
     def _measure(self, s: StepSample, held: int) -> None:

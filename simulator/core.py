@@ -347,6 +347,12 @@ class Simulation:
             e = self._new_engine("reserved", "reserved", scheduling.engine_model_for(self.spec, acc), None)
             rb = self.sim.reserved_boot_s
             self.push(self.now + (self.sim.boot_s if rb is None else rb), "connect", e.idx)
+        if self.sim.warm_start_s > 0:  # billed and taking workers, but no step before the warm start
+            self.push(self.now + self.sim.warm_start_s, "warm_started")
+        else:
+            self._start_step()
+
+    def _on_warm_started(self, _) -> None:
         self._start_step()
 
     def _new_engine(self, eid: str, kind: str, model: EngineModel, offer: Offer | None) -> _Engine:

@@ -54,7 +54,7 @@ class Calibration:
     prefill_tokens_per_s: float
     train_tokens_per_s: float
     ref_batch: int
-    step_overhead_s: float  # optimizer step after the last group
+    step_overhead_s: float  # optimizer step after the last group + publishing the version
     warm_start_s: float
     process_start_s: float  # python + torch + the worker's imports
     pull_s: float  # one weight version into the engine
@@ -86,7 +86,7 @@ class Calibration:
             f"calibrated on this machine in {self.took_s:.1f}s (one process, 1 thread): decode "
             f"{self.seq_tokens_per_s:,.0f} tok/s alone, {self.tokens_per_s:,.0f} tok/s at batch {self.ref_batch}; "
             f"prefill {self.prefill_tokens_per_s:,.0f} tok/s; train {self.train_tokens_per_s:,.0f} tok/s; "
-            f"optimizer step {self.step_overhead_s * 1000:.0f} ms; warm start {self.warm_start_s:.2f}s; "
+            f"optimizer step + publish {self.step_overhead_s * 1000:.0f} ms; warm start {self.warm_start_s:.2f}s; "
             f"process start {self.process_start_s:.2f}s; weight load {self.pull_s * 1000:.0f} ms; "
             f"response median {statistics.median(self.lengths):g} tokens"
         )
@@ -128,7 +128,7 @@ def needs_calibration(spec: JobSpec) -> bool:
     return spec.provider == "local" and spec.model.kind == "tiny-gpt"
 
 
-def process_start_s(repeats: int = 2) -> float:
+def process_start_s(repeats: int = 1) -> float:
     """Seconds for a fresh interpreter to import what a worker imports (its start-up to dial-in)."""
 
     def start() -> None:
@@ -152,6 +152,7 @@ def calibrate(spec: JobSpec, *, measure_start: bool = True) -> Calibration:
     from trainer.grpo import Sample
     from trainer.learner import Learner
     from trainer.tasks import make_task
+    from trainer.weights import WeightPublisher
     from worker.engines.base import GenRequest
     from worker.engines.torch_engine import TorchEngine
 
@@ -203,6 +204,10 @@ def calibrate(spec: JobSpec, *, measure_start: bool = True) -> Calibration:
 
         blob = save(learner.state_dict())
         pull = timed(lambda: engine.load_weights(1, load(io.BytesIO(blob).getvalue())))
+        publisher = WeightPublisher(prepare_next=False)
+        versions = iter(range(10**6))
+        # the trainer publishes every version: host copy, hashes, the delta to the last one
+        publish = timed(lambda: publisher.publish(next(versions), learner.state_dict()))
     finally:
         torch.set_num_threads(threads)
     start = process_start_s() if measure_start else 0.0
@@ -212,7 +217,7 @@ def calibrate(spec: JobSpec, *, measure_start: bool = True) -> Calibration:
         prefill_tokens_per_s=round(batch * prompt_len / prefill, 1),
         train_tokens_per_s=round(n * mean_len / statistics.median(adds[1:]), 1),
         ref_batch=batch,
-        step_overhead_s=round(statistics.median(finishes[1:]), 4),
+        step_overhead_s=round(statistics.median(finishes[1:]) + publish, 4),
         warm_start_s=round(warm_step * algo.warm_start_steps, 3),
         process_start_s=round(start, 3),
         pull_s=round(pull, 4),

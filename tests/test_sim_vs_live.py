@@ -32,6 +32,8 @@ STEPS = 12
 # trace minutes; time_scale 60 -> one wall second each. Capacity drops from 3 to 1 for 4 s every 26 s,
 # so the stepping meets preemptions whether this machine starts a Python process in 2 s or in 60.
 TRACE = {"metadata": {"gap_seconds": 60}, "data": ([3] * 22 + [1] * 4) * 40}
+# tiny-gpt's steps take a fraction of a second here: drops every 4 s, so the job meets some however fast
+TINY_TRACE = {"metadata": {"gap_seconds": 60}, "data": ([2] * 3 + [0]) * 300}
 
 
 def job_dict() -> dict:
@@ -83,7 +85,7 @@ def observed_timings(home: Path, job) -> dict[str, float]:
     serving = (tdir / "endpoint").stat().st_mtime
     connected: dict[str, float] = {}
     for line in (tdir / "log").read_text().splitlines():
-        m = re.search(r"engine (\S+) \((spot|reserved), synthetic\) connected", line)
+        m = re.search(r"engine (\S+) \((spot|reserved), \w+\) connected", line)
         if m:
             connected.setdefault(m.group(1), _stamp(line))
     boots = [t - insts[w].created_at for w, t in connected.items() if w in insts]
@@ -104,15 +106,42 @@ def observed_timings(home: Path, job) -> dict[str, float]:
     }
 
 
-def test_simulator_predicts_the_live_run_within_10_percent(tmp_path):
-    (tmp_path / "trace.json").write_text(json.dumps(TRACE))
+def tiny_job_dict() -> dict:
+    """A small tiny-gpt job: real torch engines and learner on this CPU, rates calibrated here."""
+    return {
+        "name": "simtiny",
+        "model": {"kind": "tiny-gpt"},
+        "algorithm": {
+            "prompts_per_step": 32,
+            "group_size": 8,
+            "max_new_tokens": 12,
+            "steps": STEPS,
+            "seed": 5,
+            "warm_start_steps": 20,
+        },
+        "trainer": {"accelerators": "A100:1", "hourly_price": 4.1},
+        "rollout": {
+            "engine": "torch",
+            "engine_batch": 32,
+            "max_workers": 2,
+            "heartbeat_timeout_s": 4,
+            "candidates": [{"accelerator": "A100", "clouds": ["local"], "spot_price": 1.44, "on_demand_price": 3.67}],
+        },
+        "local": {"trace": "trace.json", "time_scale": 60.0, "notice_seconds": 1.0, "notice_fraction": 0.5},
+    }
+
+
+def compare(tmp_path: Path, raw: dict, *, tiny: bool) -> dict:
+    """Launch `raw` live, then simulate it with the run's platform timings; the two reports."""
+    name = raw["name"]
+    (tmp_path / "trace.json").write_text(json.dumps(TINY_TRACE if tiny else TRACE))
     jf = tmp_path / "job.yaml"
-    jf.write_text(yaml.safe_dump(job_dict()))
+    jf.write_text(yaml.safe_dump(raw))
     home = tmp_path / "home"
-    proc = run_cli("launch", str(jf), home=home, timeout=420)
+    proc = run_cli("launch", *(["--record-rollouts"] if tiny else []), str(jf), home=home, timeout=420)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     store = StateStore(home / "state.db")
-    job = store.get_job("simlive")
+    job = store.get_job(name)
     steps = store.steps(job.id)
     assert len(steps) == STEPS
     # throughput over the steps after the first: step 0 mostly waits for processes to start (platform)
@@ -123,34 +152,56 @@ def test_simulator_predicts_the_live_run_within_10_percent(tmp_path):
     assert preempted, "the trace's drops preempted nobody"
 
     timings = observed_timings(home, job)
-    raw = job_dict()
-    raw["simulate"].update(timings)
+    raw = {**raw, "simulate": {**raw.get("simulate", {}), **timings}}
     jf.write_text(yaml.safe_dump(raw))
-    _, results = sim_cli.run(load_spec(jf), None, ["job"])
+    # tiny-gpt: engine and learner rates (and the warm start, optimizer step) calibrated on this
+    # machine; the response lengths the live model produced (the workload, not a timing)
+    lengths = next(home.rglob("rollouts.jsonl")) if tiny else None
+    _, results = sim_cli.run(load_spec(jf), None, ["job"], lengths=lengths)
     res = next(r for r in results if r.policy.name == "job")
-    assert res.steps == STEPS and res.trained_tokens == sum(s.tokens for s in steps)  # same prompts and lengths
+    assert res.steps == STEPS
+    if not tiny:  # same prompts and lengths
+        assert res.trained_tokens == sum(s.tokens for s in steps)
     sim_s = sum(x["step_s"] for x in res.step_log[1:])
-    sim_tps = sum(x["tokens"] for x in res.step_log[1:]) / sim_s
-    live_tps = live_tokens / live_s
+    sim_tokens = sum(x["tokens"] for x in res.step_log[1:])
     report = {
         "live": {
             "run_s": round(live_s, 2),
             "tokens": live_tokens,
-            "tokens_per_s": round(live_tps, 1),
+            "tokens_per_s": round(live_tokens / live_s, 1),
             "dollars": round(live_cost, 4),
             "preemptions": len(preempted),
         },
         "sim": {
             "run_s": round(float(sim_s), 2),
-            "tokens": live_tokens,
-            "tokens_per_s": round(float(sim_tps), 1),
+            "tokens": int(sim_tokens),
+            "tokens_per_s": round(float(sim_tokens / sim_s), 1),
             "dollars": round(res.dollars, 4),
             "preemptions": res.preemptions,
         },
         "platform": timings,
     }
-    (Path(__file__).parent / ".." / ".rlboost-test").mkdir(exist_ok=True)
-    (Path(__file__).parent / ".." / ".rlboost-test" / "sim_vs_live.json").write_text(json.dumps(report, indent=2))
+    out = Path(__file__).parent / ".." / ".rlboost-test"
+    out.mkdir(exist_ok=True)
+    (out / f"sim_vs_live_{name}.json").write_text(json.dumps(report, indent=2))
     print(json.dumps(report))
-    assert sim_tps == pytest.approx(live_tps, rel=0.10), report
-    assert res.dollars == pytest.approx(live_cost, rel=0.10), report
+    return report
+
+
+def check(report: dict) -> None:
+    live, sim = report["live"], report["sim"]
+    assert sim["tokens_per_s"] == pytest.approx(live["tokens_per_s"], rel=0.10), report
+    assert sim["dollars"] == pytest.approx(live["dollars"], rel=0.10), report
+
+
+def test_simulator_predicts_the_live_run_within_10_percent(tmp_path):
+    check(compare(tmp_path, job_dict(), tiny=False))
+
+
+@pytest.mark.xfail(
+    reason="open (issue 14 item 3): single-process calibrated rates predict ~2.5x the live tokens/s; the live "
+    "run's 4-5 processes share 2 loaded cores and pay the streaming protocol per token (not modelled)",
+    strict=False,
+)
+def test_simulator_predicts_a_live_tiny_gpt_run_within_10_percent(tmp_path):
+    check(compare(tmp_path, tiny_job_dict(), tiny=True))

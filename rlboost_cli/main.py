@@ -650,6 +650,8 @@ def simulate(
             steps=(10**9 if steps == 0 else steps),
             constant_workers=constant_workers,
         )
+        if rp.calibration is not None and not as_json:
+            err.print(rp.calibration.describe(), markup=False, highlight=False, soft_wrap=True)
         base, swept = None, []
         if sweep:
             base, swept = _run_sweep(rp, points or sim_cli.sweep_points(rp.spec.rollout.max_workers), jobs)
@@ -685,6 +687,8 @@ def simulate(
     if as_json:
         doc: dict = {"title": title, "recommendation": rec.as_json() if rec else None}
         doc["deadline"] = verdict.as_json() if verdict else None
+        if rp.calibration is not None:
+            doc["calibration"] = rp.calibration.as_json()
         doc["results"] = report.sweep_json(base, swept) if sweep else report.results_json(results)
         print(json.dumps(doc, indent=2))
     else:

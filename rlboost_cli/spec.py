@@ -275,6 +275,8 @@ class SimulateSpec(Strict):
     pull_s: Annotated[float, Field(ge=0)] = 5.0  # a worker pulls each new weight version
     reserved_pull_s: Annotated[float, Field(ge=0)] = 1.0  # the trainer's own engine reloads weights
     step_overhead_s: Annotated[float, Field(ge=0)] = 2.0  # optimizer step + publish, after the last group
+    # trainer serving -> weights version 0 published (the supervised warm start, algorithm.warm_start_steps)
+    warm_start_s: Annotated[float, Field(ge=0)] = 0.0
     hours: Annotated[float, Field(gt=0)] | None = None  # how long to replay (default: the trace's length)
     poll_s: Annotated[float, Field(gt=0)] = 0.25  # controller loop period (as `rlboost launch`)
 

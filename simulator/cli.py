@@ -12,6 +12,7 @@ from providers.spot_market import BUILTIN_TRACE, AvailabilityTrace, constant_tra
 from rlboost_cli.pricing import Offer, spot_offers, trainer_offer
 from rlboost_cli.spec import JobSpec
 from simulator.core import PRESETS, SimPolicy, SimResult, policy_from_spec, simulate_job
+from simulator.local_calibration import Calibration, calibrate, needs_calibration, one_process
 from trainer.policies.lengths import LengthModel
 
 DEFAULT_POLICIES = ("on-demand", "spot-restart", "rlboost-rule", "rlboost")
@@ -48,6 +49,7 @@ class Replay:
     lengths: LengthModel | None
     max_steps: int | None
     hours: float | None  # trace hours asked for (None: the whole trace, or until the job's steps)
+    calibration: Calibration | None = None  # a local job's rates and timings, measured on this machine
 
     def simulate(self, policies: list[SimPolicy]) -> list[SimResult]:
         return simulate_job(
@@ -75,7 +77,10 @@ def prepare(
     lengths: Path | None = None,
     steps: int | None = None,
     constant_workers: int | None = None,
+    calibrated: Calibration | bool = True,
 ) -> Replay:
+    """calibrated: for a local tiny-gpt job, True measures this machine (local_calibration), a
+    Calibration reuses one, False keeps the spec's perf table and simulate timings as they are."""
     if catalog is not None:
         spec = spec.model_copy(update={"local": spec.local.model_copy(update={"catalog": catalog})})
     if hours is not None:
@@ -93,14 +98,25 @@ def prepare(
             if trace_path
             else (load_trace(spec.local.trace) if spec.local.trace else BUILTIN_TRACE)
         )
+    trainer, spots = trainer_offer(spec), spot_offers(spec)  # priced as the job file says
+    length_model = LengthModel.from_recorded(lengths) if lengths else None
+    cal = None
+    if calibrated is not False and needs_calibration(spec):
+        cal = calibrated if isinstance(calibrated, Calibration) else calibrate(spec)
+        spec = cal.apply(spec)
+        # each local node is one process: its engine model is the accelerator's name alone
+        spots = [replace(o, accelerator=one_process(o.accelerator)) for o in spots]
+        if length_model is None and spec.rollout.synthetic.lengths.recorded is None:
+            length_model = LengthModel(recorded=tuple(sorted(cal.lengths)))
     return Replay(
         spec=spec,
         trace=trace,
-        trainer=trainer_offer(spec),
-        spots=spot_offers(spec),
-        lengths=LengthModel.from_recorded(lengths) if lengths else None,
+        trainer=trainer,
+        spots=spots,
+        lengths=length_model,
         max_steps=steps if steps is not None else (10**9 if hours is not None else None),
         hours=hours,
+        calibration=cal,
     )
 
 

@@ -95,13 +95,21 @@ PRESETS: dict[str, SimPolicy] = {
         ),
         SimPolicy("rlboost-rule", "rlboost", "spread", True, label="RLBoost's published offload rule"),
         SimPolicy(
-            "rlboost", "predictive", "rate", True, objective="job",
+            "rlboost",
+            "predictive",
+            "rate",
+            True,
+            objective="job",
             label="predictive offload, rate dispatch, migration, fleet sized by the job's objective",
         ),
         SimPolicy("rlboost-fixed", "predictive", "rate", True, label="rlboost holding max_workers always"),
         SimPolicy("rlboost-cost", "predictive", "rate", True, objective="cost", label="rlboost, objective cost"),
         SimPolicy(
-            "rlboost-throughput", "predictive", "rate", True, objective="throughput",
+            "rlboost-throughput",
+            "predictive",
+            "rate",
+            True,
+            objective="throughput",
             label="rlboost, objective throughput",
         ),
         SimPolicy("rlboost-tail", "predictive", "rate", True, tail_batching=True, label="... + tail batching"),
@@ -347,6 +355,12 @@ class Simulation:
             e = self._new_engine("reserved", "reserved", scheduling.engine_model_for(self.spec, acc), None)
             rb = self.sim.reserved_boot_s
             self.push(self.now + (self.sim.boot_s if rb is None else rb), "connect", e.idx)
+        if self.sim.warm_start_s > 0:  # billed and taking workers, but no step before the warm start
+            self.push(self.now + self.sim.warm_start_s, "warm_started")
+        else:
+            self._start_step()
+
+    def _on_warm_started(self, _) -> None:
         self._start_step()
 
     def _new_engine(self, eid: str, kind: str, model: EngineModel, offer: Offer | None) -> _Engine:

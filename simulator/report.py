@@ -152,8 +152,17 @@ def sweep_table(base: SimResult, points: list, title: str) -> Table:
     cols = ("max_workers", "objective", "held", "steps/h", "trained tok/s", "$", "tokens/$", "thr vs OD", "tok/$ vs OD")
     for col in cols:
         t.add_column(col, justify="left" if col == "objective" else "right", no_wrap=True)
-    t.add_row("0", "on-demand", "0.0", f"{base.steps_per_hour:.1f}", f"{base.tokens_per_s:,.0f}",
-              f"{base.dollars:,.2f}", f"{base.tokens_per_dollar:,.0f}", "1.00x", "1.00x")
+    t.add_row(
+        "0",
+        "on-demand",
+        "0.0",
+        f"{base.steps_per_hour:.1f}",
+        f"{base.tokens_per_s:,.0f}",
+        f"{base.dollars:,.2f}",
+        f"{base.tokens_per_dollar:,.0f}",
+        "1.00x",
+        "1.00x",
+    )
     for p in points:
         r = p.result
         t.add_row(
@@ -192,8 +201,9 @@ def plot_sweep(base: SimResult, points: list, path: Path, title: str) -> None:
         pts = [p for p in points if p.objective == obj]
         xs = [p.max_workers for p in pts]
         ax1.plot(xs, [p.result.tokens_per_s / base.tokens_per_s for p in pts], marker="o", label=f"objective {obj}")
-        ax2.plot(xs, [p.result.tokens_per_dollar / base.tokens_per_dollar for p in pts], marker="o",
-                 label=f"objective {obj}")
+        ax2.plot(
+            xs, [p.result.tokens_per_dollar / base.tokens_per_dollar for p in pts], marker="o", label=f"objective {obj}"
+        )
     for ax, what in ((ax1, "speed vs on-demand"), (ax2, "tokens/$ vs on-demand")):
         ax.axhline(1.0, color="grey", lw=0.8, ls="--", label="on-demand")
         ax.set_ylabel(what)

@@ -83,7 +83,7 @@ def observed_timings(home: Path, job) -> dict[str, float]:
     serving = (tdir / "endpoint").stat().st_mtime
     connected: dict[str, float] = {}
     for line in (tdir / "log").read_text().splitlines():
-        m = re.search(r"engine (\S+) \((spot|reserved), synthetic\) connected", line)
+        m = re.search(r"engine (\S+) \((spot|reserved), \w+\) connected", line)
         if m:
             connected.setdefault(m.group(1), _stamp(line))
     boots = [t - insts[w].created_at for w, t in connected.items() if w in insts]

@@ -1,0 +1,226 @@
+"""What `rlboost simulate` needs to know about this machine to replay a `provider: local` job.
+
+A local job's trainer and "spot workers" are processes on this CPU, so the cloud figures (the perf
+table's A100 rows, `simulate:`'s 7B-on-a-cloud timings) describe some other job. `calibrate` measures
+them here, on the model the job file describes, in one single-threaded process (as the trainer and
+the workers run: torch.set_num_threads(1)):
+
+  rates     decode tokens/s of one sequence and of a full engine batch, prefill tokens/s, GRPO
+            training tokens/s, the optimizer step (-> step_overhead_s), a supervised warm-start
+            step (-> warm_start_s = warm_start_steps x it)
+  platform  start-up of a fresh Python process importing what a worker imports (-> boot_s and the
+            trainer's), one weight-version load into the engine from safetensors bytes (-> pull_s)
+  workload  response lengths: the task's demonstrations (answer + EOS), what the warm start teaches
+
+Nothing here is fitted to an end-to-end run. A job file's own `perf:` entries and `simulate:` values
+win over what is measured (`apply`).
+"""
+
+from __future__ import annotations
+
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from rlboost_cli.spec import JobSpec, PerfSpec
+from trainer.policies.perf import split_accelerator
+
+_WORKER_IMPORTS = "import torch, worker.agent, worker.engines.torch_engine"
+LENGTH_SAMPLES = 2048
+
+
+def timed(fn: Callable[[], object], repeats: int = 3) -> float:
+    """Median seconds of fn() over `repeats` calls, after one warm-up call."""
+    fn()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """One local process on this machine running the job's model."""
+
+    seq_tokens_per_s: float
+    tokens_per_s: float  # decode, a full engine batch
+    prefill_tokens_per_s: float
+    train_tokens_per_s: float
+    ref_batch: int
+    step_overhead_s: float  # optimizer step after the last group + publishing the version
+    warm_start_s: float
+    process_start_s: float  # python + torch + the worker's imports
+    pull_s: float  # one weight version into the engine
+    lengths: tuple[int, ...]  # response lengths of the warm-started model (task demonstrations)
+    took_s: float
+
+    def perf(self) -> PerfSpec:
+        return PerfSpec(
+            tokens_per_s=self.tokens_per_s,
+            seq_tokens_per_s=self.seq_tokens_per_s,
+            prefill_tokens_per_s=self.prefill_tokens_per_s,
+            train_tokens_per_s=self.train_tokens_per_s,
+            ref_batch=self.ref_batch,
+        )
+
+    def platform(self) -> dict[str, float]:
+        return {
+            "boot_s": self.process_start_s,
+            "trainer_boot_s": self.process_start_s,
+            "reserved_boot_s": self.process_start_s,
+            "pull_s": self.pull_s,
+            "reserved_pull_s": self.pull_s,
+            "step_overhead_s": self.step_overhead_s,
+            "warm_start_s": self.warm_start_s,
+        }
+
+    def describe(self) -> str:
+        return (
+            f"calibrated on this machine in {self.took_s:.1f}s (one process, 1 thread): decode "
+            f"{self.seq_tokens_per_s:,.0f} tok/s alone, {self.tokens_per_s:,.0f} tok/s at batch {self.ref_batch}; "
+            f"prefill {self.prefill_tokens_per_s:,.0f} tok/s; train {self.train_tokens_per_s:,.0f} tok/s; "
+            f"optimizer step + publish {self.step_overhead_s * 1000:.0f} ms; warm start {self.warm_start_s:.2f}s; "
+            f"process start {self.process_start_s:.2f}s; weight load {self.pull_s * 1000:.0f} ms; "
+            f"response median {statistics.median(self.lengths):g} tokens"
+        )
+
+    def as_json(self) -> dict:
+        out = {k: v for k, v in asdict(self).items() if k != "lengths"}
+        out["median_response_tokens"] = statistics.median(self.lengths)
+        return out
+
+    def apply(self, spec: JobSpec) -> JobSpec:
+        """The job as simulated here: every node is one local process at the measured rates (the
+        accelerator counts, e.g. A100:8, still price it), unless the job file says otherwise."""
+        perf = dict(spec.perf)
+        for acc in [spec.trainer.accelerators, *(c.accelerator for c in spec.rollout.candidates)]:
+            name, _ = split_accelerator(acc)
+            if not any(k.lower() == name.lower() for k in perf):
+                perf[name] = self.perf()
+        given = spec.simulate.model_fields_set
+        sim = spec.simulate.model_copy(update={k: v for k, v in self.platform().items() if k not in given})
+        trainer = spec.trainer.model_copy(update={"accelerators": one_process(spec.trainer.accelerators), "nodes": 1})
+        cands = [c.model_copy(update={"accelerator": one_process(c.accelerator)}) for c in spec.rollout.candidates]
+        return spec.model_copy(
+            update={
+                "perf": perf,
+                "simulate": sim,
+                "trainer": trainer,
+                "rollout": spec.rollout.model_copy(update={"candidates": cands}),
+            }
+        )
+
+
+def one_process(acc: str | None) -> str:
+    """'A100:8' -> 'A100': a local node is one process whatever its accelerator count."""
+    return split_accelerator(acc)[0]
+
+
+def needs_calibration(spec: JobSpec) -> bool:
+    """Local jobs whose model really runs here (synthetic engines follow the perf table by design)."""
+    return spec.provider == "local" and spec.model.kind == "tiny-gpt"
+
+
+def process_start_s(repeats: int = 1) -> float:
+    """Seconds for a fresh interpreter to import what a worker imports (its start-up to dial-in)."""
+
+    def start() -> None:
+        subprocess.run([sys.executable, "-c", _WORKER_IMPORTS], check=True, capture_output=True)
+
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        start()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def calibrate(spec: JobSpec, *, measure_start: bool = True) -> Calibration:
+    """Measure the job's model on this machine (a few seconds; see the module docstring)."""
+    import io
+
+    import torch
+    from safetensors.torch import load, save
+
+    from trainer.grpo import Sample
+    from trainer.learner import Learner
+    from trainer.tasks import make_task
+    from trainer.weights import WeightPublisher
+    from worker.engines.base import GenRequest
+    from worker.engines.torch_engine import TorchEngine
+
+    t_start = time.perf_counter()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as the trainer and the workers run
+    try:
+        algo, batch = spec.algorithm, spec.rollout.engine_batch
+        rng = np.random.default_rng(0)
+        task = make_task(spec.task, spec.model)
+        problems = task.sample(np.random.default_rng(algo.seed), LENGTH_SAMPLES)
+        lengths = tuple(min(len(task.demo_ids(p)) - len(p.prompt_ids), algo.max_new_tokens) for p in problems)
+        prompt_len = round(statistics.mean(len(p.prompt_ids) for p in problems))
+        new = algo.max_new_tokens
+        # eos_id -1: no sequence stops early, so every decode step runs the whole batch
+        engine = TorchEngine(spec.model, dtype="float32", max_batch=batch, eos_id=-1)
+
+        def generate(n: int, max_new: int) -> None:
+            ids = [[int(x) for x in rng.integers(4, 20, prompt_len)] for _ in range(n)]
+            reqs = [GenRequest(f"r{i}", p, max_new, i) for i, p in enumerate(ids)]
+            engine.generate(reqs, lambda *a: None, lambda rid: False)
+
+        one = timed(lambda: generate(1, new))
+        full = timed(lambda: generate(batch, new))
+        prefill = max(timed(lambda: generate(batch, 1)), 1e-6)
+
+        learner = Learner(spec.model, algo, spec.task, seed=0)
+        n = algo.prompts_per_step * algo.group_size
+        mean_len = max(1, round(statistics.mean(lengths)))
+        samples = [
+            Sample(
+                [int(x) for x in rng.integers(4, 20, prompt_len)],
+                [int(x) for x in rng.integers(4, 20, mean_len)],
+                float(rng.random()),
+                group=i // algo.group_size,
+            )
+            for i in range(n)
+        ]
+        adds, finishes = [], []
+        for _ in range(3):  # the first is a warm-up
+            t0 = time.perf_counter()
+            learner.begin_step(n * mean_len)
+            learner.add_groups(samples)
+            t1 = time.perf_counter()
+            learner.finish_step()
+            adds.append(t1 - t0)
+            finishes.append(time.perf_counter() - t1)
+        warm_step = timed(lambda: learner.warm_start(1), repeats=2) if algo.warm_start_steps else 0.0
+
+        blob = save(learner.state_dict())
+        pull = timed(lambda: engine.load_weights(1, load(io.BytesIO(blob).getvalue())))
+        publisher = WeightPublisher(prepare_next=False)
+        versions = iter(range(10**6))
+        # the trainer publishes every version: host copy, hashes, the delta to the last one
+        publish = timed(lambda: publisher.publish(next(versions), learner.state_dict()))
+    finally:
+        torch.set_num_threads(threads)
+    start = process_start_s() if measure_start else 0.0
+    return Calibration(
+        seq_tokens_per_s=round(new / one, 1),
+        tokens_per_s=round(max(batch * new / full, new / one), 1),
+        prefill_tokens_per_s=round(batch * prompt_len / prefill, 1),
+        train_tokens_per_s=round(n * mean_len / statistics.median(adds[1:]), 1),
+        ref_batch=batch,
+        step_overhead_s=round(statistics.median(finishes[1:]) + publish, 4),
+        warm_start_s=round(warm_step * algo.warm_start_steps, 3),
+        process_start_s=round(start, 3),
+        pull_s=round(pull, 4),
+        lengths=lengths,
+        took_s=time.perf_counter() - t_start,
+    )

@@ -31,7 +31,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import yaml
@@ -84,80 +83,24 @@ def write_job(tmp: Path, job: dict) -> Path:
     return path
 
 
-def _timed(fn, repeats: int = 3) -> float:
-    """Median seconds of fn() over `repeats` calls, after one warm-up call."""
-    fn()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
-
-
 def calibrate(args: argparse.Namespace) -> dict:
-    """This machine's tiny-gpt rates, measured in one single-threaded process: `perf:` and `simulate:`
-    sections for the job file (what the simulator needs; the live trainer's priors)."""
-    import numpy as np
-    import torch
+    """This machine's single-process rates for the benchmark's model (`rlboost simulate`'s own local
+    calibration), as the job file's `perf` and `simulate` sections (what the simulator needs; the live
+    trainer's priors)."""
+    from simulator.local_calibration import calibrate as measure
 
-    from trainer.grpo import Sample
-    from trainer.learner import Learner
-    from worker.engines.torch_engine import TorchEngine
-
-    torch.set_num_threads(1)  # as the trainer and the workers run
-    spec = JobSpec.model_validate(job_dict("calibrate", "none", args))
-    rng = np.random.default_rng(0)
-    prompt_len = (spec.task.min_len + spec.task.max_len) // 2 + 2
-    new = spec.algorithm.max_new_tokens
-    # eos_id -1: no sequence stops early, so every decode step runs the whole batch
-    engine = TorchEngine(spec.model, max_batch=args.engine_batch, eos_id=-1)
-
-    def generate(batch: int, max_new: int) -> None:
-        from worker.engines.base import GenRequest
-
-        reqs = [
-            GenRequest(f"r{i}", [int(x) for x in rng.integers(4, 20, prompt_len)], max_new, i) for i in range(batch)
-        ]
-        engine.generate(reqs, lambda *a: None, lambda rid: False)
-
-    one = _timed(lambda: generate(1, new))
-    full = _timed(lambda: generate(args.engine_batch, new))
-    prefill = _timed(lambda: generate(args.engine_batch, 1))
-    learner = Learner(spec.model, spec.algorithm, spec.task, seed=0)
-    n = args.prompts * args.group_size
-    samples = [
-        Sample(
-            [int(x) for x in rng.integers(4, 20, prompt_len)],
-            [int(x) for x in rng.integers(4, 20, new)],
-            float(rng.random()),
-            group=i // args.group_size,
-        )
-        for i in range(n)
-    ]
-
-    adds, finishes = [], []
-    for _ in range(4):  # the first is a warm-up
-        t0 = time.perf_counter()
-        learner.begin_step(n * new)
-        learner.add_groups(samples)
-        t1 = time.perf_counter()
-        learner.finish_step()
-        adds.append(t1 - t0)
-        finishes.append(time.perf_counter() - t1)
-    train, finish = statistics.median(adds[1:]), statistics.median(finishes[1:])
-    prefill_s = max(prefill, 1e-6)
+    cal = measure(JobSpec.model_validate(job_dict("calibrate", "none", args)), measure_start=False)
     return {
         "perf": {
             ACCELERATOR: {
-                "seq_tokens_per_s": round(new / one, 1),
-                "tokens_per_s": round(args.engine_batch * new / full, 1),
-                "prefill_tokens_per_s": round(args.engine_batch * prompt_len / prefill_s, 1),
-                "train_tokens_per_s": round(n * new / train, 1),
-                "ref_batch": args.engine_batch,
+                "seq_tokens_per_s": cal.seq_tokens_per_s,
+                "tokens_per_s": cal.tokens_per_s,
+                "prefill_tokens_per_s": cal.prefill_tokens_per_s,
+                "train_tokens_per_s": cal.train_tokens_per_s,
+                "ref_batch": cal.ref_batch,
             }
         },
-        "simulate": {"boot_s": 0.0, "pull_s": 0.05, "reserved_pull_s": 0.0, "step_overhead_s": round(finish, 4)},
+        "simulate": {"boot_s": 0.0, "pull_s": 0.05, "reserved_pull_s": 0.0, "step_overhead_s": cal.step_overhead_s},
     }
 
 

@@ -305,16 +305,16 @@ class DeadlineVerdict:
             done = [(c, h) for c, h in self.rows if h is not None]
             if done:
                 c, h = min(done, key=lambda x: x[1])
-                return [f"{head} cannot be met on this trace; the fastest, {c.label}, needs {h:.1f} h."]
+                return [f"{head} cannot be met on this trace; the fastest, {c.label}, needs {h:.2f} h."]
             return [f"{head} no setting finished them in the replay: cannot be met on this trace."]
         best, best_h = min(ok, key=lambda x: x[0].result.dollars)
         out = [
             f"{head} met by {len(ok)} of {len(self.rows)} settings; the cheapest, {best.label}, finishes in "
-            f"{best_h:.1f} h for ${best.result.dollars:,.2f}."
+            f"{best_h:.2f} h for ${best.result.dollars:,.2f}."
         ]
         for c, h in self.rows:
             if not c.result.policy.spot:
-                when = f"{h:.1f} h ({'meets' if h <= self.deadline_h else 'misses'} it)" if h else "does not finish"
+                when = f"{h:.2f} h ({'meets' if h <= self.deadline_h else 'misses'} it)" if h else "does not finish"
                 out.append(f"The trainer alone ({c.label}) {when} for ${c.result.dollars:,.2f}.")
         return out
 

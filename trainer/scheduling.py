@@ -143,5 +143,6 @@ def fleet_goal(spec: JobSpec, objective: Objective, at: FleetClock) -> FleetGoal
         min_workers=spec.rollout.min_workers,
         steps_left=max(0, spec.algorithm.steps - at.steps_done) if bounded else None,
         time_left_s=spec.deadline_hours * 3600.0 - at.elapsed_s if spec.deadline_hours is not None else None,
+        switch_s=spec.simulate.boot_s,  # the boot time placement also expects of a new worker
         budget_left=spec.budget_usd - at.spent if spec.budget_usd is not None else None,
     )

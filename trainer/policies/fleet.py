@@ -54,6 +54,7 @@ class FleetGoal:
     min_workers: int = 0  # never fewer (min = max: a fixed fleet)
     steps_left: int | None = None
     time_left_s: float | None = None  # to the deadline
+    switch_s: float = 0.0  # a worker launched now helps only this much later: kept in reserve before a deadline
     budget_left: float | None = None  # dollars
 
 
@@ -152,7 +153,7 @@ class FleetPolicy:
 
         if goal.steps_left is not None and goal.time_left_s is not None:
             # the objective decides while its pace makes the deadline; then the cheapest size that does
-            pace = goal.time_left_s / max(goal.steps_left, 1)
+            pace = (goal.time_left_s - goal.switch_s) / max(goal.steps_left, 1)
             pred = self.predict_steps(s, sizes, useful)
             if pred[best] <= pace:
                 return FleetDecision(best, pred[best], why=f"{why}; deadline: {pace:.0f} s a step is enough")

@@ -361,6 +361,12 @@ def _print_plan(spec: JobSpec, t_offer, s_offers, prices=None) -> None:
         spent = _spent_before(spec.name)
         before = f" (${spent:.2f} spent by earlier runs)" if spent else ""
         console.print(f"budget cap: ${spec.budget_usd:.2f}{before}")
+    if spec.deadline_hours is not None:
+        from simulator.cli import estimate_deadline
+
+        est = estimate_deadline(spec)
+        for line in est.lines() if est else []:
+            console.print(line, markup=False, highlight=False, soft_wrap=True)
 
 
 def _print_outcome(store: StateStore, job_id: int) -> None:

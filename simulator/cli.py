@@ -218,3 +218,44 @@ def sweep(
                     on_done(out[-1])
     out.sort(key=lambda p: (p.max_workers, SWEEP_OBJECTIVES.index(p.objective)))
     return base, out
+
+
+# ---- a deadline, up front --------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DeadlineEstimate:
+    """Hours to finish the job's steps: the trainer alone, and with max_workers always available (the
+    fastest any spot market can make it), extrapolated from a short replay of each."""
+
+    deadline_h: float
+    alone_h: float
+    fleet_h: float | None  # None: the job has no spot worker to add
+
+    def lines(self) -> list[str]:
+        head = f"deadline {self.deadline_h:g} h:"
+        fleet = "" if self.fleet_h is None else f"; with every spot worker always there ~{self.fleet_h:.1f} h"
+        est = f"the trainer alone needs ~{self.alone_h:.1f} h{fleet}"
+        if self.alone_h <= self.deadline_h:
+            return [f"{head} {est}: met without spot (the fleet is sized by rollout.objective)"]
+        if self.fleet_h is not None and self.fleet_h <= self.deadline_h:
+            return [f"{head} {est}: needs spot workers; `rlboost simulate` with a trace tells how likely"]
+        return [f"{head} {est}: cannot be met; raise deadline_hours or max_workers, or cut algorithm.steps"]
+
+
+def estimate_deadline(spec: JobSpec, probe_steps: int = 4) -> DeadlineEstimate | None:
+    """None when the job has no deadline."""
+    if spec.deadline_hours is None:
+        return None
+    steps, mw = spec.algorithm.steps, spec.rollout.max_workers
+    k = min(steps, probe_steps)
+
+    def hours(policy: str, workers: int) -> float:
+        rp = prepare(spec, None, constant_workers=workers, steps=k)
+        r = rp.simulate([PRESETS[policy]])[0]
+        later = [x["step_s"] for x in r.step_log[1:]] or [x["step_s"] for x in r.step_log]
+        per_step = sum(later) / len(later) if later else float("inf")
+        return (r.job_s + (steps - k) * per_step) * r.time_scale / 3600
+
+    fleet = hours("rlboost-fixed", mw) if mw > 0 and spot_offers(spec) else None
+    return DeadlineEstimate(spec.deadline_hours, hours("on-demand", 0), fleet)

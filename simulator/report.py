@@ -323,8 +323,12 @@ class DeadlineVerdict:
             "deadline_hours": self.deadline_h,
             "steps": self.steps,
             "settings": [
-                {"setting": c.label, "hours": None if h is None else round(h, 3), "dollars": round(c.result.dollars, 2),
-                 "meets": h is not None and h <= self.deadline_h}
+                {
+                    "setting": c.label,
+                    "hours": None if h is None else round(float(h), 3),
+                    "dollars": round(float(c.result.dollars), 2),
+                    "meets": bool(h is not None and h <= self.deadline_h),
+                }
                 for c, h in self.rows
             ],
         }

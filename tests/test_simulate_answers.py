@@ -124,3 +124,39 @@ def test_cli_says_when_the_replay_trains_nothing(jobfile, home):
     out = run_cli("simulate", str(jobfile), "--hours", "0.001", home=home)
     assert out.returncode == 2 and "no step finished in 0.0 h of trace" in out.stderr
     assert "--hours" in out.stderr and out.stdout == ""
+
+
+def test_deadline_verdict_names_who_meets_it_and_the_cheapest():
+    base = result("on-demand", tokens=1000, run_s=3600 * 12, trainer=120, spot=0)  # 12 h: misses 10 h
+    cheap = result("rlboost-cost", tokens=1000, run_s=3600 * 9.5, trainer=95, spot=10)
+    fast = result("rlboost-throughput", tokens=1000, run_s=3600 * 8, trainer=80, spot=40)
+    rows = [report.Choice("on-demand", base), report.Choice("cheap", cheap), report.Choice("fast", fast)]
+    v = report.DeadlineVerdict.of(10.0, 10, rows)
+    text = v.lines()
+    assert text[0] == (
+        "Deadline 10 h for 10 steps: met by 2 of 3 settings; the cheapest, cheap, finishes in 9.50 h for $105.00."
+    )
+    assert text[1] == "The trainer alone (on-demand) 12.00 h (misses it) for $120.00."
+    assert [s["meets"] for s in v.as_json()["settings"]] == [False, True, True]
+    # 7 h: nobody makes it; the fastest is named with its hours. More steps than replayed: not finished
+    assert report.DeadlineVerdict.of(7.0, 10, rows).lines() == [
+        "Deadline 7 h for 10 steps: cannot be met on this trace; the fastest, fast, needs 8.00 h."
+    ]
+    assert "no setting finished them" in report.DeadlineVerdict.of(7.0, 11, rows).lines()[0]
+
+
+def test_simulate_and_dryrun_say_up_front_whether_a_deadline_can_be_met(tmp_path):
+    # the trainer alone runs ~4 steps a minute here (tests/test_simulator.py's job); 1 minute for
+    # 20 steps cannot be met, a day is met without spot
+    for hours, verdict in ((1 / 60, "cannot be met"), (24.0, "met")):
+        jf = tmp_path / "job.yaml"
+        jf.write_text(yaml.safe_dump(job(algorithm={"steps": 20}, deadline_hours=hours)))
+        (tmp_path / "trace.json").write_text(json.dumps({"metadata": {"gap_seconds": 60}, "data": [3] * 600}))
+        proc = run_cli("simulate", str(jf), "--trace", str(tmp_path / "trace.json"), "--json", home=tmp_path / "h")
+        assert proc.returncode == 0, proc.stderr
+        doc = json.loads(proc.stdout)["deadline"]
+        assert doc["deadline_hours"] == hours and any(s["meets"] for s in doc["settings"]) == (verdict == "met")
+        plan = run_cli("launch", str(jf), "--dryrun", home=tmp_path / "h")
+        assert plan.returncode == 0, plan.stderr
+        line = next(x for x in plan.stdout.splitlines() if x.startswith(f"deadline {hours:g} h:"))
+        assert ("cannot be met" in line) == (verdict == "cannot be met"), line

@@ -4,19 +4,25 @@ Adding spot workers shortens generation, and only generation: once the trainer's
 longer part of a step, another worker adds cost and no tokens. After each step (the live coordinator's
 and the simulator's `StepOutcome`, as a `StepSample`) the policy decides how many to hold:
 
-- `cost`, by measurement: it holds a size for `probe_every` steps, then tries a smaller one (every
-  other time a larger one) for `probe_steps` steps, and keeps whichever measured more trained tokens
-  per dollar (trainer and workers together). Measured, because how much a worker shortens a step
-  depends on the tail, the offload and migration, which the closed-form model below gets wrong by tens
-  of percent (on the p3 trace it predicts 264 s a step without workers; on-demand measures 183 s).
+- `cost`, by a model fitted to measurements: seconds per trained token against the rollout pool,
+  `y = max(base + par / pool, floor)`, least squares over the last `window` measured steps of every
+  size the fleet held (the market's churn gives it spread). It holds the size with the most predicted
+  tokens per dollar (trainer and workers together), moving at most a probe's step (x0.6 or /0.6) at a
+  time and only for `move_gain`; when the window holds one size only, it probes a neighbour. Fitted,
+  because how much a worker shortens a step depends on the tail, the offload and migration, which the
+  closed-form roofline below gets wrong by tens of percent (on the p3 trace it predicts 264 s a step
+  without workers; on-demand measures 183 s); pooled, because 4-step means of tokens per dollar vary
+  more from step to step than neighbouring sizes differ (BENCHMARKS.md, "Fleet size by objective").
 - `throughput`: the fewest workers whose predicted step is within `flat` of the fastest: it releases
   workers only once the step sits on the trainer's floor, so it never trades speed for money.
-- a deadline ("Can't Be Late", NSDI '24): the cheapest n whose predicted pace still finishes the
-  remaining steps in the time left; when no n can, the fastest, and `deadline_at_risk` says so;
+- a deadline ("Can't Be Late", NSDI '24): the objective decides while its size's predicted pace
+  finishes the remaining steps in the time left (less one worker boot, `switch_s`); then the cheapest
+  size that does; when none can, the fastest, and `deadline_at_risk` says so. Predicted by the fit
+  where there is one, else the roofline.
 - a budget: the fastest n whose predicted cost to finish fits what is left (else the cheapest).
 
-The predictions for deadline and budget use a roofline on the last step (workers counted in units of one
-worker's decode rate):
+`throughput` and the budget use a roofline on the last step (workers counted in units of one worker's
+decode rate):
 
     gen(n)  = gen0 * (a + u*n0) / (a + u*n)        a: the trainer's own engine, in workers
     step(n) = max(gen(n) + after0, train0)         after0: step0 - gen0 (training left + publish)

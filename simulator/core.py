@@ -31,7 +31,7 @@ from trainer import scheduling
 from trainer.policies.dispatch import plan_dispatch
 from trainer.policies.fleet import StepSample
 from trainer.policies.lengths import LengthModel, LengthStats, prompt_key
-from trainer.policies.migration import plan_migrations, worth_a_look
+from trainer.policies.migration import may_gain, plan_migrations, worth_a_look
 from trainer.policies.offload import (
     OffloadPolicy,
     StepOutcome,
@@ -391,15 +391,16 @@ class Simulation:
         G = algo.group_size
         n = len(problems) * G
         s = _Step(k, self.now, n, G, rnd, problems)
-        budget = algo.max_new_tokens
+        full, prompt_len = [], []  # response j = prompt j // G, sample j % G
         for i, prob in enumerate(problems):
-            pk = prompt_key(prob.prompt_ids)
-            for g in range(G):
-                j = i * G + g
-                full = self.lengths.length_from_key(pk, request_seed(algo.seed, f"s{k}-p{i}-g{g}"))
-                s.end[j] = min(full, budget)
-                s.eos[j] = full <= budget
-                s.prompt_len[j] = spec.rollout.synthetic.prompt_tokens or len(prob.prompt_ids)
+            seeds = [request_seed(algo.seed, f"s{k}-p{i}-g{g}") for g in range(G)]
+            full.extend(self.lengths.lengths_from_key(prompt_key(prob.prompt_ids), seeds))
+            prompt_len.extend([spec.rollout.synthetic.prompt_tokens or len(prob.prompt_ids)] * G)
+        if n:
+            full_arr = np.asarray(full, np.int64)
+            s.end[:] = np.minimum(full_arr, algo.max_new_tokens)
+            s.eos[:] = full_arr <= algo.max_new_tokens
+            s.prompt_len[:] = prompt_len
         s.queue.extend(range(n))
         if self.policy.split:
             pool = [e for e in self.engines if e.state in ("ready", "pulling") and not e.victim]
@@ -525,17 +526,20 @@ class Simulation:
             self._pnow_key = None  # cached progress of this instant no longer holds
         else:
             e.advance(self.now)
-        ctx = 0
-        for i in items:
-            s.eng[i] = e.idx
-            s.pos0[i] = s.held[i]
-            s.p0[i] = e.P
-            s.tgt[i] = e.P + (s.end[i] - s.held[i])
-            s.admit_t[i] = self.now
+        # one array operation per field (items are distinct: dispatch places each response once)
+        idx = np.asarray(items, dtype=np.int64)
+        held = s.held[idx]
+        tgt = e.P + (s.end[idx] - held)
+        s.eng[idx] = e.idx
+        s.pos0[idx] = held
+        s.p0[idx] = e.P
+        s.tgt[idx] = tgt
+        s.admit_t[idx] = self.now
+        for i, t in zip(items, tgt.tolist()):
             s.left_from.pop(i, None)
-            e.live.add(i)
-            heapq.heappush(e.heap, (s.tgt[i], i))
-            ctx += s.prompt_len[i] + s.held[i]
+            heapq.heappush(e.heap, (t, i))
+        e.live.update(items)
+        ctx = int((s.prompt_len[idx] + held).sum())
         e.stall = max(e.stall, self.now) + e.model.prefill_time(ctx)
         e.set_load()
         self._schedule(e)
@@ -648,10 +652,9 @@ class Simulation:
         gen = self._generated(s, idx)
         left = self.spec.algorithm.max_new_tokens - gen
         exp = self.stats.expected_remaining(gen, left)
-        return [
-            ReqView(str(i), int(g), int(b), int(s.prompt_len[i]), float(x), None, self.now - s.admit_t[i])
-            for i, g, b, x in zip(items, gen.tolist(), left.tolist(), exp.tolist())
-        ]
+        since = self.now - s.admit_t[idx]
+        cols = (gen.tolist(), left.tolist(), s.prompt_len[idx].tolist(), exp.tolist(), since.tolist())
+        return [ReqView(str(i), int(g), int(b), p, x, None, d) for i, g, b, p, x, d in zip(items, *cols)]
 
     def _progress(self, s: _Step, reserved: list[_Engine]) -> StepProgress:
         """What the offload policy sees (the coordinator's `progress`, from modelled engines)."""
@@ -690,6 +693,7 @@ class Simulation:
         if not targets:
             return
         best = min(v.seq_time(v.active + 1) for v in targets)
+        min_prefill = min(v.prefill_s(1) for v in targets)  # seconds per token, the fastest target
         cfg = self.migration
         running: dict[str, list[ReqView]] = {}
         for v, e in zip(views, [e for e in self.engines if e.state != "gone"]):
@@ -699,7 +703,9 @@ class Simulation:
             live = np.fromiter(e.live, np.int64, len(e.live))
             gen = self._generated(s, live)
             exp = self.stats.expected_remaining(gen, self.spec.algorithm.max_new_tokens - gen)
-            keep = worth_a_look(exp, st, self.now - s.admit_t[live], cfg)
+            keep = worth_a_look(exp, st, self.now - s.admit_t[live], cfg) & may_gain(
+                exp, s.prompt_len[live] + gen, st, best, min_prefill, cfg
+            )
             if keep.any():
                 running[v.id] = self._req_views(s, live[keep].tolist())
         if not running:

@@ -293,6 +293,9 @@ class Simulation:
         self.seq = 0
         self.now = 0.0
         self.engines: list[_Engine] = []
+        # the engines not gone, in launch order: a long replay launches hundreds of workers, and every
+        # event that looks at the fleet would otherwise walk all of them
+        self.alive: list[_Engine] = []
         self.worker_seq = 0
         self.published = -1
         self.trainer_up = INF
@@ -352,6 +355,7 @@ class Simulation:
     def _new_engine(self, eid: str, kind: str, model: EngineModel, offer: Offer | None) -> _Engine:
         e = _Engine(len(self.engines), eid, kind, model, offer, self.now)
         self.engines.append(e)
+        self.alive.append(e)
         return e
 
     def _on_connect(self, idx: int) -> None:
@@ -403,12 +407,12 @@ class Simulation:
             s.prompt_len[:] = prompt_len
         s.queue.extend(range(n))
         if self.policy.split:
-            pool = [e for e in self.engines if e.state in ("ready", "pulling") and not e.victim]
+            pool = [e for e in self.alive if e.state in ("ready", "pulling") and not e.victim]
             rates = [e.model.full_rate() for e in pool]
             total_rate = sum(rates)
             s.share = {e.idx: math.ceil(n * r / total_rate) for e, r in zip(pool, rates)}
             s.given = dict.fromkeys(s.share, 0)
-        n_remote = sum(1 for e in self.engines if e.kind != "reserved" and e.state in ("ready", "pulling"))
+        n_remote = sum(1 for e in self.alive if e.kind != "reserved" and e.state in ("ready", "pulling"))
         s.n_remote = n_remote
         self.offload.start_step(n_remote)
         if self.first_step_t is None:
@@ -426,14 +430,14 @@ class Simulation:
         s = self._step
         if s is None or s.k != k or s.gen_end is not None:
             return
-        reserved = [e for e in self.engines if e.kind == "reserved" and e.state != "gone"]
+        reserved = [e for e in self.alive if e.kind == "reserved"]
         d = offload_tick(  # the coordinator's decision, on this clock
             self.offload,
             self.now,
             offload_at=s.offload_at,
             next_check=s.next_offload_check,
             has_reserved=bool(reserved),
-            remote_ready=any(e.kind != "reserved" and e.state == "ready" for e in self.engines),
+            remote_ready=any(e.kind != "reserved" and e.state == "ready" for e in self.alive),
             progress=lambda: self._progress(s, reserved),
         )
         s.next_offload_check = d.next_check
@@ -459,7 +463,7 @@ class Simulation:
         s = self._step
         if s is None or not s.queue or s.gen_end is not None:
             return
-        open_e = [e for e in self.engines if self._accepting(e) and len(e.live) < e.cap]
+        open_e = [e for e in self.alive if self._accepting(e) and len(e.live) < e.cap]
         if not open_e:
             return
         if s.share is not None and self._dispatch_shares(s, open_e):
@@ -658,7 +662,7 @@ class Simulation:
 
     def _progress(self, s: _Step, reserved: list[_Engine]) -> StepProgress:
         """What the offload policy sees (the coordinator's `progress`, from modelled engines)."""
-        remote = [e for e in self.engines if e.kind != "reserved" and self._accepting(e)]
+        remote = [e for e in self.alive if e.kind != "reserved" and self._accepting(e)]
         open_idx = np.nonzero(~s.done)[0]
         gen = self._generated(s, open_idx)
         on_reserved = np.isin(s.eng[open_idx], [e.idx for e in reserved])
@@ -688,7 +692,7 @@ class Simulation:
             self._generation_done(s)
 
     def _migrate(self, s: _Step) -> None:
-        views = [self._view(e) for e in self.engines if e.state != "gone"]
+        views = [self._view(e) for e in self.alive]
         targets = [v for v in views if v.accepting and v.free > 0]
         if not targets:
             return
@@ -696,7 +700,7 @@ class Simulation:
         min_prefill = min(v.prefill_s(1) for v in targets)  # seconds per token, the fastest target
         cfg = self.migration
         running: dict[str, list[ReqView]] = {}
-        for v, e in zip(views, [e for e in self.engines if e.state != "gone"]):
+        for v, e in zip(views, self.alive):
             st = v.seq_time(v.active)
             if v.active == 0 or st <= best * (1 + cfg.min_gain_frac):
                 continue
@@ -711,7 +715,7 @@ class Simulation:
         if not running:
             return
         moves = plan_migrations(views, running, len(s.queue), cfg)
-        by_id = {e.id: e for e in self.engines}
+        by_id = {e.id: e for e in self.alive}
         for rid, src in moves:
             i = int(rid)
             if s.eng[i] == by_id[src].idx:
@@ -840,15 +844,15 @@ class Simulation:
         T = self.clock()
         # as LocalProvider.poll: reap what died since the last poll (billing ends now), then kill the
         # noticed victims whose lead time is over, then replay the market
-        for e in self.engines:
+        for e in list(self.alive):  # _gone takes reaped engines out of self.alive
             if e.kind == "spot" and e.state != "gone" and e.killed_at < t:
                 self._gone(e, preempted=True)
-        for e in self.engines:
+        for e in self.alive:
             if e.kind == "spot" and e.state != "gone" and e.killed_at == INF and e.kill_at <= t:
                 e.killed_at = t
                 if e.state != "draining":
                     self._lose(e, drained=False)
-        running = [e for e in self.engines if e.kind == "spot" and e.state != "gone" and not e.victim]
+        running = [e for e in self.alive if e.kind == "spot" and not e.victim]
         for iid, notice in self.market.choose_victims(T, [e.id for e in running]):
             e = next(x for x in running if x.id == iid)
             e.victim = True
@@ -875,8 +879,8 @@ class Simulation:
             cand.append(t + p)
         elif self._want() > 0 and self.spot_offers:
             cand.append(max(t + p, min(until for _, until in self.backoff.values())))
-        for e in self.engines:
-            if e.kind == "spot" and e.state != "gone" and e.kill_at < INF:
+        for e in self.alive:
+            if e.kind == "spot" and e.kill_at < INF:
                 cand.append(t + p if e.killed_at < INF else max(t + p, e.kill_at))
         nxt = self.trace.next_change(self.clock(t))
         if nxt is not None:
@@ -888,7 +892,7 @@ class Simulation:
         return t + steps * p
 
     def _want(self) -> int:
-        live = [e for e in self.engines if e.kind == "spot" and e.state != "gone" and not e.noticed]
+        live = [e for e in self.alive if e.kind == "spot" and not e.noticed]
         return self.fleet_target - len(live) if self.policy.spot else 0
 
     def _size_fleet(self, s: _Step, outcome: StepOutcome, tokens: int) -> None:
@@ -906,7 +910,7 @@ class Simulation:
         )
         self.fleet_target = d.workers
         self.deadline_at_risk = self.deadline_at_risk or d.deadline_at_risk
-        live = [e for e in self.engines if e.kind == "spot" and e.state != "gone" and not e.noticed]
+        live = [e for e in self.alive if e.kind == "spot" and not e.noticed]
         for e in sorted(live, key=lambda e: -e.started)[: max(0, len(live) - d.workers)]:
             self._gone(e, preempted=False)
 
@@ -916,8 +920,8 @@ class Simulation:
         closed = sum((b - a) / 3600 * p for a, b, p, _ in self.bill)
         open_ = sum(
             (now - e.started) / 3600 * (e.offer.hourly_price if e.offer else 0.0)
-            for e in self.engines
-            if e.kind == "spot" and e.state != "gone"
+            for e in self.alive
+            if e.kind == "spot"
         )
         return closed + open_ + (now - self.bill_start_trainer) / 3600 * self.trainer_offer.hourly_price
 
@@ -931,7 +935,7 @@ class Simulation:
                 continue
             self.worker_seq += 1
             iid = f"w{self.worker_seq:05d}"
-            alive = sum(1 for e in self.engines if e.kind == "spot" and e.state != "gone" and not e.victim)
+            alive = sum(1 for e in self.alive if e.kind == "spot" and not e.victim)
             if alive >= self.market.capacity(T):
                 fails += 1
                 delay = min(30.0, 1.0 * 2 ** min(fails - 1, 6)) * self.rng.uniform(0.5, 1.0)
@@ -970,12 +974,13 @@ class Simulation:
         if e.state not in ("draining", "gone"):
             self._lose(e, drained=False)
         e.state = "gone"
+        self.alive.remove(e)
         self.bill.append((e.started, self.clock(), e.offer.hourly_price if e.offer else 0.0, True))
         self.placement.ended(e.id, self.clock(), preempted)
 
     def _sample(self) -> None:
         # held = booting or serving; a draining worker is on its way out (its replacement may already boot)
-        live = sum(1 for e in self.engines if e.kind == "spot" and e.state not in ("draining", "gone"))
+        live = sum(1 for e in self.alive if e.kind == "spot" and e.state != "draining")
         if not self.timeline or self.timeline[-1][1] != live or self.timeline[-1][2] != self.trained_tokens:
             self.timeline.append((self.now, live, self.trained_tokens))
 
@@ -989,6 +994,7 @@ class Simulation:
             if e.kind == "spot" and e.state != "gone":
                 e.state = "gone"
                 self.bill.append((e.started, self.clock(), e.offer.hourly_price if e.offer else 0.0, True))
+        self.alive = [e for e in self.alive if e.state != "gone"]
         if self.trainer_up < INF:
             self.bill.append((self.bill_start_trainer, self.clock(), self.trainer_offer.hourly_price, False))
         self._sample()

@@ -537,9 +537,9 @@ class Simulation:
         s.eng[idx] = e.idx
         s.pos0[idx] = held
         s.p0[idx] = e.P
-        s.tgt[idx] = tgt
         s.admit_t[idx] = self.now
         for i, t in zip(items, tgt.tolist()):
+            s.tgt[i] = t
             s.left_from.pop(i, None)
             heapq.heappush(e.heap, (t, i))
         e.live.update(items)
@@ -551,13 +551,19 @@ class Simulation:
     def _schedule(self, e: _Engine) -> None:
         e.epoch += 1
         s = self._step
-        while e.heap and (e.heap[0][1] not in e.live or s is None or s.tgt[e.heap[0][1]] != e.heap[0][0]):
-            heapq.heappop(e.heap)
-        if not e.heap:
+        heap, live = e.heap, e.live
+        if s is None:
+            heap.clear()
+            return
+        tgt = s.tgt
+        while heap and (heap[0][1] not in live or tgt[heap[0][1]] != heap[0][0]):  # stale entries
+            heapq.heappop(heap)
+        if not heap:
             return
         start = max(self.now, e.stall, e.last)
-        t = start + max(0.0, e.heap[0][0] - e.progress_at(start)) * e.st
-        if t <= start and e.heap[0][0] > e.progress_at(start) + 1e-9:
+        p = e.progress_at(start)
+        t = start + max(0.0, heap[0][0] - p) * e.st
+        if t <= start and heap[0][0] > p + 1e-9:
             # the rest is below the clock's float spacing (late in a long replay): one tick later
             # makes progress, where the same instant would be scheduled again and again
             t = math.nextafter(start, INF)
@@ -571,12 +577,13 @@ class Simulation:
         s = self._step
         e.advance(self.now)
         finished = []
-        while e.heap and e.heap[0][0] <= e.P + 1e-9:
-            tgt, i = heapq.heappop(e.heap)
+        heap, live, done_at = e.heap, e.live, e.P + 1e-9
+        while heap and heap[0][0] <= done_at:
+            tgt, i = heapq.heappop(heap)
             # discard at once: a response that left and came back to this engine can have two heap
             # entries with the same target (its progress counter moved by exactly what it generated)
-            if i in e.live and s.tgt[i] == tgt:
-                e.live.discard(i)
+            if i in live and s.tgt[i] == tgt:
+                live.discard(i)
                 finished.append(i)
         for i in finished:
             self._complete(s, i)
@@ -589,11 +596,12 @@ class Simulation:
 
     def _complete(self, s: _Step, i: int) -> None:
         assert not s.done[i], f"response {i} of step {s.k} completed twice"  # would end the replay early
+        end = int(s.end[i])
         s.done[i] = True
         s.eng[i] = -1
-        s.held[i] = s.end[i]
+        s.held[i] = end
         s.open -= 1
-        self.stats.add((int(s.end[i]),))
+        self.stats.add((end,))
         g = i // s.G
         s.group_left[g] -= 1
         if s.group_left[g] == 0:
@@ -1033,7 +1041,9 @@ class _Step:
         self.pos0 = np.zeros(n, np.int64)
         self.held = np.zeros(n, np.int64)
         self.p0 = np.zeros(n, np.float64)
-        self.tgt = np.zeros(n, np.float64)
+        # the engine progress at which each response ends, as a list: read once per heap entry, where
+        # a numpy element read costs more than the comparison itself
+        self.tgt: list[float] = [0.0] * n
         self.admit_t = np.zeros(n, np.float64)
         self.done = np.zeros(n, bool)
         self.dropped = np.zeros(n, bool)

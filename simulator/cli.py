@@ -193,6 +193,10 @@ def _replay_one(rp: Replay, max_workers: int, objective: str) -> SweepPoint:
     return SweepPoint(max_workers, objective, r, held)
 
 
+def _replay_base(rp: Replay) -> SimResult:
+    return rp.simulate([PRESETS["on-demand"]])[0]
+
+
 def sweep(
     rp: Replay,
     points: list[int],
@@ -201,21 +205,25 @@ def sweep(
     on_done: Callable[[SweepPoint], None] | None = None,
 ) -> tuple[SimResult, list[SweepPoint]]:
     """The on-demand baseline once, then every max_workers x objective point, in parallel processes."""
-    base = rp.simulate([PRESETS["on-demand"]])[0]
-    todo = [(n, o) for n in points for o in SWEEP_OBJECTIVES]
+    # the largest fleets replay longest: start them first, so no process is left with one at the end
+    todo = sorted(((n, o) for n in points for o in SWEEP_OBJECTIVES), key=lambda p: -p[0])
     jobs = max(1, min(jobs or os.cpu_count() or 1, len(todo)))
     out: list[SweepPoint] = []
     if jobs == 1:
+        base = rp.simulate([PRESETS["on-demand"]])[0]
         for n, o in todo:
             out.append(_replay_one(rp, n, o))
             if on_done:
                 on_done(out[-1])
     else:
         with ProcessPoolExecutor(max_workers=jobs) as pool:
-            for f in as_completed([pool.submit(_replay_one, rp, n, o) for n, o in todo]):
+            points_done = [pool.submit(_replay_one, rp, n, o) for n, o in todo]
+            base_done = pool.submit(_replay_base, rp)  # cheap (no spot workers): fills a gap at the end
+            for f in as_completed(points_done):
                 out.append(f.result())
                 if on_done:
                     on_done(out[-1])
+            base = base_done.result()
     out.sort(key=lambda p: (p.max_workers, SWEEP_OBJECTIVES.index(p.objective)))
     return base, out
 

@@ -31,7 +31,7 @@ from trainer import scheduling
 from trainer.policies.dispatch import plan_dispatch
 from trainer.policies.fleet import StepSample
 from trainer.policies.lengths import LengthModel, LengthStats, prompt_key
-from trainer.policies.migration import plan_migrations, worth_a_look
+from trainer.policies.migration import may_gain, plan_migrations, worth_a_look
 from trainer.policies.offload import (
     OffloadPolicy,
     StepOutcome,
@@ -301,6 +301,9 @@ class Simulation:
         self.seq = 0
         self.now = 0.0
         self.engines: list[_Engine] = []
+        # the engines not gone, in launch order: a long replay launches hundreds of workers, and every
+        # event that looks at the fleet would otherwise walk all of them
+        self.alive: list[_Engine] = []
         self.worker_seq = 0
         self.published = -1
         self.trainer_up = INF
@@ -366,6 +369,7 @@ class Simulation:
     def _new_engine(self, eid: str, kind: str, model: EngineModel, offer: Offer | None) -> _Engine:
         e = _Engine(len(self.engines), eid, kind, model, offer, self.now)
         self.engines.append(e)
+        self.alive.append(e)
         return e
 
     def _on_connect(self, idx: int) -> None:
@@ -405,23 +409,24 @@ class Simulation:
         G = algo.group_size
         n = len(problems) * G
         s = _Step(k, self.now, n, G, rnd, problems)
-        budget = algo.max_new_tokens
+        full, prompt_len = [], []  # response j = prompt j // G, sample j % G
         for i, prob in enumerate(problems):
-            pk = prompt_key(prob.prompt_ids)
-            for g in range(G):
-                j = i * G + g
-                full = self.lengths.length_from_key(pk, request_seed(algo.seed, f"s{k}-p{i}-g{g}"))
-                s.end[j] = min(full, budget)
-                s.eos[j] = full <= budget
-                s.prompt_len[j] = spec.rollout.synthetic.prompt_tokens or len(prob.prompt_ids)
+            seeds = [request_seed(algo.seed, f"s{k}-p{i}-g{g}") for g in range(G)]
+            full.extend(self.lengths.lengths_from_key(prompt_key(prob.prompt_ids), seeds))
+            prompt_len.extend([spec.rollout.synthetic.prompt_tokens or len(prob.prompt_ids)] * G)
+        if n:
+            full_arr = np.asarray(full, np.int64)
+            s.end[:] = np.minimum(full_arr, algo.max_new_tokens)
+            s.eos[:] = full_arr <= algo.max_new_tokens
+            s.prompt_len[:] = prompt_len
         s.queue.extend(range(n))
         if self.policy.split:
-            pool = [e for e in self.engines if e.state in ("ready", "pulling") and not e.victim]
+            pool = [e for e in self.alive if e.state in ("ready", "pulling") and not e.victim]
             rates = [e.model.full_rate() for e in pool]
             total_rate = sum(rates)
             s.share = {e.idx: math.ceil(n * r / total_rate) for e, r in zip(pool, rates)}
             s.given = dict.fromkeys(s.share, 0)
-        n_remote = sum(1 for e in self.engines if e.kind != "reserved" and e.state in ("ready", "pulling"))
+        n_remote = sum(1 for e in self.alive if e.kind != "reserved" and e.state in ("ready", "pulling"))
         s.n_remote = n_remote
         self.offload.start_step(n_remote)
         if self.first_step_t is None:
@@ -439,14 +444,14 @@ class Simulation:
         s = self._step
         if s is None or s.k != k or s.gen_end is not None:
             return
-        reserved = [e for e in self.engines if e.kind == "reserved" and e.state != "gone"]
+        reserved = [e for e in self.alive if e.kind == "reserved"]
         d = offload_tick(  # the coordinator's decision, on this clock
             self.offload,
             self.now,
             offload_at=s.offload_at,
             next_check=s.next_offload_check,
             has_reserved=bool(reserved),
-            remote_ready=any(e.kind != "reserved" and e.state == "ready" for e in self.engines),
+            remote_ready=any(e.kind != "reserved" and e.state == "ready" for e in self.alive),
             progress=lambda: self._progress(s, reserved),
         )
         s.next_offload_check = d.next_check
@@ -472,7 +477,7 @@ class Simulation:
         s = self._step
         if s is None or not s.queue or s.gen_end is not None:
             return
-        open_e = [e for e in self.engines if self._accepting(e) and len(e.live) < e.cap]
+        open_e = [e for e in self.alive if self._accepting(e) and len(e.live) < e.cap]
         if not open_e:
             return
         if s.share is not None and self._dispatch_shares(s, open_e):
@@ -539,17 +544,20 @@ class Simulation:
             self._pnow_key = None  # cached progress of this instant no longer holds
         else:
             e.advance(self.now)
-        ctx = 0
-        for i in items:
-            s.eng[i] = e.idx
-            s.pos0[i] = s.held[i]
-            s.p0[i] = e.P
-            s.tgt[i] = e.P + (s.end[i] - s.held[i])
-            s.admit_t[i] = self.now
+        # one array operation per field (items are distinct: dispatch places each response once)
+        idx = np.asarray(items, dtype=np.int64)
+        held = s.held[idx]
+        tgt = e.P + (s.end[idx] - held)
+        s.eng[idx] = e.idx
+        s.pos0[idx] = held
+        s.p0[idx] = e.P
+        s.admit_t[idx] = self.now
+        for i, t in zip(items, tgt.tolist()):
+            s.tgt[i] = t
             s.left_from.pop(i, None)
-            e.live.add(i)
-            heapq.heappush(e.heap, (s.tgt[i], i))
-            ctx += s.prompt_len[i] + s.held[i]
+            heapq.heappush(e.heap, (t, i))
+        e.live.update(items)
+        ctx = int((s.prompt_len[idx] + held).sum())
         e.stall = max(e.stall, self.now) + e.model.prefill_time(ctx)
         e.set_load()
         self._schedule(e)
@@ -557,13 +565,19 @@ class Simulation:
     def _schedule(self, e: _Engine) -> None:
         e.epoch += 1
         s = self._step
-        while e.heap and (e.heap[0][1] not in e.live or s is None or s.tgt[e.heap[0][1]] != e.heap[0][0]):
-            heapq.heappop(e.heap)
-        if not e.heap:
+        heap, live = e.heap, e.live
+        if s is None:
+            heap.clear()
+            return
+        tgt = s.tgt
+        while heap and (heap[0][1] not in live or tgt[heap[0][1]] != heap[0][0]):  # stale entries
+            heapq.heappop(heap)
+        if not heap:
             return
         start = max(self.now, e.stall, e.last)
-        t = start + max(0.0, e.heap[0][0] - e.progress_at(start)) * e.st
-        if t <= start and e.heap[0][0] > e.progress_at(start) + 1e-9:
+        p = e.progress_at(start)
+        t = start + max(0.0, heap[0][0] - p) * e.st
+        if t <= start and heap[0][0] > p + 1e-9:
             # the rest is below the clock's float spacing (late in a long replay): one tick later
             # makes progress, where the same instant would be scheduled again and again
             t = math.nextafter(start, INF)
@@ -577,12 +591,13 @@ class Simulation:
         s = self._step
         e.advance(self.now)
         finished = []
-        while e.heap and e.heap[0][0] <= e.P + 1e-9:
-            tgt, i = heapq.heappop(e.heap)
+        heap, live, done_at = e.heap, e.live, e.P + 1e-9
+        while heap and heap[0][0] <= done_at:
+            tgt, i = heapq.heappop(heap)
             # discard at once: a response that left and came back to this engine can have two heap
             # entries with the same target (its progress counter moved by exactly what it generated)
-            if i in e.live and s.tgt[i] == tgt:
-                e.live.discard(i)
+            if i in live and s.tgt[i] == tgt:
+                live.discard(i)
                 finished.append(i)
         for i in finished:
             self._complete(s, i)
@@ -595,11 +610,12 @@ class Simulation:
 
     def _complete(self, s: _Step, i: int) -> None:
         assert not s.done[i], f"response {i} of step {s.k} completed twice"  # would end the replay early
+        end = int(s.end[i])
         s.done[i] = True
         s.eng[i] = -1
-        s.held[i] = s.end[i]
+        s.held[i] = end
         s.open -= 1
-        self.stats.add((int(s.end[i]),))
+        self.stats.add((end,))
         g = i // s.G
         s.group_left[g] -= 1
         if s.group_left[g] == 0:
@@ -662,14 +678,13 @@ class Simulation:
         gen = self._generated(s, idx)
         left = self.spec.algorithm.max_new_tokens - gen
         exp = self.stats.expected_remaining(gen, left)
-        return [
-            ReqView(str(i), int(g), int(b), int(s.prompt_len[i]), float(x), None, self.now - s.admit_t[i])
-            for i, g, b, x in zip(items, gen.tolist(), left.tolist(), exp.tolist())
-        ]
+        since = self.now - s.admit_t[idx]
+        cols = (gen.tolist(), left.tolist(), s.prompt_len[idx].tolist(), exp.tolist(), since.tolist())
+        return [ReqView(str(i), int(g), int(b), p, x, None, d) for i, g, b, p, x, d in zip(items, *cols)]
 
     def _progress(self, s: _Step, reserved: list[_Engine]) -> StepProgress:
         """What the offload policy sees (the coordinator's `progress`, from modelled engines)."""
-        remote = [e for e in self.engines if e.kind != "reserved" and self._accepting(e)]
+        remote = [e for e in self.alive if e.kind != "reserved" and self._accepting(e)]
         open_idx = np.nonzero(~s.done)[0]
         gen = self._generated(s, open_idx)
         on_reserved = np.isin(s.eng[open_idx], [e.idx for e in reserved])
@@ -699,27 +714,30 @@ class Simulation:
             self._generation_done(s)
 
     def _migrate(self, s: _Step) -> None:
-        views = [self._view(e) for e in self.engines if e.state != "gone"]
+        views = [self._view(e) for e in self.alive]
         targets = [v for v in views if v.accepting and v.free > 0]
         if not targets:
             return
         best = min(v.seq_time(v.active + 1) for v in targets)
+        min_prefill = min(v.prefill_s(1) for v in targets)  # seconds per token, the fastest target
         cfg = self.migration
         running: dict[str, list[ReqView]] = {}
-        for v, e in zip(views, [e for e in self.engines if e.state != "gone"]):
+        for v, e in zip(views, self.alive):
             st = v.seq_time(v.active)
             if v.active == 0 or st <= best * (1 + cfg.min_gain_frac):
                 continue
             live = np.fromiter(e.live, np.int64, len(e.live))
             gen = self._generated(s, live)
             exp = self.stats.expected_remaining(gen, self.spec.algorithm.max_new_tokens - gen)
-            keep = worth_a_look(exp, st, self.now - s.admit_t[live], cfg)
+            keep = worth_a_look(exp, st, self.now - s.admit_t[live], cfg) & may_gain(
+                exp, s.prompt_len[live] + gen, st, best, min_prefill, cfg
+            )
             if keep.any():
                 running[v.id] = self._req_views(s, live[keep].tolist())
         if not running:
             return
         moves = plan_migrations(views, running, len(s.queue), cfg)
-        by_id = {e.id: e for e in self.engines}
+        by_id = {e.id: e for e in self.alive}
         for rid, src in moves:
             i = int(rid)
             if s.eng[i] == by_id[src].idx:
@@ -848,15 +866,15 @@ class Simulation:
         T = self.clock()
         # as LocalProvider.poll: reap what died since the last poll (billing ends now), then kill the
         # noticed victims whose lead time is over, then replay the market
-        for e in self.engines:
+        for e in list(self.alive):  # _gone takes reaped engines out of self.alive
             if e.kind == "spot" and e.state != "gone" and e.killed_at < t:
                 self._gone(e, preempted=True)
-        for e in self.engines:
+        for e in self.alive:
             if e.kind == "spot" and e.state != "gone" and e.killed_at == INF and e.kill_at <= t:
                 e.killed_at = t
                 if e.state != "draining":
                     self._lose(e, drained=False)
-        running = [e for e in self.engines if e.kind == "spot" and e.state != "gone" and not e.victim]
+        running = [e for e in self.alive if e.kind == "spot" and not e.victim]
         for iid, notice in self.market.choose_victims(T, [e.id for e in running]):
             e = next(x for x in running if x.id == iid)
             e.victim = True
@@ -883,8 +901,8 @@ class Simulation:
             cand.append(t + p)
         elif self._want() > 0 and self.spot_offers:
             cand.append(max(t + p, min(until for _, until in self.backoff.values())))
-        for e in self.engines:
-            if e.kind == "spot" and e.state != "gone" and e.kill_at < INF:
+        for e in self.alive:
+            if e.kind == "spot" and e.kill_at < INF:
                 cand.append(t + p if e.killed_at < INF else max(t + p, e.kill_at))
         nxt = self.trace.next_change(self.clock(t))
         if nxt is not None:
@@ -896,7 +914,7 @@ class Simulation:
         return t + steps * p
 
     def _want(self) -> int:
-        live = [e for e in self.engines if e.kind == "spot" and e.state != "gone" and not e.noticed]
+        live = [e for e in self.alive if e.kind == "spot" and not e.noticed]
         return self.fleet_target - len(live) if self.policy.spot else 0
 
     def _size_fleet(self, s: _Step, outcome: StepOutcome, tokens: int) -> None:
@@ -914,7 +932,7 @@ class Simulation:
         )
         self.fleet_target = d.workers
         self.deadline_at_risk = self.deadline_at_risk or d.deadline_at_risk
-        live = [e for e in self.engines if e.kind == "spot" and e.state != "gone" and not e.noticed]
+        live = [e for e in self.alive if e.kind == "spot" and not e.noticed]
         for e in sorted(live, key=lambda e: -e.started)[: max(0, len(live) - d.workers)]:
             self._gone(e, preempted=False)
 
@@ -924,8 +942,8 @@ class Simulation:
         closed = sum((b - a) / 3600 * p for a, b, p, _ in self.bill)
         open_ = sum(
             (now - e.started) / 3600 * (e.offer.hourly_price if e.offer else 0.0)
-            for e in self.engines
-            if e.kind == "spot" and e.state != "gone"
+            for e in self.alive
+            if e.kind == "spot"
         )
         return closed + open_ + (now - self.bill_start_trainer) / 3600 * self.trainer_offer.hourly_price
 
@@ -939,7 +957,7 @@ class Simulation:
                 continue
             self.worker_seq += 1
             iid = f"w{self.worker_seq:05d}"
-            alive = sum(1 for e in self.engines if e.kind == "spot" and e.state != "gone" and not e.victim)
+            alive = sum(1 for e in self.alive if e.kind == "spot" and not e.victim)
             if alive >= self.market.capacity(T):
                 fails += 1
                 delay = min(30.0, 1.0 * 2 ** min(fails - 1, 6)) * self.rng.uniform(0.5, 1.0)
@@ -978,12 +996,13 @@ class Simulation:
         if e.state not in ("draining", "gone"):
             self._lose(e, drained=False)
         e.state = "gone"
+        self.alive.remove(e)
         self.bill.append((e.started, self.clock(), e.offer.hourly_price if e.offer else 0.0, True))
         self.placement.ended(e.id, self.clock(), preempted)
 
     def _sample(self) -> None:
         # held = booting or serving; a draining worker is on its way out (its replacement may already boot)
-        live = sum(1 for e in self.engines if e.kind == "spot" and e.state not in ("draining", "gone"))
+        live = sum(1 for e in self.alive if e.kind == "spot" and e.state != "draining")
         if not self.timeline or self.timeline[-1][1] != live or self.timeline[-1][2] != self.trained_tokens:
             self.timeline.append((self.now, live, self.trained_tokens))
 
@@ -997,6 +1016,7 @@ class Simulation:
             if e.kind == "spot" and e.state != "gone":
                 e.state = "gone"
                 self.bill.append((e.started, self.clock(), e.offer.hourly_price if e.offer else 0.0, True))
+        self.alive = [e for e in self.alive if e.state != "gone"]
         if self.trainer_up < INF:
             self.bill.append((self.bill_start_trainer, self.clock(), self.trainer_offer.hourly_price, False))
         self._sample()
@@ -1035,7 +1055,9 @@ class _Step:
         self.pos0 = np.zeros(n, np.int64)
         self.held = np.zeros(n, np.int64)
         self.p0 = np.zeros(n, np.float64)
-        self.tgt = np.zeros(n, np.float64)
+        # the engine progress at which each response ends, as a list: read once per heap entry, where
+        # a numpy element read costs more than the comparison itself
+        self.tgt: list[float] = [0.0] * n
         self.admit_t = np.zeros(n, np.float64)
         self.done = np.zeros(n, bool)
         self.dropped = np.zeros(n, bool)

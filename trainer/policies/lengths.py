@@ -65,6 +65,14 @@ class LengthModel:
         z = self.sigma * _STD_NORMAL.inv_cdf(u) + self.prompt_sigma * _STD_NORMAL.inv_cdf(unit(pkey))
         return max(1, round(self.median * math.exp(z)))
 
+    def lengths_from_key(self, pkey: int, seeds: Sequence[int]) -> list[int]:
+        """length_from_key for each seed of one prompt (its per-prompt factor computed once)."""
+        if self.recorded:
+            return [self.length_from_key(pkey, seed) for seed in seeds]
+        inv_cdf = _STD_NORMAL.inv_cdf
+        zp = self.prompt_sigma * inv_cdf(unit(pkey))
+        return [max(1, round(self.median * math.exp(self.sigma * inv_cdf(unit(seed ^ 0x5EED)) + zp))) for seed in seeds]
+
     def mean(self, budget: int) -> float:
         """Expected response length under a budget (tokens actually generated)."""
         if self.recorded:

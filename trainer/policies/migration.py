@@ -95,3 +95,25 @@ def worth_a_look(
     return (np.asarray(on_engine_s) >= cfg.min_on_engine_s) & (
         np.asarray(expected_left) * seq_time_src >= cfg.min_gain_s
     )
+
+
+def may_gain(
+    expected_left: np.ndarray,
+    context: np.ndarray,
+    seq_time_src: float,
+    best_target_s: float,
+    prefill_s_per_token: float,
+    cfg: MigrationConfig,
+) -> np.ndarray:
+    """Responses plan_migrations could ever move off a source engine (a necessary condition, so
+    dropping the rest changes none of its moves). Within one plan the source only gets lighter
+    (staying never takes longer than at `seq_time_src`) and targets only fill up (moving never takes
+    less than at `best_target_s`, with the fastest prefill of any target), so a response that fails
+    the gain test at those bounds fails it at every point of the plan."""
+    el = np.asarray(expected_left, dtype=np.float64)
+    stay = el * seq_time_src
+    move = cfg.rtt_s + np.asarray(context, dtype=np.float64) * prefill_s_per_token + el * best_target_s
+    slack = 1e-9 * (stay + move) + 1e-12  # float rounding in plan_migrations' own arithmetic
+    gain_ok = stay - move + slack >= cfg.min_gain_s
+    frac_ok = (1.0 - cfg.min_gain_frac) * stay + slack >= move
+    return gain_ok & frac_ok

@@ -51,6 +51,11 @@ def job_dict() -> dict:
             "engine": "synthetic",
             "engine_batch": 32,
             "max_workers": 3,
+            # a fixed fleet: this compares the simulator's model of the platform (market, offload,
+            # migration, billing). Over 12 steps the cost objective's threshold decisions (is a step on
+            # the trainer's floor, within 2 %?) turn a few % of step-length difference into another
+            # fleet; the fleet policy itself is the same code in both (tests/test_fleet_policy.py)
+            "min_workers": 3,
             "heartbeat_timeout_s": 4,
             "candidates": [{"accelerator": "A100", "clouds": ["local"], "spot_price": 1.44, "on_demand_price": 3.67}],
             "synthetic": {"lengths": {"median_tokens": 30, "sigma": 0.8, "prompt_sigma": 0.5}},

@@ -210,7 +210,7 @@ def sweep(
     jobs = max(1, min(jobs or os.cpu_count() or 1, len(todo)))
     out: list[SweepPoint] = []
     if jobs == 1:
-        base = rp.simulate([PRESETS["on-demand"]])[0]
+        base = _replay_base(rp)
         for n, o in todo:
             out.append(_replay_one(rp, n, o))
             if on_done:
@@ -257,13 +257,14 @@ def estimate_deadline(spec: JobSpec, probe_steps: int = 4) -> DeadlineEstimate |
         return None
     steps, mw = spec.algorithm.steps, spec.rollout.max_workers
     k = min(steps, probe_steps)
+    with_fleet = mw > 0 and bool(spot_offers(spec))
+    # one replay set-up (a local job calibrates once); on-demand ignores the spot capacity
+    rp = prepare(spec, None, constant_workers=mw if with_fleet else 0, steps=k)
+    alone, *fleet = rp.simulate([PRESETS["on-demand"], *([PRESETS["rlboost-fixed"]] if with_fleet else [])])
 
-    def hours(policy: str, workers: int) -> float:
-        rp = prepare(spec, None, constant_workers=workers, steps=k)
-        r = rp.simulate([PRESETS[policy]])[0]
+    def hours(r: SimResult) -> float:
         later = [x["step_s"] for x in r.step_log[1:]] or [x["step_s"] for x in r.step_log]
         per_step = sum(later) / len(later) if later else float("inf")
         return (r.job_s + (steps - k) * per_step) * r.time_scale / 3600
 
-    fleet = hours("rlboost-fixed", mw) if mw > 0 and spot_offers(spec) else None
-    return DeadlineEstimate(spec.deadline_hours, hours("on-demand", 0), fleet)
+    return DeadlineEstimate(spec.deadline_hours, hours(alone), hours(fleet[0]) if fleet else None)

@@ -34,9 +34,10 @@ _WORKER_IMPORTS = "import torch, worker.agent, worker.engines.torch_engine"
 LENGTH_SAMPLES = 2048
 
 
-def timed(fn: Callable[[], object], repeats: int = 3) -> float:
-    """Median seconds of fn() over `repeats` calls, after one warm-up call."""
-    fn()
+def timed(fn: Callable[[], object], repeats: int = 3, warm_up: bool = True) -> float:
+    """Median seconds of fn() over `repeats` calls, after one warm-up call unless told not to."""
+    if warm_up:
+        fn()
     times = []
     for _ in range(repeats):
         t0 = time.perf_counter()
@@ -134,12 +135,8 @@ def process_start_s(repeats: int = 1) -> float:
     def start() -> None:
         subprocess.run([sys.executable, "-c", _WORKER_IMPORTS], check=True, capture_output=True)
 
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        start()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    # no warm-up: a worker's first start-up is the one that counts
+    return timed(start, repeats, warm_up=False)
 
 
 def calibrate(spec: JobSpec, *, measure_start: bool = True) -> Calibration:

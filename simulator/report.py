@@ -314,7 +314,8 @@ class DeadlineVerdict:
         ]
         for c, h in self.rows:
             if not c.result.policy.spot:
-                when = f"{h:.2f} h ({'meets' if h <= self.deadline_h else 'misses'} it)" if h else "does not finish"
+                verdict = "meets" if h is not None and h <= self.deadline_h else "misses"
+                when = f"{h:.2f} h ({verdict} it)" if h is not None else "does not finish"
                 out.append(f"The trainer alone ({c.label}) {when} for ${c.result.dollars:,.2f}.")
         return out
 

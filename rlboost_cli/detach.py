@@ -19,18 +19,25 @@ def controller_log(run_dir: Path) -> Path:
     return run_dir / CONTROLLER_LOG
 
 
-def spawn_controller(job_id: int, run_dir: Path, *, resume: bool, record_rollouts: bool) -> int:
-    """Start the job's controller in the background; its pid."""
+def spawn_controller(
+    job_id: int, run_dir: Path, *, resume: bool, record_rollouts: bool, node_home: Path | None = None
+) -> int:
+    """Start the job's controller in the background; its pid. `node_home`: it runs as the trainer
+    node's controller, on that node's own state (RLBOOST_HOME) and serving the control endpoint."""
     cmd = [sys.executable, "-m", "rlboost_cli.main", "_controller", str(job_id)]
     if resume:
         cmd.append("--resume")
     if record_rollouts:
         cmd.append("--record-rollouts")
+    if node_home is not None:
+        cmd.append("--serve-control")
     # the child imports rlboost_cli the way this process did, wherever it was started from
     root = str(Path(__file__).resolve().parents[1])
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)
     env.setdefault("COLUMNS", "120")  # a file has no width; rich would wrap at 80
+    if node_home is not None:
+        env["RLBOOST_HOME"] = str(node_home)
     with open(controller_log(run_dir), "ab") as log, open(os.devnull, "rb") as devnull:
         proc = subprocess.Popen(
             cmd,

@@ -10,8 +10,7 @@ import re
 import shutil
 import time
 
-from rlboost_cli.reconcile import job_run_dir
-from rlboost_cli.state import JobRow, StateStore
+from rlboost_cli.state import JobRow, StateStore, job_run_dir
 
 _AGE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$")
 _UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}

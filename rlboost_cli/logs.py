@@ -8,6 +8,7 @@ unless asked for.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -16,8 +17,9 @@ from pathlib import Path
 from rich.console import Console
 
 from rlboost_cli.detach import controller_log
-from rlboost_cli.reconcile import controller_alive, job_run_dir
-from rlboost_cli.state import JobRow, StateStore
+from rlboost_cli.node_client import NodeClient, NodeLogMissing, NodeUnreachable, node_logs_dir, sync
+from rlboost_cli.pids import controller_alive
+from rlboost_cli.state import JobRow, StateStore, job_run_dir
 
 ACCESS_MARK = "aiohttp.access"
 
@@ -53,21 +55,83 @@ def keep(line: str, show_all: bool) -> bool:
     return show_all or ACCESS_MARK not in line
 
 
+@dataclass(frozen=True)
+class LogReader:
+    """One log, wherever it is: `read(offset)` returns its bytes from `offset` on (maybe fewer)."""
+
+    label: str
+    where: str  # a path here, or the log's name on the trainer node
+    read: Callable[[int], bytes]
+
+
+def _file_reader(label: str, path: Path) -> LogReader:
+    def read(offset: int) -> bytes:
+        try:
+            with open(path, "rb") as f:
+                f.seek(offset)
+                return f.read()
+        except OSError:
+            return b""
+
+    return LogReader(label, str(path), read)
+
+
+def readers(store: StateStore, job: JobRow, instance: str | None) -> list[LogReader]:
+    """The logs to show for `job`: files here, or, for a job whose controller runs on the trainer
+    node, that node's files through its control endpoint (NoLog when it does not answer)."""
+    if not job.remote:
+        return [_file_reader(label, path) for label, path in sources(store, job, instance)]
+    client = NodeClient.for_job(job)
+    try:
+        refs = client.logs(instance)
+    except NodeLogMissing as e:
+        raise NoLog(str(e)) from None
+    except NodeUnreachable as e:
+        copied = _copied_node_logs(job, instance)
+        if copied is not None:
+            return copied
+        raise NoLog(f"{e}; its logs live there (`rlboost status {job.id}` shows the last copy of its state)") from None
+    return [LogReader(r.label, f"trainer node: {r.name}", lambda off, n=r.name: client.read_log(n, off)) for r in refs]
+
+
+def _copied_node_logs(job: JobRow, instance: str | None) -> list[LogReader] | None:
+    """The copy of an ended node-controlled job's logs kept here (node_client.copy_logs), if any."""
+    from rlboost_cli.control_api import LogList
+
+    dest = node_logs_dir(job)
+    if instance is not None:
+        path = dest / "instances" / instance / "log"
+        return [_file_reader(instance, path)] if path.is_file() else None
+    try:
+        refs = LogList.model_validate_json((dest / "index.json").read_text()).logs
+    except (OSError, ValueError):
+        return None
+    return [_file_reader(r.label, dest / r.name) for r in refs]
+
+
 def _print(console: Console, text: str) -> None:
     # rstrip: rich pads the controller's own progress lines to the terminal width
     console.print(text.rstrip(), markup=False, highlight=False, emoji=False, soft_wrap=True)
 
 
-def show_tail(console: Console, srcs: list[tuple[str, Path]], lines: int, show_all: bool) -> dict[Path, int]:
+def _read_all(src: LogReader) -> bytes:
+    parts, off = [], 0
+    while chunk := src.read(off):  # a node serves a log in pieces
+        parts.append(chunk)
+        off += len(chunk)
+    return b"".join(parts)
+
+
+def show_tail(console: Console, srcs: list[LogReader], lines: int, show_all: bool) -> dict[str, int]:
     """The last `lines` kept lines of each log, each under a header when there are several; returns
     how far each was read (where following picks up)."""
-    read: dict[Path, int] = {}
-    for label, path in srcs:
-        data = path.read_bytes()
-        read[path] = len(data)
+    read: dict[str, int] = {}
+    for src in srcs:
+        data = _read_all(src)
+        read[src.where] = len(data)
         kept = [ln for ln in data.decode(errors="replace").splitlines() if keep(ln, show_all)]
         if len(srcs) > 1:
-            _print(console, f"==> {label} ({path}) <==")
+            _print(console, f"==> {src.label} ({src.where}) <==")
         for ln in kept[-lines:] if lines > 0 else []:
             _print(console, ln)
     return read
@@ -79,25 +143,26 @@ class Follower:
 
     console: Console
     show_all: bool
-    offsets: dict[Path, int] = field(default_factory=dict)
-    partial: dict[Path, bytes] = field(default_factory=dict)
+    offsets: dict[str, int] = field(default_factory=dict)
+    partial: dict[str, bytes] = field(default_factory=dict)
 
-    def drain(self, srcs: list[tuple[str, Path]], prefix: bool) -> None:
-        for label, path in srcs:
-            try:
-                with open(path, "rb") as f:
-                    f.seek(self.offsets.get(path, 0))  # a log that appeared since (a restart): from its start
-                    data = self.partial.pop(path, b"") + f.read()
-                    self.offsets[path] = f.tell()
-            except OSError:
-                continue
-            *complete, rest = data.split(b"\n")
-            if rest:
-                self.partial[path] = rest  # half a line: wait for its end
-            for raw in complete:
-                line = raw.decode(errors="replace")
-                if keep(line, self.show_all):
-                    _print(self.console, f"{label} | {line}" if prefix else line)
+    def drain(self, srcs: list[LogReader], prefix: bool) -> None:
+        for src in srcs:
+            while True:  # a log that appeared since (a restart): from its start
+                got = src.read(self.offsets.get(src.where, 0))
+                if not got:
+                    break
+                self.offsets[src.where] = self.offsets.get(src.where, 0) + len(got)
+                self._lines(src.label, self.partial.pop(src.where, b"") + got, src.where, prefix)
+
+    def _lines(self, label: str, data: bytes, where: str, prefix: bool) -> None:
+        *complete, rest = data.split(b"\n")
+        if rest:
+            self.partial[where] = rest  # half a line: wait for its end
+        for raw in complete:
+            line = raw.decode(errors="replace")
+            if keep(line, self.show_all):
+                _print(self.console, f"{label} | {line}" if prefix else line)
 
 
 def follow(
@@ -108,10 +173,16 @@ def follow(
     show_all: bool,
     *,
     poll_s: float = 0.2,
-    read: dict[Path, int] | None = None,
+    read: dict[str, int] | None = None,
     sleep: Callable[[float], None] = time.sleep,
+    controller_only: bool = False,
 ) -> str:
-    """Follow the job's logs until it ends; returns why following stopped."""
+    """Follow the job's logs until it ends; returns why following stopped. `controller_only`: just
+    the controller's lines, unprefixed (an attached launch of a node-controlled job)."""
+    if job.remote:
+        return _follow_node(
+            console, store, job, instance, show_all, poll_s=poll_s, read=read, sleep=sleep, only=controller_only
+        )
     f = Follower(console, show_all, offsets=dict(read or {}))
     prefix = instance is None
     ended_at: float | None = None
@@ -121,16 +192,53 @@ def follow(
         # read after the liveness check: a controller records its end before it exits, so a dead
         # controller with an active row really died
         now = store.job_by_id(job.id)
-        f.drain(sources(store, now, instance), prefix)
+        f.drain(readers(store, now, instance), prefix)
         if not now.active and ended_at is None:
             ended_at = time.monotonic()
         # once ended, the controller writes its last lines and exits (a pid reused since: give up)
         if ended_at is not None and (not controller_alive(now.controller_pid) or time.monotonic() - ended_at > 10):
-            f.drain(sources(store, now, instance), prefix)  # the last words written before it exited
+            f.drain(readers(store, now, instance), prefix)  # the last words written before it exited
             return f"job {now.name} (id {now.id}) {now.status}"
         if now.active and pid and now.controller_pid == pid and not alive:
             return (
                 f"job {now.name} (id {now.id}): its controller died; "
                 f"`rlboost launch --resume {now.id}` continues it, `rlboost gc` cleans it up"
+            )
+        sleep(poll_s)
+
+
+NODE_SILENCE_S = 30.0  # a node controller silent this long is reported, and following stops
+
+
+def _follow_node(
+    console: Console,
+    store: StateStore,
+    job: JobRow,
+    instance: str | None,
+    show_all: bool,
+    *,
+    poll_s: float,
+    read: dict[str, int] | None,
+    sleep: Callable[[float], None],
+    only: bool,
+) -> str:
+    """Follow a node controller's logs through its endpoint; its records are copied here as it goes."""
+    f = Follower(console, show_all, offsets=dict(read or {}))
+    heard = time.monotonic()
+    while True:
+        reached = sync(store, store.job_by_id(job.id))
+        now = store.job_by_id(job.id)
+        if reached or not now.active:  # ended: its logs are copied here (or were, by whoever saw the end)
+            heard = time.monotonic()
+            with contextlib.suppress(NoLog, NodeUnreachable):
+                srcs = readers(store, now, instance)
+                f.drain([r for r in srcs if r.label == "controller"] if only else srcs, instance is None and not only)
+            if not now.active:  # its end is recorded after its last lines: nothing more will come
+                return f"job {now.name} (id {now.id}) {now.status}"
+        elif time.monotonic() - heard > NODE_SILENCE_S:
+            return (
+                f"job {now.name} (id {now.id}): its controller on the trainer node has not answered for "
+                f"{NODE_SILENCE_S:.0f}s; `rlboost status {now.id}` shows the last copy, "
+                f"`rlboost launch --resume {now.id}` takes the job over, `rlboost gc` cleans it up"
             )
         sleep(poll_s)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
@@ -19,9 +20,8 @@ from rich.table import Table
 
 from rlboost_cli.jobs_ref import resolve_job
 from rlboost_cli.pricing import PricingError, spot_offers, trainer_offer
-from rlboost_cli.reconcile import job_run_dir
 from rlboost_cli.spec import JobSpec, SpecError, load_spec, spec_to_yaml
-from rlboost_cli.state import JobExistsError, JobRow, StateStore, UnknownJobError, rlboost_home
+from rlboost_cli.state import JobExistsError, JobRow, StateStore, UnknownJobError, job_run_dir, rlboost_home
 from rlboost_cli.step_numbers import checkpointed_steps, resume_message
 
 if TYPE_CHECKING:
@@ -163,10 +163,69 @@ def launch(
         f"{spec.algorithm.steps} GRPO steps × {spec.algorithm.prompts_per_step} prompts × "
         f"group {spec.algorithm.group_size}, up to {spec.rollout.max_workers} spot workers"
     )
+    if spec.controller == "trainer":
+        _start_on_node(store, job_id, token, resume=False, record_rollouts=record_rollouts, detach=detach)
+        return
     if detach:
         _detach(store, job_id, run_dir, resume=False, record_rollouts=record_rollouts)
         return
     _run_controller(spec, store, job_id, run_dir, token, record_rollouts, (t_offer, s_offers), market, resume=False)
+
+
+def _start_on_node(
+    store: StateStore, job_id: int, token: str, *, resume: bool, record_rollouts: bool, detach: bool
+) -> None:
+    """`controller: trainer`: start the job's controller on its trainer node, record where it listens,
+    then follow it from here (attached) or return (-d). Following is all this process does: a closed
+    terminal or Ctrl-C stops following, never the job (`rlboost down` stops it)."""
+    from rlboost_cli.node_client import sync
+    from rlboost_cli.node_host import LocalTrainerNode, NodeStartError
+
+    job = store.job_by_id(job_id)
+    try:
+        addr = LocalTrainerNode(job).start(job.spec_yaml, token, resume=resume, record_rollouts=record_rollouts)
+    except (NodeStartError, OSError) as e:
+        store.update_job(job_id, status="failed", ended_at=time.time(), error=str(e))
+        fail(f"job {job.name} (id {job_id}): {e}")
+    store.update_job(job_id, controller_url=addr.url, controller_pid=None)  # from now on, the node owns it
+    sync(store, store.job_by_id(job_id))
+    console.print(
+        f"job id {job_id}: controller running on the trainer node ({addr.url}); it keeps running when "
+        f"this machine sleeps or this terminal closes\n"
+        f"  follow it: rlboost logs {job_id} -f    status: rlboost status {job_id}    stop: rlboost down {job_id}",
+        highlight=False,
+        markup=False,
+    )
+    if not detach:
+        _follow_node_job(store, job_id)
+
+
+def _follow_node_job(store: StateStore, job_id: int) -> None:
+    from rlboost_cli import logs as job_logs
+
+    def hangup(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    prev = signal.signal(signal.SIGHUP, hangup)
+    try:
+        why = job_logs.follow(console, store, store.job_by_id(job_id), None, False, controller_only=True)
+    except KeyboardInterrupt:
+        with contextlib.suppress(OSError):  # the terminal may be gone (SIGHUP)
+            err.print(
+                f"stopped following; job {job_id} keeps running on its trainer node "
+                f"(`rlboost logs {job_id} -f` follows it again, `rlboost down {job_id}` stops it)",
+                markup=False,
+                highlight=False,
+            )
+        return
+    finally:
+        signal.signal(signal.SIGHUP, prev)
+    job = store.job_by_id(job_id)
+    if job.active:  # the node stopped answering
+        fail(why)
+    _print_outcome(store, job_id)
+    if job.status != "succeeded":
+        fail(f"job {job.name} {job.status}: {job.error}")
 
 
 def _detach(store: StateStore, job_id: int, run_dir: Path, *, resume: bool, record_rollouts: bool) -> None:
@@ -187,8 +246,11 @@ def run_detached_controller(
     job_id: Annotated[int, typer.Argument()],
     resume: Annotated[bool, typer.Option("--resume")] = False,
     record_rollouts: Annotated[bool, typer.Option("--record-rollouts")] = False,
+    serve_control: Annotated[bool, typer.Option("--serve-control")] = False,
+    linger_s: Annotated[float, typer.Option("--linger")] = 600.0,
 ) -> None:
-    """The background controller `launch -d` starts, for a job that launch already recorded."""
+    """The background controller `launch -d` starts, for a job that launch already recorded;
+    `--serve-control`: the trainer node's controller, answering the launching machine's CLI."""
     store = _store()
     job = store.job_by_id(job_id)
     run_dir = job_run_dir(job)
@@ -203,7 +265,20 @@ def run_detached_controller(
         why = str(e) if not isinstance(e, typer.Exit) else f"could not start (see {run_dir / 'controller.log'})"
         store.update_job(job_id, status="failed", ended_at=time.time(), error=why)
         fail(why, 2)
-    _run_controller(spec, store, job_id, run_dir, token, record_rollouts, (t_offer, s_offers), market, resume)
+    if not serve_control:
+        _run_controller(spec, store, job_id, run_dir, token, record_rollouts, (t_offer, s_offers), market, resume)
+        return
+    from rlboost_cli.node_control import ControlServer
+
+    server = ControlServer(job_id, run_dir, token)
+    console.print(f"control endpoint {server.start()}", highlight=False, markup=False)
+    try:
+        _run_controller(spec, store, job_id, run_dir, token, record_rollouts, (t_offer, s_offers), market, resume)
+    finally:
+        # the launching machine copies the ended job's records and logs when it next asks: serve until
+        # it says it has them (a cloud node would then be terminated with the job)
+        server.released.wait(linger_s)
+        server.stop()
 
 
 def _offers(spec: JobSpec):
@@ -256,7 +331,8 @@ def _run_controller(
     status = ctl.run(resume=resume)
     provider.close()
     job = store.job_by_id(job_id)
-    _print_outcome(store, job_id)
+    if spec.controller == "launcher":  # a node's controller: the launching machine prints it
+        _print_outcome(store, job_id)
     if status != "succeeded":
         fail(f"job {spec.name} {status}: {job.error}")
 
@@ -280,7 +356,7 @@ def _resume(ref: str, record_rollouts: bool, detach: bool = False) -> None:
     name = job.name
     if job.status == "succeeded":
         fail(f"job {name!r} already succeeded; nothing to resume", 2)
-    if job.active and controller_alive(job.controller_pid):
+    if job.active and not job.remote and controller_alive(job.controller_pid):
         fail(f"job {name!r} is still running (controller pid {job.controller_pid}); watch it with `rlboost status`")
     run_dir = job_run_dir(job)
     try:
@@ -288,6 +364,9 @@ def _resume(ref: str, record_rollouts: bool, detach: bool = False) -> None:
         token = (run_dir / "token").read_text().strip()
     except (OSError, SpecError) as e:
         fail(f"job {name!r} cannot be resumed: its run dir {run_dir} is incomplete ({e})", 2)
+    if spec.controller == "trainer":
+        _resume_on_node(store, job, token, record_rollouts, detach)
+        return
     _check_provider(spec)
     t_offer, s_offers, _ = _offers(spec)  # before the job record is touched: bad prices fail cleanly
     market = _market(spec)
@@ -300,6 +379,23 @@ def _resume(ref: str, record_rollouts: bool, detach: bool = False) -> None:
         _detach(store, job.id, run_dir, resume=True, record_rollouts=record_rollouts)
         return
     _run_controller(spec, store, job.id, run_dir, token, record_rollouts, (t_offer, s_offers), market, resume=True)
+
+
+def _resume_on_node(store: StateStore, job: JobRow, token: str, record_rollouts: bool, detach: bool) -> None:
+    """A node-controlled job whose controller died: start a new one on the node, on the node's records."""
+    from rlboost_cli.node_client import controller_reachable, node_run_dir, sync
+    from rlboost_cli.reconcile import take_over_node
+
+    if job.remote and controller_reachable(job):
+        sync(store, job)
+        if store.job_by_id(job.id).active:
+            fail(f"job {job.name!r} is still running on its trainer node; watch it with `rlboost status {job.id}`")
+    take_over_node(job)  # one that hangs without answering must not race the new one
+    console.print(
+        f"[bold]rlboost[/] resuming job [cyan]{escape(job.name)}[/] (id {job.id}) on its trainer node: "
+        + escape(resume_message(job.step or 0, checkpointed_steps(node_run_dir(job))))
+    )
+    _start_on_node(store, job.id, token, resume=True, record_rollouts=record_rollouts, detach=detach)
 
 
 def _replace_dead_job(store: StateStore, spec: JobSpec) -> int | None:
@@ -396,6 +492,7 @@ def status(
     from rlboost_cli.reports import render_status, status_json
 
     store = _store()
+    _sync_node_jobs(store, job)
     try:
         if as_json:
             print(json.dumps(status_json(store, job), indent=2, default=str))
@@ -416,6 +513,7 @@ def cost_report(
     from rlboost_cli.reports import cost_json, render_cost
 
     store = _store()
+    _sync_node_jobs(store, job)
     try:
         if as_json:
             print(json.dumps(cost_json(store, job), indent=2, default=str))
@@ -496,6 +594,17 @@ def rm(job: Annotated[str, typer.Argument(help="an ended job: its id or name (ne
     console.print(f"removed job {j.name} (id {j.id})", markup=False, highlight=False)
 
 
+def _sync_node_jobs(store: StateStore, ref: str | None) -> None:
+    """Refresh the local copies of jobs whose controller runs on their trainer node (those named)."""
+    from rlboost_cli.node_client import sync_all
+
+    try:
+        jobs = [resolve_job(store, ref)] if ref is not None else store.list_jobs()
+    except UnknownJobError:
+        return  # the report says so
+    sync_all(store, jobs)
+
+
 def _job(store: StateStore, ref: str) -> JobRow:
     try:
         return resolve_job(store, ref)
@@ -527,7 +636,9 @@ def _down_one(store: StateStore, job_id: int) -> None:
 
     job = store.job_by_id(job_id)
     pid = job.controller_pid
-    if job.status in ACTIVE and controller_alive(pid):
+    if job.remote and job.active:
+        _down_node(store, job)
+    elif job.status in ACTIVE and controller_alive(pid):
         os.kill(pid, signal.SIGTERM)  # the controller tears down and records it
         deadline = time.time() + (60 if job.provider == "local" else 900)  # a cloud confirms in minutes
         while time.time() < deadline and store.job_by_id(job_id).status in ACTIVE:
@@ -543,6 +654,28 @@ def _down_one(store: StateStore, job_id: int) -> None:
         + (f"; terminated {leftovers} leftover instance(s)" if leftovers else ""),
         markup=False,
     )
+
+
+def _down_node(store: StateStore, job: JobRow) -> None:
+    """Ask the job's controller on its trainer node to stop, and wait for its records to say so; a
+    node that does not answer is cut off (`take_over_node`) and its instances reconciled from here."""
+    from rlboost_cli.node_client import NodeClient, NodeUnreachable, sync
+    from rlboost_cli.reconcile import take_over_node
+
+    try:
+        NodeClient.for_job(job).down()
+    except (NodeUnreachable, OSError) as e:
+        err.print(f"{e}; terminating its instances from here", markup=False, highlight=False)
+        take_over_node(job)
+        return
+    deadline = time.time() + (60 if job.provider == "local" else 900)  # a cloud confirms in minutes
+    while time.time() < deadline:
+        if not sync(store, job):
+            take_over_node(job)  # it went away mid-teardown: finish from here
+            return
+        if not store.job_by_id(job.id).active:
+            return
+        time.sleep(0.3)
 
 
 def _teardown_orphans(store: StateStore, job) -> int:
@@ -583,7 +716,7 @@ def logs(
     store = _store()
     j = _job(store, job)
     try:
-        srcs = job_logs.sources(store, j, instance)
+        srcs = job_logs.readers(store, j, instance)
     except job_logs.NoLog as e:
         fail(str(e))
     if not srcs and not follow:

@@ -11,15 +11,15 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import yaml
 
 from providers.base import InstanceState, Provider
-from rlboost_cli.state import JobRow, StateStore, UnknownInstanceError, rlboost_home
+from rlboost_cli.node_client import controller_reachable, node_run_dir, stop_node_controller
+from rlboost_cli.pids import controller_alive
+from rlboost_cli.state import JobRow, StateStore, UnknownInstanceError, job_run_dir
 
 log = logging.getLogger("rlboost.reconcile")
 
@@ -78,29 +78,24 @@ def reconcile(
     return out
 
 
-def controller_alive(pid: int | None) -> bool:
-    """Is the controller process still there (a zombie is not)?"""
-    if not pid:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
-    except OSError:
-        return True  # no /proc (macOS): kill(0) said it exists
+def controller_running(job: JobRow) -> bool:
+    """Does an active job's controller still own it: a live process here, or a node controller that
+    answers (or a launch still recording its controller)?"""
+    if job.remote:
+        return controller_reachable(job)
+    return controller_alive(job.controller_pid) or _just_created(job)
+
+
+def take_over_node(job: JobRow) -> None:
+    """A node controller that does not answer is cut off before its instances are reconciled from
+    here, so it cannot relaunch what is being torn down (the stand-in node: kill its process)."""
+    if job.provider == "local" and stop_node_controller(job):
+        log.warning("job %s: killed its unresponsive controller on the trainer node", job.name)
 
 
 def _just_created(job: JobRow) -> bool:
     """A launch records the job, then its controller pid: give that a moment before calling it dead."""
     return job.controller_pid is None and time.time() - job.created_at < 5
-
-
-def job_run_dir(job: JobRow) -> Path:
-    return rlboost_home() / "jobs" / f"{job.name}-{job.id}"
 
 
 def provider_for(job: JobRow) -> Provider | None:
@@ -109,7 +104,9 @@ def provider_for(job: JobRow) -> Provider | None:
     from rlboost_cli.spec import parse_spec
 
     spec = parse_spec(yaml.safe_load(job.spec_yaml) or {"name": job.name}, source=f"job {job.name}")
-    run_dir = job_run_dir(job)
+    # a controller on the trainer node launched from there: the stand-in node keeps the local
+    # provider's records (a cloud provider lists by the job's tag from anywhere)
+    run_dir = node_run_dir(job) if job.remote else job_run_dir(job)
     if spec.provider == "local" and not run_dir.is_dir():
         return None
     return make_provider(spec, run_dir, job=job.name)
@@ -123,8 +120,10 @@ def gc(store: StateStore, *, names: list[str] | None = None, wait_s: float = 600
     for job in store.list_jobs():
         if names is not None and job.name not in names:
             continue
-        if job.active and (controller_alive(job.controller_pid) or _just_created(job)):
+        if job.active and controller_running(job):
             continue  # its controller is alive (or starting) and owns its instances
+        if job.active and job.remote:
+            take_over_node(job)
         if job.provider == "local" and not job.active and not store.live_instances(job.id):
             continue  # its processes were confirmed gone (a cloud job is still listed: see below)
         # a cloud provider lists by job name: one listing covers every run of that name

@@ -108,13 +108,22 @@ def _job_status(store: StateStore, job: JobRow, now: float) -> dict[str, Any]:
     end = job.ended_at if job.ended_at is not None else (now if job.active else None)
     alive = controller_state(store, job)
     status_text = job.status
-    if alive is False:
+    if alive is False and job.remote:
+        age = fmt_duration(now - job.synced_at) if job.synced_at is not None else "never"
+        status_text = (
+            f"{job.status} as of {age} ago (its controller on the trainer node does not answer: "
+            f"`rlboost launch --resume {job.id}` takes it over, `rlboost gc` cleans it up)"
+        )
+    elif alive is False:
         status_text = f"{job.status} (controller dead: run `rlboost launch --resume {job.id}` or `rlboost gc`)"
     return {
         "id": job.id,
         "name": job.name,
         "status": job.status,
         "status_text": status_text,
+        "controller": "trainer-node" if job.remote else "launcher",
+        "controller_url": job.controller_url,
+        "synced_at": job.synced_at,
         "controller_pid": job.controller_pid,
         "controller_alive": alive,
         "provider": job.provider,
@@ -161,6 +170,10 @@ def controller_state(store: StateStore, job: JobRow) -> bool | None:
 
     if not job.active:
         return None
+    if job.remote:
+        from rlboost_cli.node_client import controller_reachable
+
+        return controller_reachable(job)
     if controller_alive(job.controller_pid):
         return True
     # a controller records its job's end before it exits: one that just finished is not dead
@@ -257,7 +270,8 @@ def render_status(store: StateStore, job: str | None, console: Console, *, now: 
         style = {"running": "green", "failed": "red", "pending": "cyan", "stopped": "yellow"}.get(js["status"], "")
         shown = js["status"]
         if js["controller_alive"] is False:
-            shown, style = f"{js['status']}\n(controller dead)", "bold red"
+            dead = "node unreachable" if js["controller"] == "trainer-node" else "controller dead"
+            shown, style = f"{js['status']}\n({dead})", "bold red"
         table.add_row(
             str(js["id"]),
             Text(js["name"]),

@@ -297,6 +297,10 @@ class JobSpec(Strict):
     # Performance per accelerator name (e.g. A100), for synthetic engines and `rlboost simulate`.
     perf: dict[str, PerfSpec] = Field(default_factory=dict)
     simulate: SimulateSpec = SimulateSpec()
+    # Where the job's controller runs: `launcher`, in the `rlboost launch` process (or its background
+    # child with -d) on the machine that launched it; `trainer`, on the trainer node, which is up for
+    # the job's whole life anyway, reached from the launching machine through an authenticated endpoint.
+    controller: Literal["launcher", "trainer"] = "launcher"
 
     @field_validator("name")
     @classmethod
@@ -337,6 +341,12 @@ class JobSpec(Strict):
                         f"rollout.candidates[{i}].clouds is {c.clouds} but provider is 'local' "
                         "(use clouds: [local], or provider: skypilot/aws/gcp)"
                     )
+        if self.controller == "trainer" and self.provider != "local":
+            raise ValueError(
+                f"controller: trainer is not available with provider {self.provider!r} in this version "
+                "(the node would need the job's cloud credentials, which rlboost does not ship to it yet); "
+                "use controller: launcher with `rlboost launch -d` on a machine that stays up"
+            )
         if self.rollout.max_workers > 0 and not self.rollout.candidates:
             raise ValueError(
                 "rollout.max_workers > 0 but rollout.candidates is empty "

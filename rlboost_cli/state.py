@@ -20,13 +20,13 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from providers.base import InstanceState, LaunchRequest
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 JOB_STATUSES = ("pending", "running", "succeeded", "failed", "stopped")
 ACTIVE_STATUSES = ("pending", "running")
@@ -121,8 +121,16 @@ ALTER TABLE steps ADD COLUMN gen_tokens INTEGER;
 ALTER TABLE steps ADD COLUMN spot_tokens INTEGER
 """
 
+# v4: a job whose controller runs on its trainer node (`controller: trainer`): where the launching
+# machine reaches that controller, and when this store last copied the node's records (NULL: never;
+# the controller runs here).
+_SCHEMA_V4 = """
+ALTER TABLE jobs ADD COLUMN controller_url TEXT;
+ALTER TABLE jobs ADD COLUMN synced_at REAL
+"""
+
 # Future schema changes: add {N: "ALTER TABLE ..."} here and bump SCHEMA_VERSION.
-_MIGRATIONS: dict[int, str] = {1: _SCHEMA_V1, 2: _SCHEMA_V2, 3: _SCHEMA_V3}
+_MIGRATIONS: dict[int, str] = {1: _SCHEMA_V1, 2: _SCHEMA_V2, 3: _SCHEMA_V3, 4: _SCHEMA_V4}
 
 _INSERT_EVENT = "INSERT INTO events (job_id, instance_id, type, detail, clock, wall) VALUES (?, ?, ?, ?, ?, ?)"
 
@@ -152,6 +160,11 @@ def rlboost_home() -> Path:
     return home
 
 
+def job_run_dir(job: JobRow) -> Path:
+    """Where a job's files live on this machine: spec, token, logs, checkpoints (local provider)."""
+    return rlboost_home() / "jobs" / f"{job.name}-{job.id}"
+
+
 @dataclass(frozen=True)
 class JobRow:
     id: int
@@ -171,10 +184,17 @@ class JobRow:
     clock: float | None
     snapshot: dict[str, Any] | None
     tokens_total: int | None
+    controller_url: str | None = None  # set: the controller runs on the trainer node, reached there
+    synced_at: float | None = None  # when this store last copied the node controller's records
 
     @property
     def active(self) -> bool:
         return self.status in ACTIVE_STATUSES
+
+    @property
+    def remote(self) -> bool:
+        """Its controller runs on the trainer node; this store holds a copy of the node's records."""
+        return self.controller_url is not None
 
 
 @dataclass(frozen=True)
@@ -260,7 +280,11 @@ _JOB_FIELDS = {
     "clock",
     "snapshot",
     "tokens_total",
+    "controller_url",
+    "synced_at",
 }
+# what a copy of a node controller's job row takes from it (identity and the link to it stay local)
+_COPIED_JOB_FIELDS = _JOB_FIELDS - {"controller_pid", "controller_url", "synced_at"}
 
 
 def _private_file(path: Path) -> None:
@@ -347,8 +371,10 @@ class StateStore:
 
     # ---- jobs --------------------------------------------------------------------------
 
-    def create_job(self, name: str, spec_yaml: str, provider: str) -> int:
-        """A new 'pending' job; JobExistsError while another job of that name is pending/running."""
+    def create_job(self, name: str, spec_yaml: str, provider: str, *, job_id: int | None = None) -> int:
+        """A new 'pending' job; JobExistsError while another job of that name is pending/running.
+        `job_id`: the id the launching machine gave it (a trainer node's store keeps the same ids,
+        so instance ids, which embed it, are the same in both stores)."""
         with self._tx() as db:
             row = db.execute(
                 "SELECT id, status FROM jobs WHERE name = ? AND status IN ('pending', 'running')",
@@ -360,8 +386,9 @@ class StateStore:
                     "its job has ended (run `rlboost status` to list jobs), or pick another name"
                 )
             cur = db.execute(
-                "INSERT INTO jobs (name, spec_yaml, provider, status, created_at) VALUES (?, ?, ?, 'pending', ?)",
-                (name, spec_yaml, provider, self._now()),
+                "INSERT INTO jobs (id, name, spec_yaml, provider, status, created_at) "
+                "VALUES (?, ?, ?, ?, 'pending', ?)",
+                (job_id, name, spec_yaml, provider, self._now()),
             )
             job_id = int(cur.lastrowid or 0)
             db.execute(
@@ -547,6 +574,31 @@ class StateStore:
     def steps(self, job_id: int) -> list[StepRow]:
         rows = self._query("SELECT * FROM steps WHERE job_id = ? ORDER BY step", (job_id,))
         return [StepRow(**dict(r)) for r in rows]
+
+    # ---- copies of a trainer node's records ----------------------------------------------
+
+    def copy_from_node(
+        self, job_id: int, job: JobRow, instances: list[InstanceRow], events: list[EventRow], steps: list[StepRow]
+    ) -> None:
+        """Replace this store's records of `job_id` with what its controller on the trainer node
+        holds (one transaction: a reader sees the old copy or the new one, never half of each)."""
+        fields = {c: getattr(job, c) for c in sorted(_COPIED_JOB_FIELDS)}
+        if fields["snapshot"] is not None:
+            fields["snapshot"] = json.dumps(fields["snapshot"], separators=(",", ":"))
+        fields["synced_at"] = self._now()
+        sets = ", ".join(f"{c} = ?" for c in fields)  # names come from _JOB_FIELDS only
+        with self._tx() as db:
+            cur = db.execute(f"UPDATE jobs SET {sets} WHERE id = ?", (*fields.values(), job_id))
+            if cur.rowcount == 0:
+                raise UnknownJobError(f"no job with id {job_id} (run `rlboost status` to list jobs)")
+            for table in ("steps", "events", "instances"):
+                db.execute(f"DELETE FROM {table} WHERE job_id = ?", (job_id,))
+            for rows, table, skip in ((instances, "instances", ()), (events, "events", ("id",)), (steps, "steps", ())):
+                for r in rows:
+                    d = {k: v for k, v in asdict(r).items() if k not in skip}
+                    d["job_id"] = job_id
+                    cols = ", ".join(d)  # dataclass field names = column names
+                    db.execute(f"INSERT INTO {table} ({cols}) VALUES ({', '.join('?' * len(d))})", tuple(d.values()))
 
 
 def _val(x: Any) -> str:

@@ -237,6 +237,7 @@ def test_v1_store_migrates_to_the_latest_keeping_its_steps(tmp_path: Path) -> No
     db.commit()
     db.close()
     s = StateStore(path)
+    assert (s.job_by_id(1).controller_url, s.job_by_id(1).remote) == (None, False)  # v4: its controller ran here
     (row,) = s.steps(1)
     assert (row.reward, row.offload_s, row.tail_train_s, row.idle_s) == (0.5, None, None, None)
     assert (row.n_remote, row.gen_tokens, row.spot_tokens) == (None, None, None)
@@ -267,7 +268,7 @@ def test_schema_version(home: Path) -> None:
     path = s.path
     s.close()
     db = sqlite3.connect(path)
-    assert db.execute("PRAGMA user_version").fetchone()[0] == state.SCHEMA_VERSION == 3
+    assert db.execute("PRAGMA user_version").fetchone()[0] == state.SCHEMA_VERSION == 4
     db.execute("PRAGMA user_version = 99")
     db.commit()
     db.close()

@@ -146,7 +146,8 @@ def launch(
     if job_id is None:
         job = store.get_job(spec.name)
         fail(
-            f"job {spec.name!r} is already {job.status} (controller pid {job.controller_pid}); "
+            f"job {spec.name!r} is already {job.status} "
+            f"({'controller on its trainer node' if job.remote else f'controller pid {job.controller_pid}'}); "
             f"watch it with `rlboost status {spec.name}`, stop it with `rlboost down {spec.name}`, "
             "or give the new job another name"
         )

@@ -18,7 +18,8 @@ and the simulator's `StepOutcome`, as a `StepSample`) the policy decides how man
 - a deadline ("Can't Be Late", NSDI '24): the objective decides while its size's predicted pace
   finishes the remaining steps in the time left (less one worker boot, `switch_s`); then the cheapest
   size that does; when none can, the fastest, and `deadline_at_risk` says so. Predicted by the fit
-  where there is one, else the roofline.
+  plus its own RMS error (a pace the slower steps keep too, not the mean's) where there is one, else
+  the roofline.
 - a budget: the fastest n whose predicted cost to finish fits what is left (else the cheapest).
 
 `throughput` and the budget use a roofline on the last step (workers counted in units of one worker's
@@ -34,7 +35,8 @@ preemptions). Pure: no clock, no I/O; the controller and the simulator feed it t
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import math
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 Objective = Literal["throughput", "cost"]
@@ -85,6 +87,7 @@ class StepFit:
     base: float
     par: float
     floor: float
+    rel_err: float = 0.0  # RMS of the measured steps' relative misses: the fit's own error
 
     def seconds_per_token(self, pool: float) -> float:
         return max(self.base + self.par / pool, self.floor) if pool > 0 else float("inf")
@@ -98,7 +101,9 @@ def fit_steps(points: list[tuple[float, float]], floor: float) -> StepFit | None
     mx, my = sum(xs) / len(xs), sum(y for _, y in points) / len(points)
     sxx = sum((x - mx) ** 2 for x in xs)
     par = max(0.0, sum((x - mx) * (y - my) for x, (_, y) in zip(xs, points)) / sxx)
-    return StepFit(base=my - par * mx, par=par, floor=floor)
+    fit = StepFit(base=my - par * mx, par=par, floor=floor)
+    misses = [(y - fit.seconds_per_token(p)) / y for p, y in points if y > 0]
+    return replace(fit, rel_err=math.sqrt(sum(m * m for m in misses) / len(misses)) if misses else 0.0)
 
 
 @dataclass
@@ -160,7 +165,7 @@ class FleetPolicy:
         if goal.steps_left is not None and goal.time_left_s is not None:
             # the objective decides while its pace makes the deadline; then the cheapest size that does
             pace = (goal.time_left_s - goal.switch_s) / max(goal.steps_left, 1)
-            pred = self.predict_steps(s, sizes, useful)
+            pred = self.predict_steps(s, sizes, useful, margin=True)
             if pred[best] <= pace:
                 return FleetDecision(best, pred[best], why=f"{why}; deadline: {pace:.0f} s a step is enough")
             ok = [n for n in sizes if pred[n] <= pace]
@@ -179,14 +184,18 @@ class FleetPolicy:
                 best, why = min(fits, key=lambda n: (step[n], n)), "budget: the fastest size that fits"
         return FleetDecision(best, step[best], False, why)
 
-    def predict_steps(self, s: StepSample, sizes: range, useful: float = 1.0) -> dict[int, float]:
+    def predict_steps(
+        self, s: StepSample, sizes: range, useful: float = 1.0, *, margin: bool = False
+    ) -> dict[int, float]:
         """Step length by fleet size: the fit to the measured steps where there is one (it knows the
-        tail that more workers do not shorten), else the roofline on the last step."""
+        tail that more workers do not shorten), else the roofline on the last step. `margin`: plus the
+        fit's own RMS error, so a deadline is planned on a pace the steps keep, not their mean."""
         fit = self.fit()
         if fit is None:
             return {n: self.predict_step_s(s, n, useful) for n in sizes}
         a, u = self.reserved_workers, max(useful, 1e-3)
-        return {n: fit.seconds_per_token(a + u * n) * s.tokens for n in sizes}
+        k = 1.0 + (fit.rel_err if margin else 0.0)
+        return {n: fit.seconds_per_token(a + u * n) * s.tokens * k for n in sizes}
 
     # ---- `cost`: measure, fit, move ----------------------------------------------------
     def _measure(self, s: StepSample, held: int) -> None:

@@ -29,6 +29,7 @@ from providers.base import (
     Role,
 )
 from rlboost_cli.ledger import summarize
+from rlboost_cli.metrics_log import METRICS_FILE, MetricsLog
 from rlboost_cli.pricing import Offer
 from rlboost_cli.progress import JobProgress
 from rlboost_cli.spec import JobSpec
@@ -107,6 +108,7 @@ class Controller:
         )
         self.trainer_exit: str | None = None
         self.trainer_restarts = 0
+        self.metrics_log = MetricsLog(self.run_dir / METRICS_FILE)
 
     # ---- main --------------------------------------------------------------------------
     def run(self, resume: bool = False) -> str:
@@ -461,6 +463,10 @@ class Controller:
                 spot_tokens=rec.get("spot_tokens"),
             )
             self.store.record_step(self.job_id, metrics)
+            self.metrics_log.write(
+                metrics.step, rec, clock=clock, dollars=summarize(self.store, self.job_id).total_dollars,
+                preemptions=self._preemptions(),
+            )
             progress.step(rec)
             self._size_fleet(rec, progress)
         self.steps_recorded = max(self.steps_recorded, len(history))

@@ -14,6 +14,7 @@ from pathlib import Path
 import httpx
 
 from rlboost_cli import control_api as api
+from rlboost_cli.metrics_log import METRICS_FILE
 from rlboost_cli.pids import controller_alive
 from rlboost_cli.state import JobRow, StateStore, job_run_dir
 
@@ -105,7 +106,7 @@ def copy_logs(client: NodeClient, job: JobRow, instance_ids: list[str]) -> None:
     laid out as on the node; `index.json` lists what `rlboost logs JOB` shows by default."""
     dest = node_logs_dir(job)
     shown = client.logs()
-    refs = list(shown)
+    refs = [*shown, api.LogRef(label="metrics", name=METRICS_FILE)]
     for iid in instance_ids:
         with contextlib.suppress(NodeLogMissing):
             refs += [r for r in client.logs(iid) if r not in refs]

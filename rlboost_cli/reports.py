@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -19,7 +20,8 @@ from rich.text import Text
 
 from rlboost_cli.jobs_ref import resolve_job
 from rlboost_cli.ledger import CostSummary, summarize, summarize_all
-from rlboost_cli.state import InstanceRow, JobRow, StateStore
+from rlboost_cli.metrics_log import METRICS_FILE
+from rlboost_cli.state import InstanceRow, JobRow, StateStore, job_run_dir
 
 _SPARK = "▁▂▃▄▅▆▇█"
 _LIVE_STATES = ("running", "notice")
@@ -142,6 +144,7 @@ def _job_status(store: StateStore, job: JobRow, now: float) -> dict[str, Any]:
         "migrated": snap.get("migrated", 0),
         "tokens_total": job.tokens_total if job.tokens_total is not None else snap.get("tokens_total"),
         "trainer_url": job.trainer_url,
+        "metrics_file": str(metrics_file(job)),
         "error": job.error,
         "workers": workers,
         "recent_steps": [
@@ -161,6 +164,17 @@ def _job_status(store: StateStore, job: JobRow, now: float) -> dict[str, Any]:
         ],
         "reward_history": [s.reward for s in steps],
     }
+
+
+def metrics_file(job: JobRow) -> Path:
+    """The job's metrics.jsonl: in its run dir; for a job controlled from its trainer node, the copy
+    taken when it ended, else the node's own file (the stand-in node's path on this machine)."""
+    from rlboost_cli.node_client import node_logs_dir, node_run_dir
+
+    if not job.remote:
+        return job_run_dir(job) / METRICS_FILE
+    copied = node_logs_dir(job) / METRICS_FILE
+    return copied if copied.exists() else node_run_dir(job) / METRICS_FILE
 
 
 def controller_state(store: StateStore, job: JobRow) -> bool | None:

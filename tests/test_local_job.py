@@ -179,6 +179,25 @@ def test_status_and_cost_report_print_and_parse(spot_run):
     assert token not in json.dumps(st) and token not in json.dumps(cj)
 
 
+def test_metrics_file_has_one_line_per_step_matching_the_ledger(spot_run):
+    home, _ = spot_run
+    [j] = run_json("status", "itest", home=home)["jobs"]
+    rows = [json.loads(line) for line in Path(j["metrics_file"]).read_text().splitlines()]
+    assert [r["step"] for r in rows] == list(range(1, STEPS + 1))  # from 1, as everywhere
+    store = StateStore(home / "state.db")
+    steps = {s.step: s for s in store.steps(j["id"])}
+    for r in rows:
+        s = steps[r["step"]]
+        assert (r["reward"], r["tokens"], r["migrated"]) == (s.reward, s.tokens, s.migrated)
+        assert r["len_max"] >= r["len_mean"] > 0 and r["publish_s"] >= 0
+        assert r["spot_tokens_per_s"] + r["reserved_tokens_per_s"] == pytest.approx(
+            (s.gen_tokens or 0) / r["step_s"], abs=0.2
+        )
+    dollars = [r["dollars"] for r in rows]
+    assert dollars == sorted(dollars) and 0 < dollars[-1] <= run_json("cost-report", "itest", home=home)["dollars"]
+    assert [r["preemptions"] for r in rows] == sorted(r["preemptions"] for r in rows)
+
+
 def test_same_responses_with_and_without_preemptions(spot_run, tmp_path):
     """Seeded per-position sampling: the trainer alone yields exactly the spot run's responses."""
     home, _ = spot_run

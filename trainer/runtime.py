@@ -333,8 +333,10 @@ class TrainerRuntime:
                 feeder.busy.append((t_fin, time.monotonic()))
             else:
                 metrics = await asyncio.to_thread(self.learner.train_step, samples)
+            t_pub = time.monotonic()
             await self.publish(step + 1)
             rec = self._step_record(step, responses, samples, metrics, migrated0, t0, t_gen, feeder)
+            rec["publish_s"] = round(time.monotonic() - t_pub, 3)  # the weight sync's share on the trainer
             self.history.append(rec)
             recorder.write(responses)
             self.step = step + 1
@@ -387,6 +389,7 @@ class TrainerRuntime:
             "version": step,
             "reward": float(np.mean([s.reward for s in samples])),
             "tokens": sum(len(r.tokens) for r in responses),
+            "len_max": max((len(r.tokens) for r in responses), default=0),
             "responses": len(responses),
             "migrated": self.coord.book.migrations - migrated0,
             "engines": len({e for r in responses for e in r.engines}),

@@ -1,0 +1,67 @@
+"""`metrics.jsonl`: one JSON object per training step in the job's run directory, for scripts,
+notebooks and dashboards (`rlboost status JOB --json` gives its path as `metrics_file`).
+
+Written by the controller as it records each step. A step the trainer runs again after a restart
+from its checkpoint is written again (the last line of a step wins); a step re-reported unchanged
+(a restarted trainer reports its whole history) is not.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+METRICS_FILE = "metrics.jsonl"
+
+
+def _rate(tokens: float | None, seconds: float) -> float | None:
+    return round(tokens / seconds, 1) if tokens is not None and seconds > 0 else None
+
+
+@dataclass
+class MetricsLog:
+    path: Path
+    _written: dict[int, str] = field(default_factory=dict)
+
+    def write(self, step: int, rec: dict[str, Any], *, clock: float, dollars: float, preemptions: int) -> None:
+        """One step (counted from 1) from the trainer's step record and the controller's ledger."""
+        secs = float(rec.get("seconds") or 0.0)
+        gen, spot = rec.get("gen_tokens"), rec.get("spot_tokens")
+        row = {
+            "step": step,
+            "version": rec.get("version"),
+            "reward": rec.get("reward"),
+            "loss": rec.get("loss"),
+            "responses": rec.get("responses"),
+            "tokens": rec.get("tokens"),
+            "len_mean": round(rec["tokens"] / rec["responses"], 2) if rec.get("responses") else None,
+            "len_max": rec.get("len_max"),
+            "step_s": secs,
+            "gen_s": rec.get("gen_s"),
+            "train_s": rec.get("train_s"),
+            "tokens_per_s": _rate(rec.get("tokens"), secs),
+            "spot_tokens_per_s": _rate(spot, secs),
+            "reserved_tokens_per_s": _rate(gen - spot, secs) if gen is not None and spot is not None else None,
+            "spot_workers": rec.get("n_remote"),
+            "offload_s": rec.get("box_s"),  # seconds into the step when the reserved engine handed over
+            "tail_train_s": rec.get("tail_train_s"),
+            "trainer_idle_s": rec.get("trainer_idle_s"),
+            "publish_s": rec.get("publish_s"),  # weight sync, on the trainer: stage + publish the version
+            "migrated": rec.get("migrated"),
+            "preemptions": preemptions,  # so far in the job
+            "dollars": round(dollars, 4),  # so far in the job
+            "clock_s": round(clock, 3),  # the provider's billing clock
+        }
+        line = json.dumps(row, separators=(",", ":"))
+        if self._written.get(step) == _without_totals(row):
+            return
+        self._written[step] = _without_totals(row)
+        with open(self.path, "a") as f:
+            f.write(line + "\n")
+
+
+def _without_totals(row: dict[str, Any]) -> str:
+    """A step's own figures: a re-report of the same step differs only in the job's running totals."""
+    return json.dumps({k: v for k, v in row.items() if k not in ("preemptions", "dollars", "clock_s")})

@@ -1,0 +1,29 @@
+"""metrics.jsonl (rlboost_cli/metrics_log.py): one line per step; a re-reported step is not repeated."""
+
+from __future__ import annotations
+
+import json
+
+from rlboost_cli.metrics_log import MetricsLog
+
+REC = {"version": 0, "reward": 0.5, "loss": 0.1, "responses": 4, "tokens": 40, "len_max": 12, "seconds": 2.0,
+       "gen_s": 1.5, "train_s": 0.5, "gen_tokens": 50, "spot_tokens": 30, "n_remote": 2, "box_s": 1.0,
+       "tail_train_s": 0.3, "trainer_idle_s": 0.1, "publish_s": 0.05, "migrated": 3}
+
+
+def test_rates_by_source_and_running_totals(tmp_path):
+    log = MetricsLog(tmp_path / "m.jsonl")
+    log.write(1, REC, clock=60.0, dollars=1.23456, preemptions=1)
+    (row,) = [json.loads(x) for x in (tmp_path / "m.jsonl").read_text().splitlines()]
+    rates = (row["tokens_per_s"], row["spot_tokens_per_s"], row["reserved_tokens_per_s"])
+    assert (row["step"], rates) == (1, (20.0, 15.0, 10.0))
+    assert (row["len_mean"], row["len_max"], row["offload_s"], row["dollars"]) == (10.0, 12, 1.0, 1.2346)
+
+
+def test_a_step_reported_again_unchanged_is_not_repeated_but_a_rerun_is(tmp_path):
+    log = MetricsLog(tmp_path / "m.jsonl")
+    log.write(1, REC, clock=60.0, dollars=1.0, preemptions=0)
+    log.write(1, REC, clock=90.0, dollars=2.0, preemptions=1)  # a restarted trainer's history: same step
+    log.write(1, {**REC, "reward": 0.7}, clock=99.0, dollars=2.5, preemptions=1)  # run again after a restart
+    rows = [json.loads(x) for x in (tmp_path / "m.jsonl").read_text().splitlines()]
+    assert [(r["step"], r["reward"]) for r in rows] == [(1, 0.5), (1, 0.7)]  # the last line of a step wins

@@ -9,6 +9,7 @@ from collections.abc import Awaitable, Callable
 from aiohttp import web
 
 from trainer.coordinator import Coordinator
+from trainer.prometheus import CONTENT_TYPE, exposition
 from trainer.weights import WeightPublisher, add_routes
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -51,7 +52,11 @@ def build_app(
             on_shutdown_request()
         return web.json_response({"ok": True})
 
+    async def get_metrics(_: web.Request) -> web.Response:
+        return web.Response(body=exposition(status()).encode(), headers={"Content-Type": CONTENT_TYPE})
+
     app.router.add_get("/v1/status", get_status)
+    app.router.add_get("/metrics", get_metrics)
     app.router.add_post("/v1/shutdown", post_shutdown)
     add_routes(app, publisher)
     return app

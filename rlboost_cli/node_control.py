@@ -19,7 +19,7 @@ from pathlib import Path
 from aiohttp import web
 
 from rlboost_cli import control_api as api
-from rlboost_cli.logs import sources
+from rlboost_cli.logs import NoLog, sources
 from rlboost_cli.state import StateStore
 
 
@@ -86,8 +86,6 @@ class ControlServer:
             return web.Response(text=doc, content_type="application/json")
 
         async def logs(request: web.Request) -> web.Response:
-            from rlboost_cli.logs import NoLog
-
             try:
                 srcs = sources(store, store.job_by_id(self.job_id), request.query.get("instance"))
             except NoLog as e:
@@ -111,15 +109,14 @@ class ControlServer:
             os.kill(os.getpid(), signal.SIGTERM)
             return web.json_response({"ok": True}, status=202)
 
-        app.router.add_get(f"{p}/ping", ping)
-        app.router.add_get(f"{p}/state", state)
-        app.router.add_get(f"{p}/logs", logs)
-        app.router.add_get(f"{p}/log", log)
-
         async def release(_: web.Request) -> web.Response:
             self.released.set()
             return web.json_response({"ok": True})
 
+        app.router.add_get(f"{p}/ping", ping)
+        app.router.add_get(f"{p}/state", state)
+        app.router.add_get(f"{p}/logs", logs)
+        app.router.add_get(f"{p}/log", log)
         app.router.add_post(f"{p}/down", down)
         app.router.add_post(f"{p}/release", release)
         return app

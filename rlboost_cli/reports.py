@@ -21,6 +21,7 @@ from rich.text import Text
 from rlboost_cli.jobs_ref import resolve_job
 from rlboost_cli.ledger import CostSummary, summarize, summarize_all
 from rlboost_cli.metrics_log import METRICS_FILE
+from rlboost_cli.node_client import controller_reachable, node_logs_dir, node_run_dir
 from rlboost_cli.state import InstanceRow, JobRow, StateStore, job_run_dir
 
 _SPARK = "▁▂▃▄▅▆▇█"
@@ -169,8 +170,6 @@ def _job_status(store: StateStore, job: JobRow, now: float) -> dict[str, Any]:
 def metrics_file(job: JobRow) -> Path:
     """The job's metrics.jsonl: in its run dir; for a job controlled from its trainer node, the copy
     taken when it ended, else the node's own file (the stand-in node's path on this machine)."""
-    from rlboost_cli.node_client import node_logs_dir, node_run_dir
-
     if not job.remote:
         return job_run_dir(job) / METRICS_FILE
     copied = node_logs_dir(job) / METRICS_FILE
@@ -185,8 +184,6 @@ def controller_state(store: StateStore, job: JobRow) -> bool | None:
     if not job.active:
         return None
     if job.remote:
-        from rlboost_cli.node_client import controller_reachable
-
         return controller_reachable(job)
     if controller_alive(job.controller_pid):
         return True

@@ -129,12 +129,12 @@ class LocalProvider:
         self.terminating.add(instance_id)
         self._kill(instance_id, signal.SIGTERM)
         deadline = time.time() + self.term_grace_s
-        while time.time() < deadline and _alive(pid):
+        while time.time() < deadline and pid_alive(pid):
             self._reap(instance_id)
             time.sleep(0.05)
-        if _alive(pid):
+        if pid_alive(pid):
             self._kill(instance_id, signal.SIGKILL)
-            while _alive(pid) and time.time() < deadline + 5:
+            while pid_alive(pid) and time.time() < deadline + 5:
                 self._reap(instance_id)
                 time.sleep(0.05)
         self._reap(instance_id)
@@ -211,7 +211,7 @@ class LocalProvider:
             except OSError:
                 continue
             for var in env:
-                if var.startswith(prefix) and _alive(int(p.name)):
+                if var.startswith(prefix) and pid_alive(int(p.name)):
                     found.setdefault(var[len(prefix) :].decode(errors="replace"), []).append(int(p.name))
         return found
 
@@ -221,7 +221,7 @@ class LocalProvider:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signal.SIGKILL)
         deadline = time.time() + 5
-        while any(_alive(p) for p in pids) and time.time() < deadline:
+        while any(pid_alive(p) for p in pids) and time.time() < deadline:
             time.sleep(0.05)
         if pids:
             self._emit(iid, InstanceState.TERMINATED, f"killed {len(pids)} leftover process(es)")
@@ -250,20 +250,20 @@ class _Adopted:
         self.returncode: int | None = None
 
     def poll(self) -> int | None:
-        if self.returncode is None and not _alive(self.pid):
+        if self.returncode is None and not pid_alive(self.pid):
             self.returncode = -9  # its real status went to its dead parent
         return self.returncode
 
 
-def _alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Is process `pid` there? A zombie (exited, not yet reaped) is not."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    # a zombie still answers kill(0); treat it as gone
     try:
         return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
     except OSError:
-        return False
+        return True  # no /proc (macOS): kill(0) said it exists; on Linux, gone by the next poll

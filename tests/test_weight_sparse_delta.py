@@ -91,6 +91,20 @@ def test_sparse_and_best_round_trips_are_bit_exact(dtypes, sizes, chunk_bytes, d
         assert bytes(out) == bytes(n)
 
 
+@pytest.mark.parametrize("width", range(1, 9))
+def test_any_element_width_round_trips(width) -> None:
+    """Widths without a numpy integer of that size (3, 5, 6, 7) take the rows-of-bytes path."""
+    rng = np.random.default_rng(width)
+    old = rng.integers(0, 256, 840 * 8, dtype=np.uint8)
+    new = old.copy()
+    new[rng.integers(0, len(old), 50)] ^= 0x5A
+    payload = wd.encode_sparse(memoryview(old), memoryview(new), width)
+    assert payload is not None and payload[5] == width
+    out = bytearray(len(old))
+    wd.decode_sparse_into(memoryview(old), payload, memoryview(out), width)
+    assert bytes(out) == new.tobytes()
+
+
 @pytest.mark.parametrize("dtype", sorted(DTYPES))
 @pytest.mark.parametrize("density", [0.002, 0.05, 0.3])
 def test_small_steps_choose_sparse_and_rebuild_exactly(dtype, density) -> None:

@@ -130,13 +130,16 @@ def element_width(nbytes: int, width: int) -> int:
     return width if width >= 1 and nbytes % width == 0 else 1
 
 
+def _elements(x: np.ndarray, w: int) -> np.ndarray:
+    """x (bytes) as one item per w-byte element: an unsigned int where numpy has one of that size
+    (gathers and scatters on it run ~8x faster than on rows of bytes), else rows of w bytes."""
+    return x.view(f"u{w}") if w in (1, 2, 4, 8) else x.reshape(-1, w)
+
+
 def _changed(x: np.ndarray, w: int) -> np.ndarray:
     """Indices of the w-byte elements of x (an XOR) that are not all zero."""
-    if w in (2, 4, 8):
-        return np.flatnonzero(x.view(f"u{w}"))
-    if w == 1:
-        return np.flatnonzero(x)
-    return np.flatnonzero(x.reshape(-1, w).any(axis=1))
+    e = _elements(x, w)
+    return np.flatnonzero(e) if e.ndim == 1 else np.flatnonzero(e.any(axis=1))
 
 
 def _positions(idx: np.ndarray, n_elems: int, level: int) -> tuple[int, bytes]:
@@ -167,7 +170,7 @@ def _sparse_of_xor(x: np.ndarray, width: int, level: int) -> bytes | None:
     if not len(idx):
         return None
     kind, pos = _positions(idx, n_elems, level)
-    vals = x.reshape(-1, w)[idx].reshape(-1)
+    vals = _elements(x, w)[idx].view(np.uint8).reshape(-1)
     vz = zstandard.ZstdCompressor(level=level).compress(_shuffle(vals, w).tobytes())
     return _HEADER.pack(_MAGIC, kind, w, 0, len(idx), len(pos), len(vz)) + pos + vz
 
@@ -226,11 +229,10 @@ def decode_sparse_into(old: memoryview, payload: bytes | memoryview, out: memory
         raise ValueError("sparse delta payload length does not match its header")
     body = payload[_HEADER.size :]
     idx = _read_positions(kind, body[:pos_len], count, n_elems)
-    vals = _unshuffle(_decompress(body[pos_len:], count * w), w).reshape(count, w)
+    vals = _unshuffle(_decompress(body[pos_len:], count * w), w)
     dst = np.frombuffer(out, np.uint8)
     dst[:] = np.frombuffer(old, np.uint8)
-    rows = dst.reshape(n_elems, w)
-    rows[idx] ^= vals
+    _elements(dst, w)[idx] ^= _elements(vals, w)
 
 
 def decode_chunk(old: memoryview, payload: bytes | memoryview, out: memoryview, width: int, encoding: Encoding) -> None:

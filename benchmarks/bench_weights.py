@@ -326,8 +326,11 @@ def node_main(args: argparse.Namespace) -> None:
                 each = []
                 if args.verify:
                     for v in args.versions:  # bytes only: these processes never import torch
+                        if node._reserving is not None:  # the next buffer's page-in: not the pull's CPU
+                            await node._reserving
+                        c0 = time.process_time()
                         await node.pull(args.url, v, s, as_tensors=False)
-                        each.append(dict(node.last.__dict__))
+                        each.append({**node.last.__dict__, "cpu_s": time.process_time() - c0})
                     st = node.last
                 else:  # transport-only ablation: same path, no digest
                     st = PullStats()
@@ -702,11 +705,13 @@ def bench_delta_hf(args: argparse.Namespace) -> None:
             delta: dict[int, list[float]] = {k: [] for k in versions[1:]}
             full: dict[int, list[float]] = {k: [] for k in versions[1:]}
             wire: dict[int, int] = {}
+            cpu: dict[int, list[float]] = {k: [] for k in versions[1:]}
             for _ in range(args.runs):
                 chain = run_node(tr.url, versions=versions, link_bps=link)[0]["each"]  # v0 full, then deltas
                 for st in chain[1:]:
                     assert st["mode"] == "delta", st
                     delta[st["version"]].append(st["seconds"])
+                    cpu[st["version"]].append(st["cpu_s"])  # all threads of the worker process
                     wire[st["version"]] = st["bytes_received"]
                 for k in versions[1:]:
                     full[k].append(run_node(tr.url, versions=[k], link_bps=link)[0]["stats"]["seconds"])
@@ -727,6 +732,7 @@ def bench_delta_hf(args: argparse.Namespace) -> None:
                             "full_s": round(f, 3),
                             "delta_s": round(d, 3),
                             "time_ratio": round(d / f, 4),
+                            "delta_cpu_s": round(statistics.median(cpu[k]), 3),
                             "runs_full_s": [round(x, 3) for x in full[k]],
                             "runs_delta_s": [round(x, 3) for x in delta[k]],
                         }

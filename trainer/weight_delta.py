@@ -45,7 +45,7 @@ LEVEL = 1  # level 1 already takes the zero runs; higher levels cost CPU on the 
 _HEADER = struct.Struct("<4sBBHIII")
 _MAGIC = b"RBS1"
 _GAPS, _BITMAP = 0, 1
-_MAX_ELEMENTS = (1 << 32) - 1  # counts and gaps are uint32; chunks are MiBs, far below this
+_MAX_SPARSE_BYTES = 1 << 31  # the header's counts and sizes are uint32; chunks are MiBs, far below this
 
 
 def shuffle_widths(tensors: Sequence[TensorInfo], chunks: Sequence[ChunkInfo]) -> list[int]:
@@ -162,10 +162,10 @@ def encode_sparse(old: memoryview, new: memoryview, width: int = 1, level: int =
 
 
 def _sparse_of_xor(x: np.ndarray, width: int, level: int) -> bytes | None:
+    if len(x) >= _MAX_SPARSE_BYTES:
+        return None  # not representable; the dense encoding takes it
     w = element_width(len(x), width)
     n_elems = len(x) // w
-    if n_elems > _MAX_ELEMENTS:
-        return None  # not representable; the dense encoding takes it
     idx = _changed(x, w)
     if not len(idx):
         return None

@@ -5,6 +5,7 @@ measured in the same run, and a median of several runs: this machine's 2 cores a
     .venv/bin/python benchmarks/bench_weights.py publish --gib 1 2 --runs 3
     .venv/bin/python benchmarks/bench_weights.py fanout --mib 32 --link-mbps 16 --workers 1 4 16 --chunk-kib 1024
     .venv/bin/python benchmarks/bench_weights.py delta --runs 3
+    .venv/bin/python benchmarks/bench_weights.py delta-hf --layers 24 --steps 3 --runs 3 --link-mbps 0 100
     .venv/bin/python benchmarks/bench_weights.py kill --mib 32 --link-mbps 16 --runs 3 --chunk-kib 1024
 
 The trainer (publisher + tracker) and every worker are separate processes, as in a job. `fanout`
@@ -20,6 +21,7 @@ import asyncio
 import json
 import os
 import resource
+import shutil
 import signal
 import statistics
 import subprocess
@@ -95,18 +97,156 @@ def local_model_steps() -> tuple[dict, dict]:
     return before, learner.state_dict()
 
 
+QWEN25_05B = {  # Qwen/Qwen2.5-0.5B's config.json (the architecture's published shape)
+    "vocab_size": 151936,
+    "hidden_size": 896,
+    "intermediate_size": 4864,
+    "num_hidden_layers": 24,
+    "num_attention_heads": 14,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 32768,
+    "rope_theta": 1000000.0,
+    "rms_norm_eps": 1e-6,
+    "tie_word_embeddings": True,
+}
+
+
+def hf_model_dir(out: Path, layers: int) -> Path:
+    """A Qwen2.5-0.5B-shaped model (`layers` of its 24 layers) with the architecture's own random
+    init, saved with the tiny byte-level tokenizer of the tests (nothing is downloaded; the prompts
+    use only its ids, the rest of the vocabulary is there for the embedding's real size)."""
+    import torch
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    from tests.hf_fixtures import make_tokenizer
+
+    tok = make_tokenizer()
+    config = Qwen2Config(
+        **{**QWEN25_05B, "num_hidden_layers": layers},
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+        bos_token_id=None,
+    )
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.save_pretrained(out, safe_serialization=True)
+    tok.save_pretrained(out)
+    return out
+
+
+def hf_learner_versions(pub: object, layers: int, steps: int, lr: float, tmp: Path) -> list[dict]:
+    """Train the hf model with the project's learner (fp32 master weights, published in bf16) for
+    `steps` GRPO updates at `lr`, publishing version 0 (the init) and one version per step.
+    Returns, per step, what the trainer sees: changed elements, the delta's encodings and sizes."""
+    import numpy as np
+
+    from rlboost_cli.spec import AlgorithmSpec, ModelSpec, TaskSpec
+    from tests.hf_fixtures import write_math_jsonl
+    from trainer.grpo import Sample
+    from trainer.learner import Learner
+
+    model_dir = hf_model_dir(tmp / "model", layers)
+    learner = Learner(
+        ModelSpec(kind="hf", path=str(model_dir), dtype="bfloat16"),
+        AlgorithmSpec(learning_rate=lr, seed=0),
+        TaskSpec(name="jsonl", path=write_math_jsonl(tmp / "math.jsonl"), reward="math_boxed"),
+        device="cpu",
+    )
+    shutil.rmtree(model_dir)
+    pub.publish(0, learner.state_dict())  # type: ignore[attr-defined]
+    rng = np.random.default_rng(0)
+    out = []
+    for k in range(1, steps + 1):
+        problems = learner.task.sample(rng, 2)
+        answers = [learner.task.demo_ids(p)[len(p.prompt_ids) :] for p in problems]
+        samples = []
+        for g, p in enumerate(problems):  # per prompt: its own answer (reward 1) and the other's (0)
+            samples += [Sample(p.prompt_ids, answers[g], 1.0, g), Sample(p.prompt_ids, answers[1 - g], 0.0, g)]
+        t0 = time.monotonic()
+        learner.train_step(samples)
+        train_s = time.monotonic() - t0
+        pub.publish(k, learner.state_dict())  # type: ignore[attr-defined]
+        out.append({"step": k, "train_s": round(train_s, 1), **delta_report(pub, k)})
+        print(json.dumps(out[-1]), file=sys.stderr, flush=True)
+    return out
+
+
+def sparse_values_bytes(old: memoryview, new: memoryview, width: int) -> dict[str, int]:
+    """The sparse encoding's values section sent as XOR with the old value (what it sends) and as
+    the new value (the alternative), compressed the same way."""
+    import numpy as np
+    import zstandard
+
+    from trainer import weight_delta as wd
+
+    a, b = np.frombuffer(old, np.uint8), np.frombuffer(new, np.uint8)
+    w = wd.element_width(len(a), width)
+    x = np.bitwise_xor(a, b)
+    idx = wd._changed(x, w)
+    cz = zstandard.ZstdCompressor(level=wd.LEVEL)
+    return {
+        k: len(cz.compress(wd._shuffle(v.reshape(-1, w)[idx].reshape(-1), w).tobytes())) if len(idx) else 0
+        for k, v in (("xor", x), ("new", b))
+    }
+
+
+def delta_report(pub: object, version: int) -> dict:
+    """For version-1 -> version: the fraction of elements that changed, the delta's chunks by
+    encoding, its size, and what the dense-only encoding (the codec before sparse) would send."""
+    import numpy as np
+
+    from trainer import weight_delta
+    from trainer.weights import itemsize
+
+    t0 = time.monotonic()
+    new_p, old_p = pub._get(version), pub._get(version - 1)  # type: ignore[attr-defined]
+    dm, _ = new_p.delta.result()
+    encode_s = time.monotonic() - t0  # after the manifest: what the delta adds before pullers get it
+    m = new_p.manifest
+    changed = elems = 0
+    for t in m.tensors:
+        w = itemsize(t.dtype)
+        a = np.frombuffer(old_p.buf.view[t.offset : t.offset + t.nbytes], f"u{w}")
+        b = np.frombuffer(new_p.buf.view[t.offset : t.offset + t.nbytes], f"u{w}")
+        changed += int(np.count_nonzero(a != b))
+        elems += len(a)
+    widths = weight_delta.shuffle_widths(m.tensors, m.chunks)
+    dense, values = 0, {"xor": 0, "new": 0}
+    for c, w in zip(m.chunks, widths):
+        sl = slice(c.offset, c.offset + c.size)
+        p = weight_delta.encode(old_p.buf.view[sl], new_p.buf.view[sl], w)
+        dense += len(p) if p else 0
+        for k, v in sparse_values_bytes(old_p.buf.view[sl], new_p.buf.view[sl], w).items():
+            values[k] += v
+    return {
+        "changed_fraction": changed / elems,
+        "sparse_chunks": sum(d.encoding == weight_delta.SPARSE for d in dm.chunks if d.size),
+        "dense_chunks": sum(d.encoding == weight_delta.DENSE for d in dm.chunks if d.size),
+        "unchanged_chunks": sum(d.size == 0 for d in dm.chunks),
+        "delta_bytes": dm.total_bytes,
+        "dense_only_bytes": dense,
+        "values_as_xor_bytes": values["xor"],
+        "values_as_new_bytes": values["new"],
+        "model_bytes": m.total_bytes,
+        "delta_wait_after_manifest_s": round(encode_s, 3),
+    }
+
+
 def serve_main(args: argparse.Namespace) -> None:
     """The trainer: publish, then serve weights + a stats route until killed."""
     from aiohttp import web
 
-    from trainer.weights import WeightPublisher, add_routes
+    from trainer.weights import RateLimit, WeightPublisher, add_routes
 
     # no next-buffer paging in the background: it would run during the measurements (see `publish`)
     pub = WeightPublisher(
         chunk_bytes=args.chunk_kib * 1024, egress_bps=args.link_bps or None, keep=4, prepare_next=False
     )
-    timings = {}
-    if args.model == "synthetic":
+    timings: dict = {}
+    if args.model == "hf":
+        pub.keep = args.steps + 1  # every version stays: a worker pulls them in a chain
+        timings["steps"] = hf_learner_versions(pub, args.layers, args.steps, args.lr, Path(args.ready).parent)
+    elif args.model == "synthetic":
         t = synthetic_model(args.bytes)
         t0 = time.monotonic()
         fut = pub.stage(0, t)
@@ -124,12 +264,19 @@ def serve_main(args: argparse.Namespace) -> None:
         del v0, v1
 
     async def stats(_: web.Request) -> web.Response:
-        return web.json_response({**pub.stats(), "timings": timings, "manifest0": pub.manifest(0).local_path})
+        m0 = pub.manifest(0)
+        return web.json_response({**pub.stats(), "timings": timings, "manifest0": m0.local_path if m0 else None})
+
+    async def link(request: web.Request) -> web.Response:  # one trained model, several link speeds
+        bps = float(request.query["bps"])
+        pub.limit = RateLimit(bps) if bps else None
+        return web.json_response({"bps": bps})
 
     async def main() -> None:
         app = web.Application()
         add_routes(app, pub)
         app.router.add_get("/bench/stats", stats)
+        app.router.add_get("/bench/link", link)
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()
         await web.TCPSite(runner, "127.0.0.1", 0).start()
@@ -176,9 +323,14 @@ def node_main(args: argparse.Namespace) -> None:
                 from worker.weight_pull import PullStats, pull_weights
 
                 t0 = time.time()
+                each = []
                 if args.verify:
                     for v in args.versions:  # bytes only: these processes never import torch
+                        if node._reserving is not None:  # the next buffer's page-in: not the pull's CPU
+                            await node._reserving
+                        c0 = time.process_time()
                         await node.pull(args.url, v, s, as_tensors=False)
+                        each.append({**node.last.__dict__, "cpu_s": time.process_time() - c0})
                     st = node.last
                 else:  # transport-only ablation: same path, no digest
                     st = PullStats()
@@ -190,7 +342,15 @@ def node_main(args: argparse.Namespace) -> None:
                 ru = resource.getrusage(resource.RUSAGE_SELF)
                 cpu = {"cpu_s": round(ru.ru_utime + ru.ru_stime, 2)}
                 results.append(
-                    {"start": t0, "end": t1, "seconds": st.seconds, "prepare_s": prepare_s, "stats": st.__dict__, **cpu}
+                    {
+                        "start": t0,
+                        "end": t1,
+                        "seconds": st.seconds,
+                        "prepare_s": prepare_s,
+                        "stats": st.__dict__,
+                        "each": each,
+                        **cpu,
+                    }
                 )
                 print(json.dumps(results[-1]), flush=True)
                 if args.hold:
@@ -214,12 +374,13 @@ class Trainer:
         model: str = "synthetic",
         chunk_kib: int = 4096,
         sha256_copy: bool = False,
+        extra: list[str] | None = None,
     ) -> None:
         self.tmp = tempfile.mkdtemp(prefix="bench-weights-")
         ready = Path(self.tmp) / "ready.json"
         cmd = [sys.executable, __file__, "_serve", "--bytes", str(nbytes), "--ready", str(ready)]
         cmd += ["--link-bps", str(link_bps), "--model", model, "--chunk-kib", str(chunk_kib)]
-        cmd += ["--sha256-copy", str(int(sha256_copy))]
+        cmd += ["--sha256-copy", str(int(sha256_copy)), *(extra or [])]
         self.proc = subprocess.Popen(cmd)
         while not ready.exists():
             if self.proc.poll() is not None:
@@ -235,9 +396,15 @@ class Trainer:
         with urllib.request.urlopen(f"{self.url}/bench/stats") as r:
             return json.loads(r.read())
 
+    def set_link(self, bps: float) -> None:
+        import urllib.request
+
+        urllib.request.urlopen(f"{self.url}/bench/link?bps={bps}").read()
+
     def close(self) -> None:
         self.proc.kill()
         self.proc.wait()
+        shutil.rmtree(self.tmp, ignore_errors=True)
 
 
 def node_cmd(url: str, **kw: object) -> list[str]:
@@ -522,6 +689,60 @@ def bench_delta(args: argparse.Namespace) -> None:
             tr.close()
 
 
+def bench_delta_hf(args: argparse.Namespace) -> None:
+    """A Qwen2.5-0.5B-shaped model trained by the project's learner (fp32 master, bf16 published) at
+    --lr: per step, a worker holding v-1 pulls v (its delta), and a fresh worker pulls v in full,
+    interleaved run by run; the same trainer process serves every link speed."""
+    extra = ["--layers", str(args.layers), "--steps", str(args.steps), "--lr", str(args.lr)]
+    tr = Trainer(0, 0, "hf", args.chunk_kib, extra=extra)
+    try:
+        steps = tr.stats()["timings"]["steps"]
+        print(json.dumps({"bench": "delta-hf", "layers": args.layers, "lr": args.lr, "trainer": steps}), flush=True)
+        versions = list(range(args.steps + 1))
+        for mbps in args.link_mbps:
+            link = mbps * 1e6
+            tr.set_link(link)
+            delta: dict[int, list[float]] = {k: [] for k in versions[1:]}
+            full: dict[int, list[float]] = {k: [] for k in versions[1:]}
+            wire: dict[int, int] = {}
+            cpu: dict[int, list[float]] = {k: [] for k in versions[1:]}
+            for _ in range(args.runs):
+                chain = run_node(tr.url, versions=versions, link_bps=link)[0]["each"]  # v0 full, then deltas
+                for st in chain[1:]:
+                    assert st["mode"] == "delta", st
+                    delta[st["version"]].append(st["seconds"])
+                    cpu[st["version"]].append(st["cpu_s"])  # all threads of the worker process
+                    wire[st["version"]] = st["bytes_received"]
+                for k in versions[1:]:
+                    full[k].append(run_node(tr.url, versions=[k], link_bps=link)[0]["stats"]["seconds"])
+            for k in versions[1:]:
+                f, d, model = statistics.median(full[k]), statistics.median(delta[k]), steps[k - 1]["model_bytes"]
+                print(
+                    json.dumps(
+                        {
+                            "bench": "delta-hf",
+                            "link_MBps": mbps or None,
+                            "step": k,
+                            "changed_fraction": round(steps[k - 1]["changed_fraction"], 5),
+                            "model_MiB": round(model / MiB, 1),
+                            "wire_MiB": round(wire[k] / MiB, 2),
+                            "wire_ratio": round(wire[k] / model, 4),
+                            "dense_only_ratio": round(steps[k - 1]["dense_only_bytes"] / model, 4),
+                            "full_over_wire": round(model / wire[k], 1),
+                            "full_s": round(f, 3),
+                            "delta_s": round(d, 3),
+                            "time_ratio": round(d / f, 4),
+                            "delta_cpu_s": round(statistics.median(cpu[k]), 3),
+                            "runs_full_s": [round(x, 3) for x in full[k]],
+                            "runs_delta_s": [round(x, 3) for x in delta[k]],
+                        }
+                    ),
+                    flush=True,
+                )
+    finally:
+        tr.close()
+
+
 def kill_once(url: str, link_bps: float, kill: bool) -> float:
     """A seed worker holds the version; a newcomer pulls (from it: the tracker grants no origin
     chunks that a peer holds). With `kill`, the seed is SIGKILLed halfway through."""
@@ -601,6 +822,13 @@ def main() -> None:
     p.add_argument("--mlp-params", type=int, default=64 << 20)
     p.add_argument("--link-mbps", type=float, default=0, help="0: loopback, no link limit")
     p.add_argument("--runs", type=int, default=3)
+    p = sub.add_parser("delta-hf")
+    p.add_argument("--layers", type=int, default=24, help="of Qwen2.5-0.5B's 24")
+    p.add_argument("--steps", type=int, default=3)
+    p.add_argument("--lr", type=float, default=1e-6)
+    p.add_argument("--chunk-kib", type=int, default=4096)
+    p.add_argument("--link-mbps", type=float, nargs="+", default=[0, 100], help="0: loopback, no link limit")
+    p.add_argument("--runs", type=int, default=3)
     p = sub.add_parser("kill")
     p.add_argument("--mib", type=int, default=32)
     p.add_argument("--chunk-kib", type=int, default=1024)
@@ -613,6 +841,9 @@ def main() -> None:
     p.add_argument("--model", default="synthetic")
     p.add_argument("--chunk-kib", type=int, default=4096)
     p.add_argument("--sha256-copy", type=int, default=0)
+    p.add_argument("--layers", type=int, default=24)
+    p.add_argument("--steps", type=int, default=3)
+    p.add_argument("--lr", type=float, default=1e-6)
     p = sub.add_parser("_node")
     p.add_argument("--url", required=True)
     p.add_argument("--versions", type=int, nargs="+", default=[0])
@@ -632,6 +863,7 @@ def main() -> None:
         "publish": bench_publish,
         "fanout": bench_fanout,
         "delta": bench_delta,
+        "delta-hf": bench_delta_hf,
         "kill": bench_kill,
         "_serve": serve_main,
         "_node": node_main,

@@ -8,7 +8,8 @@ sendfile (no user-space copy) and the trainer's own engine can map the same page
 table.
 
 `stage` blocks only for the copy to host memory; hashing (and the optional delta from the previous
-version, trainer/weight_delta.py) run on a thread pool, and the manifest route waits for them.
+version, trainer/weight_delta.py: per chunk the smaller of a sparse and a dense XOR encoding) run on
+a thread pool, and the manifest route waits for them.
 
 Routes (authentication is applied by the server's middleware, not here):
     GET  /v1/weights/latest                                -> {"version": int | null}
@@ -36,7 +37,7 @@ from typing import IO, TYPE_CHECKING, Literal, Protocol
 
 import numpy as np
 from aiohttp import web
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from trainer import weight_delta
 from trainer.digest import DEFAULT as DEFAULT_DIGEST
@@ -107,7 +108,8 @@ class DeltaChunk(BaseModel):
     index: int = Field(ge=0)
     size: int = Field(ge=0)  # compressed bytes on the wire; 0: the chunk did not change
     digest: str | None = Field(default=None, pattern=HEX_PATTERN)  # of the compressed bytes
-    shuffle: int = Field(default=1, ge=1, le=8)
+    shuffle: int = Field(default=1, ge=1, le=8)  # element width (dense: the shuffle; sparse: the element)
+    encoding: weight_delta.Encoding = weight_delta.DENSE
 
 
 class DeltaManifest(BaseModel):
@@ -117,9 +119,17 @@ class DeltaManifest(BaseModel):
     model_config = ConfigDict(extra="forbid")
     version: int = Field(ge=0)
     base: int = Field(ge=0)
-    codec: Literal["xor-shuffle-zstd"] = weight_delta.CODEC
+    # "xor-shuffle-zstd": every chunk dense; "sparse-or-xor-shuffle-zstd": each chunk's `encoding`
+    # says which (a worker that knows only the first rejects the second and pulls in full)
+    codec: Literal["xor-shuffle-zstd", "sparse-or-xor-shuffle-zstd"] = weight_delta.CODEC_SPARSE
     total_bytes: int = Field(ge=0)  # compressed bytes of all changed chunks
     chunks: list[DeltaChunk]
+
+    @model_validator(mode="after")
+    def _encodings_match_codec(self) -> DeltaManifest:
+        if self.codec == weight_delta.CODEC and any(d.encoding != weight_delta.DENSE for d in self.chunks):
+            raise ValueError(f"codec {self.codec} has dense chunks only")
+        return self
 
 
 def root_of(chunks: list[ChunkInfo], alg: Algorithm) -> str:
@@ -270,6 +280,7 @@ class WeightPublisher:
         keep: int = 2,
         *,
         delta: bool = True,
+        sparse_delta: bool = True,
         hash_threads: int = 4,
         digest_alg: Algorithm = DEFAULT_DIGEST,
         egress_bps: float | None = None,
@@ -278,12 +289,15 @@ class WeightPublisher:
     ) -> None:
         """`prepare_next`: after each version, page in a buffer for the next one in the background
         (one more model-sized buffer of host memory), so the copy that blocks training runs at
-        memory speed instead of paying first-touch page faults."""
+        memory speed instead of paying first-touch page faults. `sparse_delta`: offer each changed
+        chunk's delta in the smaller of the sparse and the dense encoding (False: dense only, the
+        codec every worker understands; kept for comparisons)."""
         if chunk_bytes < 1 or keep < 1:
             raise ValueError("chunk_bytes and keep must be >= 1")
         self.chunk_bytes = chunk_bytes
         self.keep = keep
         self.delta_enabled = delta
+        self.sparse_delta = sparse_delta
         self.digest_alg = digest_alg
         self.tracker = tracker if tracker is not None else SwarmTracker()
         self.counters = ServeCounters()
@@ -385,22 +399,33 @@ class WeightPublisher:
         assert base.manifest is not None
         shuffles = weight_delta.shuffle_widths(m.tensors, m.chunks)
 
-        def one(c: ChunkInfo) -> bytes | None:
-            old, new = base.buf.view[c.offset : c.offset + c.size], pub.buf.view[c.offset : c.offset + c.size]
-            return weight_delta.encode(old, new, shuffles[c.index])
+        sparse = self.sparse_delta
 
-        payloads = list(self._pool.map(one, m.chunks))
+        def one(c: ChunkInfo) -> tuple[weight_delta.Encoding, bytes] | None:
+            old, new = base.buf.view[c.offset : c.offset + c.size], pub.buf.view[c.offset : c.offset + c.size]
+            if sparse:
+                return weight_delta.encode_best(old, new, shuffles[c.index])
+            p = weight_delta.encode(old, new, shuffles[c.index])
+            return (weight_delta.DENSE, p) if p is not None else None
+
+        encoded = list(self._pool.map(one, m.chunks))
+        payloads = [e[1] if e else None for e in encoded]
         dchunks = [
             DeltaChunk(
                 index=i,
-                size=len(p) if p else 0,
-                digest=hexdigest(m.digest, p) if p else None,
+                size=len(e[1]) if e else 0,
+                digest=hexdigest(m.digest, e[1]) if e else None,
                 shuffle=shuffles[i],
+                encoding=e[0] if e else weight_delta.DENSE,
             )
-            for i, p in enumerate(payloads)
+            for i, e in enumerate(encoded)
         ]
         dm = DeltaManifest(
-            version=m.version, base=base.manifest.version, total_bytes=sum(d.size for d in dchunks), chunks=dchunks
+            version=m.version,
+            base=base.manifest.version,
+            codec=weight_delta.CODEC_SPARSE if sparse else weight_delta.CODEC,
+            total_bytes=sum(d.size for d in dchunks),
+            chunks=dchunks,
         )
         return dm, payloads
 

@@ -6,7 +6,8 @@ Every chunk is hashed as it lands and counts only when its digest matches the ma
 (trainer/digest.py: BLAKE3 unless the manifest says otherwise).
 
 Sources, in order of preference:
-  1. a delta from the version this worker already holds (trainer/weight_delta.py), when offered;
+  1. a delta from the version this worker already holds (trainer/weight_delta.py: sparse or dense
+     per chunk), when offered;
   2. peers that hold the chunk (other workers; the trainer's tracker says who holds what);
   3. the trainer ("origin"), for chunks the tracker granted to this puller (so each chunk leaves the
      trainer about once, however many workers pull), or for everything when there is no tracker.
@@ -34,7 +35,7 @@ import aiohttp
 from pydantic import ValidationError
 
 from trainer import digest
-from trainer.weight_delta import decode_into
+from trainer.weight_delta import decode_chunk
 from trainer.weight_tracker import decode_bits, encode_bits
 from trainer.weights import (
     DeltaManifest,
@@ -415,7 +416,7 @@ def _delta_loop(
                         stop=ctx.stop,
                     )
                     ctx.count(n, delta_bytes=n)
-                    decode_into(base_buf.view[sl], payload, buf.view[sl], d.shuffle)
+                    decode_chunk(base_buf.view[sl], payload, buf.view[sl], d.shuffle, d.encoding)
                     ok = digest.hexdigest(m.digest, buf.view[sl]) == info.digest
                     break
                 except (SourceError, _Corrupt, ValueError):

@@ -22,7 +22,13 @@ _NAME_RE = re.compile(r"^[a-z][a-z0-9-]{0,38}[a-z0-9]$")
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # strict: no silent coercion (`steps: "10"`, `steps: true`, `max_workers: 2.5` are errors); fields
+    # whose YAML form is a string of another type (paths) opt out one by one with LaxPath
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+
+# a path is written as a string in YAML (and in a model_dump(mode="json") round trip)
+LaxPath = Annotated[Path, Field(strict=False)]
 
 
 class ModelSpec(Strict):
@@ -68,6 +74,17 @@ class ModelSpec(Strict):
 
 
 class AlgorithmSpec(Strict):
+    @model_validator(mode="before")
+    @classmethod
+    def _moved(cls, data: object) -> object:
+        # algorithm.checkpoint_every was never read (the trainer checkpoints by trainer.checkpoint_every)
+        if isinstance(data, dict) and "checkpoint_every" in data:
+            raise ValueError(
+                "checkpoint_every moved to trainer.checkpoint_every (algorithm.checkpoint_every was never used); "
+                "move the line under trainer:"
+            )
+        return data
+
     name: Literal["grpo"] = "grpo"
     prompts_per_step: Annotated[int, Field(ge=1, le=100_000)] = 32
     group_size: Annotated[int, Field(ge=2, le=1024)] = 8
@@ -78,7 +95,6 @@ class AlgorithmSpec(Strict):
     temperature: Annotated[float, Field(gt=0, le=10)] = 1.0
     # Supervised steps on task demonstrations before RL starts ("brief warm start").
     warm_start_steps: Annotated[int, Field(ge=0, le=1_000_000)] = 100
-    checkpoint_every: Annotated[int, Field(ge=0)] = 0
     # Sequences per forward/backward pass (gradients accumulate); None = the whole step's share at once.
     micro_batch_size: Annotated[int, Field(ge=1, le=100_000)] | None = None
 
@@ -92,7 +108,7 @@ class TaskSpec(Strict):
     min_len: Annotated[int, Field(ge=1, le=64)] = 3
     max_len: Annotated[int, Field(ge=1, le=64)] = 6
     # ---- jsonl only ----
-    path: Path | None = None  # one JSON object per line; relative to the job file
+    path: LaxPath | None = None  # one JSON object per line; relative to the job file
     prompt_field: str | None = None  # None: the first of prompt, question, problem
     answer_field: str | None = None  # None: the first of answer, solution (GSM8K '#### x' or \boxed{x})
     chat_template: bool = True  # wrap prompts in the tokenizer's chat template (when it has one)
@@ -180,7 +196,7 @@ class LengthSpec(Strict):
     sigma: Annotated[float, Field(ge=0, le=5)] = 0.8  # per-response spread (log space)
     prompt_sigma: Annotated[float, Field(ge=0, le=5)] = 0.5  # per-prompt spread (log space)
     # rollouts.jsonl of a run launched with --record-rollouts, or a JSON list of lengths
-    recorded: Path | None = None
+    recorded: LaxPath | None = None
 
 
 class SyntheticSpec(Strict):
@@ -243,7 +259,7 @@ class LocalSpec(Strict):
 
     # An availability trace: Bamboo-style `t_ms,add|remove,nodeK` CSV, GCP `date, time, N` lines,
     # or JSON `{"metadata": {"gap_seconds": G}, "data": [n0, n1, ...]}`. None = the built-in trace.
-    trace: Path | None = None
+    trace: LaxPath | None = None
     # Trace seconds that pass per wall-clock second.
     time_scale: Annotated[float, Field(gt=0)] = 60.0
     # Preemption notice lead time, in wall seconds; 0 = killed without notice.
@@ -253,7 +269,7 @@ class LocalSpec(Strict):
     # Scale the trace's node counts down to this machine (e.g. 32 nodes -> 3 workers).
     capacity_scale: Annotated[float, Field(gt=0)] = 1.0
     # Optional SkyPilot-style catalog CSV for prices (vms.csv columns).
-    catalog: Path | None = None
+    catalog: LaxPath | None = None
 
 
 class PerfSpec(Strict):
@@ -412,6 +428,15 @@ def _loc(loc: tuple[int | str, ...]) -> str:
     return out or "(top level)"
 
 
+# strict mode's type errors, with the fix (YAML quotes make strings; `true` is a bool, not 1)
+_STRICT_FIXES = {
+    "int_type": "write a whole number, no quotes or decimals, e.g. 10",
+    "float_type": "write a number without quotes, e.g. 3e-3 or 0.5",
+    "bool_type": "write true or false without quotes",
+    "string_type": "quote it, e.g. \"A100:8\"",
+}
+
+
 def format_validation_error(err: ValidationError) -> str:
     lines = []
     for e in err.errors():
@@ -421,8 +446,41 @@ def format_validation_error(err: ValidationError) -> str:
             msg = "unknown key (remove it, or check its spelling against README's job-file reference)"
         elif e["type"] == "literal_error":
             msg = f"invalid value {e.get('input')!r}; {msg.lower()}"
+        elif e["type"] in _STRICT_FIXES:
+            msg = f"{msg} (got {e.get('input')!r}, a {type(e.get('input')).__name__}; {_STRICT_FIXES[e['type']]})"
         lines.append(f"{loc}: {msg}")
     return "\n".join(lines)
+
+
+class JobFileLoader(yaml.SafeLoader):
+    """SafeLoader that refuses duplicate keys (YAML silently keeps the last one) and reads YAML 1.2
+    floats: PyYAML (YAML 1.1) takes an unquoted `1e-6` (no dot) for a string, which strict
+    validation would then refuse."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        seen: dict[object, int] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            line = key_node.start_mark.line + 1
+            if key in seen:
+                raise SpecError(
+                    f"line {line}: duplicate key {key!r} (first at line {seen[key]}); keep one of them"
+                )
+            seen[key] = line
+        return super().construct_mapping(node, deep=deep)
+
+
+JobFileLoader.yaml_implicit_resolvers = {k: list(v) for k, v in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+JobFileLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"),
+    list("-+0123456789."),
+)
+
+
+def load_yaml(text: str) -> object:
+    """Parse a job file's YAML (duplicate keys are a SpecError; `1e-6` is a float)."""
+    return yaml.load(text, Loader=JobFileLoader)  # a SafeLoader subclass: no arbitrary objects
 
 
 def load_spec(path: str | Path) -> JobSpec:
@@ -431,7 +489,9 @@ def load_spec(path: str | Path) -> JobSpec:
     if not p.is_file():
         raise SpecError(f"{p}: job file not found (check the path)")
     try:
-        raw = yaml.safe_load(p.read_text())
+        raw = load_yaml(p.read_text())
+    except SpecError as e:
+        raise SpecError(f"{p}: {e}") from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""

@@ -426,12 +426,16 @@ def _print_plan(spec: JobSpec, t_offer, s_offers, prices=None) -> None:
         f"${t_offer.hourly_price / n:.3f}/h per node, ${t_offer.hourly_price:.2f}/h in all"
     )
     table = Table(title="spot candidates, in bidding order (cheapest $ per unit of throughput first)")
-    for col in ("cloud", "region", "accelerator", "spot $/h", "on-demand $/h", "throughput", "$/h ÷ thr"):
+    cols = ("cloud", "region", "zone", "instance", "accelerator", "spot $/h", "on-demand $/h", "throughput")
+    for col in (*cols, "$/h ÷ thr"):
         table.add_column(col)
     for o in s_offers:
+        zone, instance = _placement(o) if prices is not None else ("-", "-")
         table.add_row(
             o.cloud,
             o.region or "any",
+            zone,
+            instance,
             o.accelerator or "-",
             f"{o.hourly_price:.3f}",
             f"{o.on_demand_price:.3f}" if o.on_demand_price is not None else "-",
@@ -439,7 +443,11 @@ def _print_plan(spec: JobSpec, t_offer, s_offers, prices=None) -> None:
             f"{o.dollars_per_unit_throughput:.3f}",
         )
     console.print(table)
-    mw = spec.rollout.max_workers
+    mw, r = spec.rollout.max_workers, spec.rollout
+    console.print(
+        f"expected fleet: {r.min_workers}–{mw} spot workers, sized after each step by objective "
+        f"[cyan]{r.objective}[/]" + (f" (deadline {spec.deadline_hours:g} h)" if spec.deadline_hours else "")
+    )
     if s_offers:
         worst = t_offer.hourly_price + mw * max(o.hourly_price for o in s_offers)
         console.print(f"at most {mw} spot workers: up to ${worst:.2f}/h with the trainer")
@@ -463,6 +471,14 @@ def _print_plan(spec: JobSpec, t_offer, s_offers, prices=None) -> None:
         est = estimate_deadline(spec)
         for line in est.lines() if est else []:
             console.print(line, markup=False, highlight=False, soft_wrap=True)
+
+
+def _placement(offer) -> tuple[str, str]:
+    """(zone, instance type) of the offer's cheapest spot placement in the bundled catalog ('-' unknown)."""
+    from providers.prices import placements
+
+    found = placements(offer.accelerator, offer.cloud, offer.region, spot=True)
+    return (found[0].zone or found[0].region, found[0].instance_type) if found else ("-", "-")
 
 
 def _print_outcome(store: StateStore, job_id: int) -> None:

@@ -40,6 +40,54 @@ err = Console(stderr=True)
 ACTIVE = ("pending", "running")
 
 
+def _version(value: bool) -> None:
+    if value:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            console.print(f"rlboost {version('rlboost')}", highlight=False)
+        except PackageNotFoundError:  # running from a source tree that was never installed
+            console.print("rlboost (not installed: no version metadata)", highlight=False)
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(
+    version: Annotated[
+        bool, typer.Option("--version", callback=_version, is_eager=True, help="print rlboost's version and exit")
+    ] = False,
+) -> None:
+    """RL post-training on an on-demand trainer plus harvested spot GPUs."""
+
+
+@app.command()
+def check(
+    as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
+) -> None:
+    """Which providers this machine can launch with: do their libraries import, are credentials found."""
+    from providers import PROVIDER_CLOUDS, provider_check
+
+    results = [provider_check(p) for p in PROVIDER_CLOUDS]
+    if as_json:
+        print(json.dumps(results, indent=2))
+        return
+    table = Table(title="providers (credentials from files and environment only; nothing is called)")
+    for col in ("provider", "ready", "libraries", "credentials", "to fix"):
+        table.add_column(col)
+    for r in results:
+        libs = ", ".join(f"{m} {'ok' if ok else 'missing'}" for m, ok in r["libraries"].items())
+        creds = [f"{c}: {where or 'none'}" for c, where in r["credentials"].items()]
+        creds += [f"{c}: see `sky check`" for c in r["unchecked_clouds"]]
+        table.add_row(
+            r["provider"],
+            "[green]yes[/]" if r["ready"] else "[red]no[/]",
+            escape(libs),
+            escape("\n".join(creds) or "not needed"),
+            escape("\n".join(r["problems"]) or "-"),
+        )
+    console.print(table)
+
+
 def fail(msg: str, code: int = 1) -> NoReturn:
     # messages quote user and provider text (`[local]`, paths, log lines): never markup
     err.print(f"[bold red]error:[/] {escape(msg)}", highlight=False, soft_wrap=True)

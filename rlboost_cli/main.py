@@ -169,13 +169,23 @@ def launch(
             "follow it with `rlboost logs ID -f`, stop it with `rlboost down ID`",
         ),
     ] = False,
+    overrides: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--set",
+            help="override a job-file field, KEY.PATH=VALUE (a YAML scalar), e.g. --set algorithm.steps=10; "
+            "repeatable; validated with the file",
+        ),
+    ] = None,
 ) -> None:
     """Provision the trainer, train, and keep bidding for spot rollout workers until the job ends."""
     if resume:
+        if overrides:
+            fail("--set applies to a new launch; --resume continues the job as it was saved", 2)
         _resume(job_file, record_rollouts, detach)
         return
     try:
-        spec = load_spec(Path(job_file))
+        spec = load_spec(Path(job_file), overrides or [])
     except SpecError as e:
         fail(str(e), 2)
     _check_provider(spec, dryrun)
@@ -186,9 +196,11 @@ def launch(
     if dryrun:
         _print_plan(spec, t_offer, s_offers, prices)
         return
+    # the overrides are in the values; the header says which came from the command line
+    saved = "".join(f"# --set {o}\n" for o in overrides or []) + spec_to_yaml(spec)
     store = _store()
     try:
-        job_id = store.create_job(spec.name, spec_to_yaml(spec), spec.provider)
+        job_id = store.create_job(spec.name, saved, spec.provider)
     except JobExistsError:
         job_id = _replace_dead_job(store, spec)
     if job_id is None:
@@ -201,7 +213,7 @@ def launch(
     store.update_job(job_id, controller_pid=os.getpid())  # at once: `rlboost gc` tells live from dead by it
     run_dir = rlboost_home() / "jobs" / f"{spec.name}-{job_id}"
     run_dir.mkdir(parents=True, mode=0o700)
-    (run_dir / "spec.yaml").write_text(spec_to_yaml(spec))
+    (run_dir / "spec.yaml").write_text(saved)
     token = secrets.token_urlsafe(32)
     token_file = run_dir / "token"
     token_file.touch(mode=0o600)

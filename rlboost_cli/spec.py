@@ -6,6 +6,7 @@ file without reading this module.
 
 from __future__ import annotations
 
+import copy
 import re
 from pathlib import Path
 from typing import Annotated, Literal
@@ -483,8 +484,57 @@ def load_yaml(text: str) -> object:
     return yaml.load(text, Loader=JobFileLoader)  # a SafeLoader subclass: no arbitrary objects
 
 
-def load_spec(path: str | Path) -> JobSpec:
-    """Read and validate a job file; raise SpecError with user-facing lines."""
+_SET_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\[[0-9]+\])*")
+
+
+def apply_overrides(raw: dict, overrides: list[str]) -> dict:
+    """`--set key.path=value` (value read as a YAML scalar: `3`, `1e-6`, `true`, `A100:8`), applied to the
+    parsed file before validation so that a bad value is blamed on its field. Lists by index:
+    `rollout.candidates[0].accelerator=H100`."""
+    out = copy.deepcopy(raw)
+    for item in overrides:
+        key, sep, text = item.partition("=")
+        parts = key.strip().split(".")
+        if not sep or not all(_SET_KEY.fullmatch(p) for p in parts):
+            raise SpecError(f"--set {item}: expected KEY.PATH=VALUE (e.g. --set algorithm.steps=10)")
+        try:
+            value = load_yaml(text) if text.strip() else None
+        except (yaml.YAMLError, SpecError) as e:
+            raise SpecError(f"--set {item}: the value is not a YAML scalar ({e})") from None
+        steps: list[str | int] = []
+        for p in parts:
+            name, *idx = p.replace("]", "").split("[")
+            steps += [name, *map(int, idx)]
+        _set_path(out, steps, value, item)
+    return out
+
+
+def _set_path(node: object, steps: list[str | int], value: object, item: str) -> None:
+    for depth, step in enumerate(steps[:-1]):
+        at = _loc(tuple(steps[: depth + 1]))
+        if isinstance(step, int):
+            if not isinstance(node, list) or step >= len(node):
+                raise SpecError(f"--set {item}: {at} is not in the job file (no such list item)")
+            node = node[step]
+        elif isinstance(node, dict):
+            node = node.setdefault(step, {})
+            if node is None:
+                raise SpecError(f"--set {item}: {at} is empty in the job file")
+        else:
+            raise SpecError(f"--set {item}: {_loc(tuple(steps[:depth]))} is not a mapping")
+    last = steps[-1]
+    if isinstance(last, int):
+        if not isinstance(node, list) or last >= len(node):
+            raise SpecError(f"--set {item}: {_loc(tuple(steps))} is not in the job file (no such list item)")
+        node[last] = value
+    elif isinstance(node, dict):
+        node[last] = value
+    else:
+        raise SpecError(f"--set {item}: {_loc(tuple(steps[:-1]))} is not a mapping")
+
+
+def load_spec(path: str | Path, overrides: list[str] | None = None) -> JobSpec:
+    """Read and validate a job file (with `--set` overrides); raise SpecError with user-facing lines."""
     p = Path(path)
     if not p.is_file():
         raise SpecError(f"{p}: job file not found (check the path)")
@@ -498,7 +548,9 @@ def load_spec(path: str | Path) -> JobSpec:
         raise SpecError(f"{p}: not valid YAML{where} ({getattr(e, 'problem', e)})") from None
     if not isinstance(raw, dict):
         raise SpecError(f"{p}: the job file must be a YAML mapping with at least `name:`")
-    spec = parse_spec(raw, source=str(p))
+    if overrides:
+        raw = apply_overrides(raw, overrides)
+    spec = parse_spec(raw, source=str(p) + (" with --set" if overrides else ""))
     return resolve_paths(spec, p.parent)
 
 

@@ -463,6 +463,8 @@ class JobFileLoader(yaml.SafeLoader):
         for key_node, _ in node.value:
             key = self.construct_object(key_node, deep=True)
             line = key_node.start_mark.line + 1
+            if not isinstance(key, str | int | float | bool | None):
+                continue  # an unhashable key: SafeLoader's own error says so
             if key in seen:
                 raise SpecError(
                     f"line {line}: duplicate key {key!r} (first at line {seen[key]}); keep one of them"

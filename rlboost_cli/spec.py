@@ -385,6 +385,8 @@ class JobSpec(Strict):
     def _check_perf(self) -> None:
         from trainer.policies.perf import DEFAULT_PERF
 
+        self._check_perf_models()
+
         for name, p in self.perf.items():
             base = next((v for k, v in DEFAULT_PERF.items() if k.lower() == name.lower()), None)
             rates = (p.tokens_per_s, p.seq_tokens_per_s, p.prefill_tokens_per_s, p.train_tokens_per_s)
@@ -399,6 +401,27 @@ class JobSpec(Strict):
                 raise ValueError(
                     f"perf.{name}: tokens_per_s ({tps:g}, a full batch) is below seq_tokens_per_s ({seq:g}, one "
                     "sequence); a batch cannot be slower than one sequence"
+                )
+
+    def _check_perf_models(self) -> None:
+        """Accelerators the scheduling models need a performance model for (else a KeyError on the
+        trainer node, mid-job): the trainer's (its training rate sizes the offload), and for synthetic
+        engines every candidate's (their speed is the model)."""
+        from trainer.policies.perf import DEFAULT_PERF, split_accelerator
+
+        known = {k.lower() for k in (*DEFAULT_PERF, *self.perf)}
+        needs: list[tuple[str, str | None]] = []
+        if not (self.model.kind == "synthetic" and self.model.train_tokens_per_s is not None):
+            needs.append(("trainer.accelerators", self.trainer.accelerators))
+        if self.model.kind == "synthetic":
+            cands = self.rollout.candidates
+            needs += [(f"rollout.candidates[{i}].accelerator", c.accelerator) for i, c in enumerate(cands)]
+        for field, acc in needs:
+            name, _ = split_accelerator(acc)
+            if name.lower() not in known:
+                raise ValueError(
+                    f"{field}: no performance model for {name!r} (built-in: {', '.join(DEFAULT_PERF)}); add "
+                    f"perf.{name} with tokens_per_s, seq_tokens_per_s, prefill_tokens_per_s and train_tokens_per_s"
                 )
 
     def perf_table(self):

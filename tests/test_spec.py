@@ -123,3 +123,30 @@ def test_every_example_loads_and_round_trips(path):
 
     spec = load_spec(path)
     assert parse_spec(load_yaml(spec_to_yaml(spec))) == spec  # the saved spec.yaml validates too
+
+
+@pytest.mark.parametrize(
+    "raw, needle",
+    [
+        (
+            {"name": "x1", "rollout": {"max_workers": 0}, "trainer": {"accelerators": "B200:8"}},
+            "trainer.accelerators: no performance model for 'B200'",
+        ),
+        (
+            {
+                "name": "x1",
+                "model": {"kind": "synthetic"},
+                "rollout": {"engine": "synthetic", "candidates": [{"accelerator": "T4"}, {"accelerator": "X9"}]},
+            },
+            "rollout.candidates[1].accelerator: no performance model for 'X9'",
+        ),
+    ],
+)
+def test_accelerators_without_a_performance_model(raw, needle):
+    # the trainer's training rate sizes the offload on every job: without a model it failed mid-job
+    with pytest.raises(SpecError) as e:
+        parse_spec(raw)
+    assert needle in str(e.value) and "add perf." in str(e.value)
+    raw = {**raw, "perf": {needle.split("'")[1]: {"tokens_per_s": 9, "seq_tokens_per_s": 1,
+                                                   "prefill_tokens_per_s": 9, "train_tokens_per_s": 9}}}
+    parse_spec(raw)  # a perf entry fixes it

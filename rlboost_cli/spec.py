@@ -125,6 +125,12 @@ class TaskSpec(Strict):
             raise ValueError("name: jsonl needs path (a .jsonl file of prompts and answers)")
         if self.name != "jsonl" and self.path is not None:
             raise ValueError(f"path applies to name: jsonl only (task {self.name!r} generates its own problems)")
+        # as ModelSpec: "set" = differs from the default, so a model_dump() round trip validates
+        jsonl_only = ("prompt_field", "answer_field", "chat_template", "system_prompt", "instruction")
+        fields = type(self).model_fields
+        changed = sorted(k for k in jsonl_only if getattr(self, k) != fields[k].default)
+        if self.name != "jsonl" and changed:
+            raise ValueError(f"{', '.join(changed)}: apply to name: jsonl only (remove, or set name: jsonl)")
         if self.reward == "math_boxed" and self.name != "jsonl":
             raise ValueError(f"reward math_boxed scores a jsonl dataset; task {self.name!r} uses exact_match")
         return self

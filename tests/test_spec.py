@@ -150,3 +150,9 @@ def test_accelerators_without_a_performance_model(raw, needle):
     raw = {**raw, "perf": {needle.split("'")[1]: {"tokens_per_s": 9, "seq_tokens_per_s": 1,
                                                    "prefill_tokens_per_s": 9, "train_tokens_per_s": 9}}}
     parse_spec(raw)  # a perf entry fixes it
+
+
+def test_jsonl_only_task_settings_on_a_string_task():
+    with pytest.raises(SpecError) as e:
+        parse_spec({"name": "x1", "rollout": {"max_workers": 0}, "task": {"name": "reverse", "system_prompt": "hi"}})
+    assert "task: system_prompt: apply to name: jsonl only" in str(e.value)

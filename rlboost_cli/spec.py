@@ -478,8 +478,15 @@ def format_validation_error(err: ValidationError) -> str:
             msg = f"invalid value {e.get('input')!r}; {msg.lower()}"
         elif e["type"] in _STRICT_FIXES:
             msg = f"{msg} (got {e.get('input')!r}, a {type(e.get('input')).__name__}; {_STRICT_FIXES[e['type']]})"
-        lines.append(f"{loc}: {msg}")
+        lines.append(msg if loc == "(top level)" and _names_a_field(msg) else f"{loc}: {msg}")
     return "\n".join(lines)
+
+
+def _names_a_field(msg: str) -> bool:
+    """A cross-field message that starts with the field at fault (`rollout.max_workers > 0 but …`)
+    needs no `(top level):` in front of it."""
+    head = re.match(r"[a-z_]+", msg)
+    return head is not None and head.group() in JobSpec.model_fields and msg[head.end() : head.end() + 1] in ".[: "
 
 
 class JobFileLoader(yaml.SafeLoader):

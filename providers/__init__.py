@@ -5,6 +5,7 @@ Cloud SDKs are imported lazily: `provider: local` needs none of them.
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import os
 from collections.abc import Callable
@@ -22,7 +23,15 @@ PROVIDER_CLOUDS = {
     "aws": ("aws",),
     "gcp": ("gcp",),
 }
+# the Python libraries each provider needs (imported lazily, when a job uses it)
+PROVIDER_MODULES = {
+    "local": ("torch",),
+    "skypilot": ("sky",),
+    "aws": ("boto3",),
+    "gcp": ("google.cloud.compute_v1",),
+}
 INSTALL_HINT = {
+    "local": "pip install 'rlboost[local]'",
     "skypilot": "pip install 'rlboost[skypilot]'",
     "aws": "pip install 'rlboost[aws]'",
     "gcp": "pip install 'rlboost[gcp]'",
@@ -139,7 +148,7 @@ def preflight(spec: JobSpec, *, check_credentials: bool = True) -> None:
         problems.append(f"trainer.region: provider {spec.provider!r} needs the trainer's region")
     if not spec.trainer.accelerators:
         problems.append("trainer.accelerators: name the trainer's GPUs (e.g. 'A100:8') for a real cloud")
-    module = {"skypilot": "sky", "aws": "boto3", "gcp": "google.cloud.compute_v1"}[spec.provider]
+    module = PROVIDER_MODULES[spec.provider][0]
     if not _installed(module):  # found without importing it (SkyPilot takes seconds to import)
         problems.append(f"provider: {spec.provider!r} needs {module}; install it with {INSTALL_HINT[spec.provider]}")
     if check_credentials:
@@ -150,6 +159,34 @@ def preflight(spec: JobSpec, *, check_credentials: bool = True) -> None:
             problems.append("credentials: no GCP project; set GOOGLE_CLOUD_PROJECT or `gcloud config set project`")
     if problems:
         raise PreflightError("\n".join(problems))
+
+
+def _imports(module: str) -> str | None:
+    """None if the module imports, else why not (a missing or a broken install)."""
+    try:
+        importlib.import_module(module)
+    except Exception as e:  # any failure to import (missing, broken install) is what `check` reports
+        return f"{type(e).__name__}: {e}".splitlines()[0]
+    return None
+
+
+def provider_check(provider: str, env: dict[str, str] | None = None) -> dict[str, Any]:
+    """`rlboost check` for one provider: do its libraries import, are its clouds' credentials found
+    (files and environment only, as preflight). Clouds rlboost cannot check are listed as unchecked."""
+    libraries = {m: _imports(m) for m in PROVIDER_MODULES[provider]}
+    clouds = [c for c in PROVIDER_CLOUDS[provider] if c != "local"]
+    found = credentials(clouds, env)
+    missing = [f"{m}: {why} ({INSTALL_HINT[provider]})" for m, why in libraries.items() if why]
+    creds = [f"{c}: no credentials; {CREDENTIAL_HINTS[c]}" for c, where in found.items() if where is None]
+    return {
+        "provider": provider,
+        "libraries": {m: why is None for m, why in libraries.items()},
+        "credentials": found,
+        "unchecked_clouds": [c for c in clouds if c not in found],
+        # a multi-cloud provider (skypilot) is usable with any one cloud's credentials
+        "ready": not missing and (not clouds or any(found.values())),
+        "problems": missing + creds,
+    }
 
 
 def _installed(module: str) -> bool:

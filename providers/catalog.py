@@ -57,6 +57,10 @@ class Catalog:
     def __len__(self) -> int:
         return len(self._offers)
 
+    def all(self, cloud: str | None = None) -> list[Offer]:
+        """Every row (of one cloud), priced or not: what the catalog knows exists."""
+        return [o for o in self._offers if cloud is None or o.cloud == cloud]
+
     def offers(
         self,
         accelerator: str | None = None,

@@ -8,6 +8,7 @@ falls back to `providers/data/*_vms.csv` and says so in the plan.
 
 from __future__ import annotations
 
+import difflib
 import math
 import re
 from functools import cache
@@ -57,6 +58,39 @@ class CloudPrices:
             return None
         self.sources[cloud] = "bundled snapshot (providers/data)"
         return cat.price(name, count, cloud=cloud, region=region, spot=spot)
+
+
+    def explain_miss(self, accelerator: str | None, cloud: str, region: str | None) -> tuple[str, str] | None:
+        """Why `self(...)` found no price, when the catalog can tell: a region it does not know (with
+        close matches) or an accelerator it lacks (with the ones it has), as ("region" or "accelerator",
+        the problem). None: it knows both, so the miss is the region's stock or spot vs on demand."""
+        known = _catalog_rows(cloud, self.use_skypilot)
+        if not known:
+            return None
+        name, count = parse_accelerator(accelerator)
+        regions = sorted({r for _, _, r in known})
+        if region is not None and region not in regions:
+            close = difflib.get_close_matches(region, regions, n=3, cutoff=0.6)
+            hint = f"did you mean {', '.join(close)}?" if close else f"{cloud} regions: {', '.join(regions)}"
+            return "region", f"{region!r} is not a region of {cloud} in the price catalog ({hint})"
+        names = sorted({n for n, _, _ in known}, key=str.lower)
+        if name.lower() not in {n.lower() for n in names}:
+            return "accelerator", f"the {cloud} price catalog has no {name!r} (it has: {', '.join(names)})"
+        counts = sorted({c for n, c, _ in known if n.lower() == name.lower()})
+        if count not in counts:
+            return "accelerator", f"{cloud} sells {name} in counts of {', '.join(map(str, counts))}, not {count}"
+        return None
+
+
+def _catalog_rows(cloud: str, use_skypilot: bool) -> set[tuple[str, int, str]]:
+    """(accelerator, count, region) of every instance the cloud's catalog lists."""
+    if use_skypilot and sky_catalog_present(cloud):
+        from sky import catalog
+
+        found = catalog.list_accelerators(gpus_only=False, clouds=cloud, all_regions=True)
+        return {(n, int(i.accelerator_count), i.region) for n, infos in found.items() for i in infos}
+    cat = bundled_catalog(cloud)
+    return {(o.accelerator, o.count, o.region) for o in cat.all(cloud)} if cat is not None else set()
 
 
 def _sky_price(name: str, count: int, cloud: str, region: str | None, spot: bool) -> float | None:

@@ -40,6 +40,54 @@ err = Console(stderr=True)
 ACTIVE = ("pending", "running")
 
 
+def _version(value: bool) -> None:
+    if value:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            console.print(f"rlboost {version('rlboost')}", highlight=False)
+        except PackageNotFoundError:  # running from a source tree that was never installed
+            console.print("rlboost (not installed: no version metadata)", highlight=False)
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(
+    version: Annotated[
+        bool, typer.Option("--version", callback=_version, is_eager=True, help="print rlboost's version and exit")
+    ] = False,
+) -> None:
+    """RL post-training on an on-demand trainer plus harvested spot GPUs."""
+
+
+@app.command()
+def check(
+    as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
+) -> None:
+    """Which providers this machine can launch with: do their libraries import, are credentials found."""
+    from providers import PROVIDER_CLOUDS, provider_check
+
+    results = [provider_check(p) for p in PROVIDER_CLOUDS]
+    if as_json:
+        print(json.dumps(results, indent=2))
+        return
+    table = Table(title="providers (credentials from files and environment only; nothing is called)")
+    for col in ("provider", "ready", "libraries", "credentials", "to fix"):
+        table.add_column(col)
+    for r in results:
+        libs = ", ".join(f"{m} {'ok' if ok else 'missing'}" for m, ok in r["libraries"].items())
+        creds = [f"{c}: {where or 'none'}" for c, where in r["credentials"].items()]
+        creds += [f"{c}: see `sky check`" for c in r["unchecked_clouds"]]
+        table.add_row(
+            r["provider"],
+            "[green]yes[/]" if r["ready"] else "[red]no[/]",
+            escape(libs),
+            escape("\n".join(creds) or "not needed"),
+            escape("\n".join(r["problems"]) or "-"),
+        )
+    console.print(table)
+
+
 def fail(msg: str, code: int = 1) -> NoReturn:
     # messages quote user and provider text (`[local]`, paths, log lines): never markup
     err.print(f"[bold red]error:[/] {escape(msg)}", highlight=False, soft_wrap=True)
@@ -121,13 +169,23 @@ def launch(
             "follow it with `rlboost logs ID -f`, stop it with `rlboost down ID`",
         ),
     ] = False,
+    overrides: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--set",
+            help="override a job-file field, KEY.PATH=VALUE (a YAML scalar), e.g. --set algorithm.steps=10; "
+            "repeatable; validated with the file",
+        ),
+    ] = None,
 ) -> None:
     """Provision the trainer, train, and keep bidding for spot rollout workers until the job ends."""
     if resume:
+        if overrides:
+            fail("--set applies to a new launch; --resume continues the job as it was saved", 2)
         _resume(job_file, record_rollouts, detach)
         return
     try:
-        spec = load_spec(Path(job_file))
+        spec = load_spec(Path(job_file), overrides or [])
     except SpecError as e:
         fail(str(e), 2)
     _check_provider(spec, dryrun)
@@ -138,9 +196,11 @@ def launch(
     if dryrun:
         _print_plan(spec, t_offer, s_offers, prices)
         return
+    # the overrides are in the values; the header says which came from the command line
+    saved = "".join(f"# --set {o}\n" for o in overrides or []) + spec_to_yaml(spec)
     store = _store()
     try:
-        job_id = store.create_job(spec.name, spec_to_yaml(spec), spec.provider)
+        job_id = store.create_job(spec.name, saved, spec.provider)
     except JobExistsError:
         job_id = _replace_dead_job(store, spec)
     if job_id is None:
@@ -154,7 +214,7 @@ def launch(
     store.update_job(job_id, controller_pid=os.getpid())  # at once: `rlboost gc` tells live from dead by it
     run_dir = rlboost_home() / "jobs" / f"{spec.name}-{job_id}"
     run_dir.mkdir(parents=True, mode=0o700)
-    (run_dir / "spec.yaml").write_text(spec_to_yaml(spec))
+    (run_dir / "spec.yaml").write_text(saved)
     token = secrets.token_urlsafe(32)
     token_file = run_dir / "token"
     token_file.touch(mode=0o600)
@@ -427,12 +487,16 @@ def _print_plan(spec: JobSpec, t_offer, s_offers, prices=None) -> None:
         f"${t_offer.hourly_price / n:.3f}/h per node, ${t_offer.hourly_price:.2f}/h in all"
     )
     table = Table(title="spot candidates, in bidding order (cheapest $ per unit of throughput first)")
-    for col in ("cloud", "region", "accelerator", "spot $/h", "on-demand $/h", "throughput", "$/h ÷ thr"):
+    cols = ("cloud", "region", "zone", "instance", "accelerator", "spot $/h", "on-demand $/h", "throughput")
+    for col in (*cols, "$/h ÷ thr"):
         table.add_column(col)
     for o in s_offers:
+        zone, instance = _placement(o) if prices is not None else ("-", "-")
         table.add_row(
             o.cloud,
             o.region or "any",
+            zone,
+            instance,
             o.accelerator or "-",
             f"{o.hourly_price:.3f}",
             f"{o.on_demand_price:.3f}" if o.on_demand_price is not None else "-",
@@ -440,7 +504,11 @@ def _print_plan(spec: JobSpec, t_offer, s_offers, prices=None) -> None:
             f"{o.dollars_per_unit_throughput:.3f}",
         )
     console.print(table)
-    mw = spec.rollout.max_workers
+    mw, r = spec.rollout.max_workers, spec.rollout
+    console.print(
+        f"expected fleet: {r.min_workers}–{mw} spot workers, sized after each step by objective "
+        f"[cyan]{r.objective}[/]" + (f" (deadline {spec.deadline_hours:g} h)" if spec.deadline_hours else "")
+    )
     if s_offers:
         worst = t_offer.hourly_price + mw * max(o.hourly_price for o in s_offers)
         console.print(f"at most {mw} spot workers: up to ${worst:.2f}/h with the trainer")
@@ -464,6 +532,14 @@ def _print_plan(spec: JobSpec, t_offer, s_offers, prices=None) -> None:
         est = estimate_deadline(spec)
         for line in est.lines() if est else []:
             console.print(line, markup=False, highlight=False, soft_wrap=True)
+
+
+def _placement(offer) -> tuple[str, str]:
+    """(zone, instance type) of the offer's cheapest spot placement in the bundled catalog ('-' unknown)."""
+    from providers.prices import placements
+
+    found = placements(offer.accelerator, offer.cloud, offer.region, spot=True)
+    return (found[0].zone or found[0].region, found[0].instance_type) if found else ("-", "-")
 
 
 def _print_outcome(store: StateStore, job_id: int) -> None:

@@ -70,6 +70,13 @@ def _catalog_price(spec: JobSpec, acc: str | None, cloud: str | None, region: st
     return cat.price(name, count, cloud=None if cloud == "local" else cloud, region=region, spot=spot)
 
 
+def _why_missing(prices: PriceLookup, acc: str | None, cloud: str, region: str | None) -> tuple[str, str] | None:
+    """("region" | "accelerator", problem) when the price source can tell why it has no price (a
+    region typo, an accelerator its catalog lacks); None when the miss is only this offer's."""
+    explain = getattr(prices, "explain_miss", None)
+    return explain(acc, cloud, region) if explain is not None else None
+
+
 def trainer_offer(spec: JobSpec, prices: PriceLookup | None = None) -> Offer:
     t = spec.trainer
     od = t.hourly_price
@@ -78,6 +85,9 @@ def trainer_offer(spec: JobSpec, prices: PriceLookup | None = None) -> Offer:
     if od is None and prices is not None:
         od = prices(t.accelerators, t.cloud, t.region, False)
         if od is None:
+            why = _why_missing(prices, t.accelerators, t.cloud, t.region)
+            if why is not None:
+                raise PricingError(f"trainer.{'region' if why[0] == 'region' else 'accelerators'}: {why[1]}")
             where = t.cloud + (f"/{t.region}" if t.region else "")
             raise PricingError(
                 f"trainer.accelerators: {t.cloud} does not offer {t.accelerators!r} on demand in {where} "
@@ -112,6 +122,9 @@ def spot_offers(spec: JobSpec, prices: PriceLookup | None = None) -> list[Offer]
 
 def _candidate_offers(spec: JobSpec, i: int, c: SpotCandidate, prices: PriceLookup | None = None) -> list[Offer]:
     out = []
+    # (cloud, region) -> why the catalog has no spot price there; a miss in one of several clouds or
+    # regions is normal, so these become errors only below, when they explain the candidate as a whole
+    misses: dict[tuple[str, str | None], tuple[str, str]] = {}
     for cloud in c.clouds:
         for region in c.regions or [None]:
             spot = c.spot_price
@@ -120,6 +133,9 @@ def _candidate_offers(spec: JobSpec, i: int, c: SpotCandidate, prices: PriceLook
             if spot is None and prices is not None:
                 spot = prices(c.accelerator, cloud, region, True)
                 if spot is None:
+                    why = _why_missing(prices, c.accelerator, cloud, region)
+                    if why is not None:
+                        misses[(cloud, region)] = why
                     continue  # not offered as spot there (a region lists only what it sells)
             if spot is None:
                 spot = default_price(c.accelerator, spot=True)
@@ -136,6 +152,7 @@ def _candidate_offers(spec: JobSpec, i: int, c: SpotCandidate, prices: PriceLook
             elif od is None:
                 od = default_price(c.accelerator, spot=False)
             out.append(Offer(cloud, region, c.accelerator, spot, od, c.throughput))
+    _raise_candidate_miss(i, c, misses, found_any=bool(out))
     if not out:
         where = ", ".join(c.clouds) + (f" in {', '.join(c.regions)}" if c.regions else "")
         raise PricingError(
@@ -143,3 +160,15 @@ def _candidate_offers(spec: JobSpec, i: int, c: SpotCandidate, prices: PriceLook
             "catalog); pick another accelerator, cloud or region, or set spot_price"
         )
     return out
+
+
+def _raise_candidate_miss(i: int, c: SpotCandidate, misses: dict, *, found_any: bool) -> None:
+    """A region no listed cloud knows is a typo; an accelerator is an error once no cloud sells it."""
+    for region in c.regions:
+        why = [misses.get((cloud, region)) for cloud in c.clouds]
+        if all(w is not None and w[0] == "region" for w in why):
+            raise PricingError(f"rollout.candidates[{i}].regions: {'; '.join(w[1] for w in why if w)}")
+    if not found_any:
+        for kind, problem in misses.values():
+            if kind == "accelerator":
+                raise PricingError(f"rollout.candidates[{i}].accelerator: {problem}")

@@ -6,6 +6,7 @@ file without reading this module.
 
 from __future__ import annotations
 
+import copy
 import re
 from pathlib import Path
 from typing import Annotated, Literal
@@ -22,7 +23,13 @@ _NAME_RE = re.compile(r"^[a-z][a-z0-9-]{0,38}[a-z0-9]$")
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # strict: no silent coercion (`steps: "10"`, `steps: true`, `max_workers: 2.5` are errors); fields
+    # whose YAML form is a string of another type (paths) opt out one by one with LaxPath
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+
+# a path is written as a string in YAML (and in a model_dump(mode="json") round trip)
+LaxPath = Annotated[Path, Field(strict=False)]
 
 
 class ModelSpec(Strict):
@@ -68,6 +75,17 @@ class ModelSpec(Strict):
 
 
 class AlgorithmSpec(Strict):
+    @model_validator(mode="before")
+    @classmethod
+    def _moved(cls, data: object) -> object:
+        # algorithm.checkpoint_every was never read (the trainer checkpoints by trainer.checkpoint_every)
+        if isinstance(data, dict) and "checkpoint_every" in data:
+            raise ValueError(
+                "checkpoint_every moved to trainer.checkpoint_every (algorithm.checkpoint_every was never used); "
+                "move the line under trainer:"
+            )
+        return data
+
     name: Literal["grpo"] = "grpo"
     prompts_per_step: Annotated[int, Field(ge=1, le=100_000)] = 32
     group_size: Annotated[int, Field(ge=2, le=1024)] = 8
@@ -78,7 +96,6 @@ class AlgorithmSpec(Strict):
     temperature: Annotated[float, Field(gt=0, le=10)] = 1.0
     # Supervised steps on task demonstrations before RL starts ("brief warm start").
     warm_start_steps: Annotated[int, Field(ge=0, le=1_000_000)] = 100
-    checkpoint_every: Annotated[int, Field(ge=0)] = 0
     # Sequences per forward/backward pass (gradients accumulate); None = the whole step's share at once.
     micro_batch_size: Annotated[int, Field(ge=1, le=100_000)] | None = None
 
@@ -92,7 +109,7 @@ class TaskSpec(Strict):
     min_len: Annotated[int, Field(ge=1, le=64)] = 3
     max_len: Annotated[int, Field(ge=1, le=64)] = 6
     # ---- jsonl only ----
-    path: Path | None = None  # one JSON object per line; relative to the job file
+    path: LaxPath | None = None  # one JSON object per line; relative to the job file
     prompt_field: str | None = None  # None: the first of prompt, question, problem
     answer_field: str | None = None  # None: the first of answer, solution (GSM8K '#### x' or \boxed{x})
     chat_template: bool = True  # wrap prompts in the tokenizer's chat template (when it has one)
@@ -108,6 +125,12 @@ class TaskSpec(Strict):
             raise ValueError("name: jsonl needs path (a .jsonl file of prompts and answers)")
         if self.name != "jsonl" and self.path is not None:
             raise ValueError(f"path applies to name: jsonl only (task {self.name!r} generates its own problems)")
+        # as ModelSpec: "set" = differs from the default, so a model_dump() round trip validates
+        jsonl_only = ("prompt_field", "answer_field", "chat_template", "system_prompt", "instruction")
+        fields = type(self).model_fields
+        changed = sorted(k for k in jsonl_only if getattr(self, k) != fields[k].default)
+        if self.name != "jsonl" and changed:
+            raise ValueError(f"{', '.join(changed)}: apply to name: jsonl only (remove, or set name: jsonl)")
         if self.reward == "math_boxed" and self.name != "jsonl":
             raise ValueError(f"reward math_boxed scores a jsonl dataset; task {self.name!r} uses exact_match")
         return self
@@ -180,7 +203,7 @@ class LengthSpec(Strict):
     sigma: Annotated[float, Field(ge=0, le=5)] = 0.8  # per-response spread (log space)
     prompt_sigma: Annotated[float, Field(ge=0, le=5)] = 0.5  # per-prompt spread (log space)
     # rollouts.jsonl of a run launched with --record-rollouts, or a JSON list of lengths
-    recorded: Path | None = None
+    recorded: LaxPath | None = None
 
 
 class SyntheticSpec(Strict):
@@ -243,7 +266,7 @@ class LocalSpec(Strict):
 
     # An availability trace: Bamboo-style `t_ms,add|remove,nodeK` CSV, GCP `date, time, N` lines,
     # or JSON `{"metadata": {"gap_seconds": G}, "data": [n0, n1, ...]}`. None = the built-in trace.
-    trace: Path | None = None
+    trace: LaxPath | None = None
     # Trace seconds that pass per wall-clock second.
     time_scale: Annotated[float, Field(gt=0)] = 60.0
     # Preemption notice lead time, in wall seconds; 0 = killed without notice.
@@ -253,7 +276,7 @@ class LocalSpec(Strict):
     # Scale the trace's node counts down to this machine (e.g. 32 nodes -> 3 workers).
     capacity_scale: Annotated[float, Field(gt=0)] = 1.0
     # Optional SkyPilot-style catalog CSV for prices (vms.csv columns).
-    catalog: Path | None = None
+    catalog: LaxPath | None = None
 
 
 class PerfSpec(Strict):
@@ -368,6 +391,8 @@ class JobSpec(Strict):
     def _check_perf(self) -> None:
         from trainer.policies.perf import DEFAULT_PERF
 
+        self._check_perf_models()
+
         for name, p in self.perf.items():
             base = next((v for k, v in DEFAULT_PERF.items() if k.lower() == name.lower()), None)
             rates = (p.tokens_per_s, p.seq_tokens_per_s, p.prefill_tokens_per_s, p.train_tokens_per_s)
@@ -382,6 +407,27 @@ class JobSpec(Strict):
                 raise ValueError(
                     f"perf.{name}: tokens_per_s ({tps:g}, a full batch) is below seq_tokens_per_s ({seq:g}, one "
                     "sequence); a batch cannot be slower than one sequence"
+                )
+
+    def _check_perf_models(self) -> None:
+        """Accelerators the scheduling models need a performance model for (else a KeyError on the
+        trainer node, mid-job): the trainer's (its training rate sizes the offload), and for synthetic
+        engines every candidate's (their speed is the model)."""
+        from trainer.policies.perf import DEFAULT_PERF, split_accelerator
+
+        known = {k.lower() for k in (*DEFAULT_PERF, *self.perf)}
+        needs: list[tuple[str, str | None]] = []
+        if not (self.model.kind == "synthetic" and self.model.train_tokens_per_s is not None):
+            needs.append(("trainer.accelerators", self.trainer.accelerators))
+        if self.model.kind == "synthetic":
+            cands = self.rollout.candidates
+            needs += [(f"rollout.candidates[{i}].accelerator", c.accelerator) for i, c in enumerate(cands)]
+        for field, acc in needs:
+            name, _ = split_accelerator(acc)
+            if name.lower() not in known:
+                raise ValueError(
+                    f"{field}: no performance model for {name!r} (built-in: {', '.join(DEFAULT_PERF)}); add "
+                    f"perf.{name} with tokens_per_s, seq_tokens_per_s, prefill_tokens_per_s and train_tokens_per_s"
                 )
 
     def perf_table(self):
@@ -412,6 +458,15 @@ def _loc(loc: tuple[int | str, ...]) -> str:
     return out or "(top level)"
 
 
+# strict mode's type errors, with the fix (YAML quotes make strings; `true` is a bool, not 1)
+_STRICT_FIXES = {
+    "int_type": "write a whole number, no quotes or decimals, e.g. 10",
+    "float_type": "write a number without quotes, e.g. 3e-3 or 0.5",
+    "bool_type": "write true or false without quotes",
+    "string_type": "quote it, e.g. \"A100:8\"",
+}
+
+
 def format_validation_error(err: ValidationError) -> str:
     lines = []
     for e in err.errors():
@@ -421,24 +476,119 @@ def format_validation_error(err: ValidationError) -> str:
             msg = "unknown key (remove it, or check its spelling against README's job-file reference)"
         elif e["type"] == "literal_error":
             msg = f"invalid value {e.get('input')!r}; {msg.lower()}"
-        lines.append(f"{loc}: {msg}")
+        elif e["type"] in _STRICT_FIXES:
+            msg = f"{msg} (got {e.get('input')!r}, a {type(e.get('input')).__name__}; {_STRICT_FIXES[e['type']]})"
+        lines.append(msg if loc == "(top level)" and _names_a_field(msg) else f"{loc}: {msg}")
     return "\n".join(lines)
 
 
-def load_spec(path: str | Path) -> JobSpec:
-    """Read and validate a job file; raise SpecError with user-facing lines."""
+def _names_a_field(msg: str) -> bool:
+    """A cross-field message that starts with the field at fault (`rollout.max_workers > 0 but …`)
+    needs no `(top level):` in front of it."""
+    head = re.match(r"[a-z_]+", msg)
+    return head is not None and head.group() in JobSpec.model_fields and msg[head.end() : head.end() + 1] in ".[: "
+
+
+class JobFileLoader(yaml.SafeLoader):
+    """SafeLoader that refuses duplicate keys (YAML silently keeps the last one) and reads YAML 1.2
+    floats: PyYAML (YAML 1.1) takes an unquoted `1e-6` (no dot) for a string, which strict
+    validation would then refuse."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        seen: dict[object, int] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            line = key_node.start_mark.line + 1
+            if not isinstance(key, str | int | float | bool | None):
+                continue  # an unhashable key: SafeLoader's own error says so
+            if key in seen:
+                raise SpecError(
+                    f"line {line}: duplicate key {key!r} (first at line {seen[key]}); keep one of them"
+                )
+            seen[key] = line
+        return super().construct_mapping(node, deep=deep)
+
+
+JobFileLoader.yaml_implicit_resolvers = {k: list(v) for k, v in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+JobFileLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"),
+    list("-+0123456789."),
+)
+
+
+def load_yaml(text: str) -> object:
+    """Parse a job file's YAML (duplicate keys are a SpecError; `1e-6` is a float)."""
+    return yaml.load(text, Loader=JobFileLoader)  # a SafeLoader subclass: no arbitrary objects
+
+
+_SET_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\[[0-9]+\])*")
+
+
+def apply_overrides(raw: dict, overrides: list[str]) -> dict:
+    """`--set key.path=value` (value read as a YAML scalar: `3`, `1e-6`, `true`, `A100:8`), applied to the
+    parsed file before validation so that a bad value is blamed on its field. Lists by index:
+    `rollout.candidates[0].accelerator=H100`."""
+    out = copy.deepcopy(raw)
+    for item in overrides:
+        key, sep, text = item.partition("=")
+        parts = key.strip().split(".")
+        if not sep or not all(_SET_KEY.fullmatch(p) for p in parts):
+            raise SpecError(f"--set {item}: expected KEY.PATH=VALUE (e.g. --set algorithm.steps=10)")
+        try:
+            value = load_yaml(text) if text.strip() else None
+        except (yaml.YAMLError, SpecError) as e:
+            raise SpecError(f"--set {item}: the value is not a YAML scalar ({e})") from None
+        steps: list[str | int] = []
+        for p in parts:
+            name, *idx = p.replace("]", "").split("[")
+            steps += [name, *map(int, idx)]
+        _set_path(out, steps, value, item)
+    return out
+
+
+def _set_path(node: object, steps: list[str | int], value: object, item: str) -> None:
+    for depth, step in enumerate(steps[:-1]):
+        at = _loc(tuple(steps[: depth + 1]))
+        if isinstance(step, int):
+            if not isinstance(node, list) or step >= len(node):
+                raise SpecError(f"--set {item}: {at} is not in the job file (no such list item)")
+            node = node[step]
+        elif isinstance(node, dict):
+            node = node.setdefault(step, {})
+            if node is None:
+                raise SpecError(f"--set {item}: {at} is empty in the job file")
+        else:
+            raise SpecError(f"--set {item}: {_loc(tuple(steps[:depth]))} is not a mapping")
+    last = steps[-1]
+    if isinstance(last, int):
+        if not isinstance(node, list) or last >= len(node):
+            raise SpecError(f"--set {item}: {_loc(tuple(steps))} is not in the job file (no such list item)")
+        node[last] = value
+    elif isinstance(node, dict):
+        node[last] = value
+    else:
+        raise SpecError(f"--set {item}: {_loc(tuple(steps[:-1]))} is not a mapping")
+
+
+def load_spec(path: str | Path, overrides: list[str] | None = None) -> JobSpec:
+    """Read and validate a job file (with `--set` overrides); raise SpecError with user-facing lines."""
     p = Path(path)
     if not p.is_file():
         raise SpecError(f"{p}: job file not found (check the path)")
     try:
-        raw = yaml.safe_load(p.read_text())
+        raw = load_yaml(p.read_text())
+    except SpecError as e:
+        raise SpecError(f"{p}: {e}") from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         raise SpecError(f"{p}: not valid YAML{where} ({getattr(e, 'problem', e)})") from None
     if not isinstance(raw, dict):
         raise SpecError(f"{p}: the job file must be a YAML mapping with at least `name:`")
-    spec = parse_spec(raw, source=str(p))
+    if overrides:
+        raw = apply_overrides(raw, overrides)
+    spec = parse_spec(raw, source=str(p) + (" with --set" if overrides else ""))
     return resolve_paths(spec, p.parent)
 
 

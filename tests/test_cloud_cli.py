@@ -103,7 +103,8 @@ def test_dryrun_prints_the_plan_with_skypilot_catalog_prices(home):
     assert "plan for job aws-gcp-demo (provider skypilot; nothing launched)" in text
     assert "trainer: 1 × A100:8 on aws/us-east-1 (on-demand): $32.773/h per node" in text  # p4d.24xlarge
     lines = [ln for ln in text.splitlines() if ln.startswith("│")]
-    order = [(ln.split("│")[1].strip(), ln.split("│")[2].strip(), ln.split("│")[3].strip()) for ln in lines]
+    cells = [[c.strip() for c in ln.split("│")] for ln in lines]
+    order = [(c[1], c[2], c[5]) for c in cells]  # cloud, region, accelerator (zone, instance between)
     assert order[0] == ("aws", "us-east-2", "V100")  # cheapest $/token: 0.3635 / 0.4
     assert ("gcp", "us-central1", "A100") in order
     assert "prices for aws: SkyPilot catalog" in text and "prices for gcp: SkyPilot catalog" in text
@@ -131,9 +132,9 @@ def test_missing_credentials_refuse_before_anything(home):
     [
         (
             {"rollout__candidates": [{"accelerator": "T4", "clouds": ["aws", "gcp"]}]},
-            "rollout.candidates[0]: no cloud offers 'T4' as spot (aws, gcp",
+            "rollout.candidates[0].accelerator: the aws price catalog has no 'T4' (it has: A100,",
         ),
-        ({"trainer__accelerators": "H100:3"}, "trainer.accelerators: aws does not offer 'H100:3'"),
+        ({"trainer__accelerators": "H100:3"}, "trainer.accelerators: aws sells H100 in counts of 8, not 3"),
         ({"rollout__max_hourly_price": 0.05}, "rollout.max_hourly_price $0.050/h is below every spot offer"),
         ({"trainer__cloud": "local"}, "trainer.cloud: 'local' is not a cloud of provider 'skypilot'"),
         ({"provider": "aws"}, "rollout.candidates[0].clouds: 'gcp' is not a cloud of provider 'aws'"),

@@ -77,3 +77,82 @@ def test_non_mapping_file(tmp_path):
     p.write_text("- a\n- b\n")
     with pytest.raises(SpecError, match="must be a YAML mapping"):
         load_spec(p)
+
+
+# ---- strict job files: no duplicate keys, no silent coercion (issue 16) ----
+def _load_text(tmp_path: Path, text: str):
+    p = tmp_path / "job.yaml"
+    p.write_text(text)
+    return load_spec(p)
+
+
+def test_duplicate_key_names_key_and_line(tmp_path):
+    with pytest.raises(SpecError, match=r"line 4: duplicate key 'steps' \(first at line 3\)"):
+        _load_text(tmp_path, "name: dup\nalgorithm:\n  steps: 3\n  steps: 4\nrollout: {max_workers: 0}\n")
+
+
+@pytest.mark.parametrize(
+    "line, needle",
+    [
+        ("algorithm: {steps: true}", "algorithm.steps: Input should be a valid integer (got True, a bool"),
+        ('algorithm: {steps: "10"}', "algorithm.steps: Input should be a valid integer (got '10', a str"),
+        ('algorithm: {learning_rate: "3e-3"}', "algorithm.learning_rate: Input should be a valid number"),
+        ("rollout: {max_workers: 2.5}", "rollout.max_workers: Input should be a valid integer (got 2.5"),
+        ('rollout: {trainer_engine: "yes"}', "rollout.trainer_engine: Input should be a valid boolean"),
+        ("algorithm: {checkpoint_every: 5}", "checkpoint_every moved to trainer.checkpoint_every"),
+    ],
+)
+def test_no_silent_coercion(tmp_path, line, needle):
+    with pytest.raises(SpecError) as e:
+        _load_text(tmp_path, f"name: strict\n{line}\n")
+    assert needle in str(e.value)
+
+
+def test_unquoted_exponent_floats_are_numbers(tmp_path):
+    # YAML 1.1 reads `1e-6` (no dot) as a string; job files read it as YAML 1.2 does
+    text = "name: lr\nalgorithm: {learning_rate: 1e-6, temperature: 5E-1}\nrollout: {max_workers: 0}\n"
+    spec = _load_text(tmp_path, text)
+    assert spec.algorithm.learning_rate == 1e-6 and spec.algorithm.temperature == 0.5
+
+
+@pytest.mark.parametrize(
+    "path", sorted((ROOT / "examples").glob("*.yaml")) + sorted((ROOT / "examples" / "simulate").glob("*.yaml"))
+)
+def test_every_example_loads_and_round_trips(path):
+    from rlboost_cli.spec import load_yaml, spec_to_yaml
+
+    spec = load_spec(path)
+    assert parse_spec(load_yaml(spec_to_yaml(spec))) == spec  # the saved spec.yaml validates too
+
+
+@pytest.mark.parametrize(
+    "raw, needle",
+    [
+        (
+            {"name": "x1", "rollout": {"max_workers": 0}, "trainer": {"accelerators": "B200:8"}},
+            "trainer.accelerators: no performance model for 'B200'",
+        ),
+        (
+            {
+                "name": "x1",
+                "model": {"kind": "synthetic"},
+                "rollout": {"engine": "synthetic", "candidates": [{"accelerator": "T4"}, {"accelerator": "X9"}]},
+            },
+            "rollout.candidates[1].accelerator: no performance model for 'X9'",
+        ),
+    ],
+)
+def test_accelerators_without_a_performance_model(raw, needle):
+    # the trainer's training rate sizes the offload on every job: without a model it failed mid-job
+    with pytest.raises(SpecError) as e:
+        parse_spec(raw)
+    assert needle in str(e.value) and "add perf." in str(e.value)
+    raw = {**raw, "perf": {needle.split("'")[1]: {"tokens_per_s": 9, "seq_tokens_per_s": 1,
+                                                   "prefill_tokens_per_s": 9, "train_tokens_per_s": 9}}}
+    parse_spec(raw)  # a perf entry fixes it
+
+
+def test_jsonl_only_task_settings_on_a_string_task():
+    with pytest.raises(SpecError) as e:
+        parse_spec({"name": "x1", "rollout": {"max_workers": 0}, "task": {"name": "reverse", "system_prompt": "hi"}})
+    assert "task: system_prompt: apply to name: jsonl only" in str(e.value)

@@ -181,7 +181,8 @@ def follow(
     the controller's lines, unprefixed (an attached launch of a node-controlled job)."""
     if job.remote:
         return _follow_node(
-            console, store, job, instance, show_all, poll_s=poll_s, read=read, sleep=sleep, only=controller_only
+            console, store, job, instance, show_all, poll_s=max(poll_s, NODE_POLL_S), read=read, sleep=sleep,
+            only=controller_only,
         )
     f = Follower(console, show_all, offsets=dict(read or {}))
     prefix = instance is None
@@ -208,6 +209,8 @@ def follow(
 
 
 NODE_SILENCE_S = 30.0  # a node controller silent this long is reported, and following stops
+# each poll of a node copies its whole records (node_client.sync): once a second, not five times
+NODE_POLL_S = 1.0
 
 
 def _follow_node(

@@ -301,6 +301,8 @@ class Controller:
         except CapacityError as e:
             self.store.update_instance(req.instance_id, InstanceState.FAILED, self.provider.clock(), str(e))
             raise
+        except Stop:  # `down` arrived mid-launch: the record stays live, so teardown terminates what started
+            raise
         except Exception as e:
             self.store.update_instance(req.instance_id, InstanceState.FAILED, self.provider.clock(), str(e))
             raise ProviderError(f"could not launch {req.instance_id}: {e}") from e

@@ -39,9 +39,19 @@ def run_json(*args: str, home: Path) -> dict:
     return json.loads(run_cli(*args, "--json", home=home, check=True).stdout)
 
 
+# This session's temp root: every process a test starts has it in its environment (RLBOOST_HOME,
+# RLBOOST_RUN_DIR), so process lookups never reach another pytest run's jobs on the same machine.
+_SESSION_ROOT: list[bytes] = []
+
+
+def pytest_sessionstart(session) -> None:
+    _SESSION_ROOT[:] = [str(session.config._tmp_path_factory.getbasetemp()).encode()]
+
+
 def rlboost_pids(marker: str, exact: bool = False) -> list[int]:
-    """Live processes whose environment names an instance of this test's jobs (`exact`: one of its
-    variables is `marker`, not merely contains it: `x-trainer` must not match `x-trainer-r1`)."""
+    """Live processes of this pytest session whose environment names an instance of this test's jobs
+    (`exact`: one of its variables is `marker`, not merely contains it: `x-trainer` must not match
+    `x-trainer-r1`)."""
     out = []
     for p in Path("/proc").iterdir():
         if not p.name.isdigit():
@@ -52,7 +62,7 @@ def rlboost_pids(marker: str, exact: bool = False) -> list[int]:
         except OSError:
             continue
         found = marker.encode() in env.split(b"\0") if exact else marker.encode() in env
-        if stat[2] != "Z" and found:
+        if stat[2] != "Z" and found and all(root in env for root in _SESSION_ROOT):
             out.append(int(p.name))
     return out
 

@@ -213,9 +213,28 @@ def price_lookup(spec: JobSpec) -> Any:
 
 
 # ---- construction -------------------------------------------------------------------------------
-def make_provider(spec: JobSpec, run_dir: Path, *, job: str | None = None, market: Any = None) -> Provider:
-    """The provider for a job's run dir (`market`: the local provider's spot market)."""
-    name = job or spec.name
+def make_provider(
+    spec: JobSpec, run_dir: Path, *, job: str | None = None, market: Any = None, trainer_here: bool = False
+) -> Provider:
+    """The provider for a job's run dir (`market`: the local provider's spot market; `trainer_here`:
+    the controller runs on the job's cloud trainer node, which runs the trainer as a local process)."""
+    provider = _cloud_or_local(spec, run_dir, job or spec.name, market)
+    if not trainer_here:
+        return provider
+    from providers.bootstrap import TRAINER_PORT
+    from providers.node_address import NoPublicAddress, public_host
+    from providers.trainer_here import TrainerHere
+
+    try:
+        host = public_host(spec.trainer.cloud)
+    except NoPublicAddress as e:
+        raise PreflightError(str(e)) from None
+    # the port the node's task opened (providers/bootstrap.py node_env)
+    port = int(os.environ.get("RLBOOST_TRAINER_PORT", TRAINER_PORT))
+    return TrainerHere(run_dir, provider, public_host=host, port=port)
+
+
+def _cloud_or_local(spec: JobSpec, run_dir: Path, name: str, market: Any) -> Provider:
     if spec.provider == "local":
         from providers.local import LocalProvider
         from providers.spot_market import BUILTIN_TRACE, SpotMarket

@@ -20,6 +20,7 @@ import yaml
 from providers.base import LaunchRequest, Role
 
 TRAINER_PORT = 8787
+CONTROL_PORT = 8788  # a controller on the trainer node (`controller: trainer`) answers the CLI here
 SOURCE_ROOT = Path(__file__).resolve().parents[1]
 
 # Which metadata service a worker watches for preemption notices (worker/notice.py).
@@ -43,12 +44,12 @@ def is_source_checkout() -> bool:
     return (SOURCE_ROOT / "pyproject.toml").is_file() and (SOURCE_ROOT / "worker").is_dir()
 
 
-def pip_spec(engine: str, *, from_workdir: bool) -> str:
+def pip_spec(engine: str, *, from_workdir: bool, extras: tuple[str, ...] = ()) -> str:
     """What a node pip-installs: `$RLBOOST_PIP_SPEC`, else this checkout (synced as the SkyPilot
-    workdir), else the released package of this version."""
+    workdir), else the released package of this version (`extras`: more than the engine needs)."""
     if os.environ.get("RLBOOST_PIP_SPEC"):
         return os.environ["RLBOOST_PIP_SPEC"]
-    extra = "vllm" if engine == "vllm" else "local"
+    extra = ",".join(("vllm" if engine == "vllm" else "local", *extras))
     if from_workdir:
         return f".[{extra}]"
     try:

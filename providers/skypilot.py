@@ -16,7 +16,9 @@ and many launches are in flight at once.
 from __future__ import annotations
 
 import contextlib
+import importlib
 import logging
+import os
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -28,12 +30,14 @@ import yaml
 
 from providers.base import CapacityError, InstanceEvent, InstanceState, LaunchRequest, ProviderError, Role
 from providers.bootstrap import (
+    CONTROL_PORT,
     SOURCE_ROOT,
     TRAINER_PORT,
     cloud_spec_yaml,
     instance_name_re,
     is_source_checkout,
     node_env,
+    pip_spec,
     template,
 )
 from trainer.tls import SECRET_ENV
@@ -45,6 +49,24 @@ log = logging.getLogger("rlboost.skypilot")
 WORKER_IDENTITY = {"aws": {"remote_identity": "NO_UPLOAD"}, "gcp": {"remote_identity": "NO_UPLOAD"}}
 SECRET_KEYS = ("RLBOOST_JOB_TOKEN", *SECRET_ENV)  # redacted by SkyPilot, never in task files
 GONE_STATES = ("INIT", "STOPPED")
+
+# How long a node stays up idle once its controller has exited (the launching machine downs it at once
+# when it is there to see the end; this is the bound when it is not).
+NODE_AUTOSTOP_MIN = 5
+# The node bids for spot workers itself: SkyPilot gives it the launching machine's credentials, as it
+# does its own managed-jobs controller (SkyPilot's default identity, named here so a user config that
+# says otherwise for clusters does not leave the node unable to launch).
+NODE_IDENTITY = {"aws": {"remote_identity": "LOCAL_CREDENTIALS"}, "gcp": {"remote_identity": "LOCAL_CREDENTIALS"}}
+
+
+def _sdk_from_env() -> Any:
+    """RLBOOST_SKY_SDK=module:attribute: an object with the `sky` client calls rlboost makes, used
+    instead of SkyPilot's (the cloud boundary; tests give a node's controller tests/sky_fake.py's)."""
+    ref = os.environ.get("RLBOOST_SKY_SDK")
+    if not ref:
+        return None
+    module, _, attr = ref.partition(":")
+    return getattr(importlib.import_module(module), attr)
 
 
 @dataclass
@@ -85,7 +107,7 @@ class SkyPilotProvider:
         import sky  # the real SDK is needed for Task/schema validation even when `sdk` is a fake
 
         self._sky = sky
-        self.sdk = sdk if sdk is not None else sky
+        self.sdk = sdk if sdk is not None else _sdk_from_env() or sky
         self.run_dir = run_dir
         self.port = trainer_port
         self.status_every_s = status_every_s
@@ -214,6 +236,59 @@ class SkyPilotProvider:
 
     def close(self) -> None:
         self.pool.shutdown(wait=False, cancel_futures=True)
+
+    # ---- the trainer node of a job whose controller runs there (`controller: trainer`) -----------
+    def node_task_config(self, req: LaunchRequest, *, job_id: int, resume: bool) -> dict[str, Any]:
+        """The trainer cluster's task with the job's controller on its head (templates/node.sky.yaml):
+        the trainer task's resources plus the control port, and rlboost installed with SkyPilot."""
+        cfg = self.task_config(req)
+        node = yaml.safe_load(template("node.sky.yaml"))
+        cfg["setup"], cfg["run"] = node["setup"], node["run"]
+        cfg["resources"]["ports"] = [self.port, CONTROL_PORT]
+        cfg["resources"]["autostop"] = {"idle_minutes": NODE_AUTOSTOP_MIN, "down": True}
+        engine = req.env.get("RLBOOST_ENGINE", "torch")
+        cfg["envs"].update(
+            RLBOOST_JOB_ID=str(job_id),
+            RLBOOST_CONTROL_PORT=str(CONTROL_PORT),
+            RLBOOST_RESUME_FLAG="--resume" if resume else "",
+            RLBOOST_PIP_SPEC=pip_spec(engine, from_workdir=self.sync_workdir, extras=("skypilot",)),
+        )
+        return cfg
+
+    def start_node(self, req: LaunchRequest, *, job_id: int, resume: bool) -> str:
+        """Launch the trainer node (or run its task again on it: `--resume`), blocking until SkyPilot has
+        it up; the URL of its control port. Capacity errors are raised as CapacityError."""
+        cfg = self.node_task_config(req, job_id=job_id, resume=resume)
+        sky, sdk = self._sky, self.sdk
+        try:
+            task = sky.Task.from_yaml_str(yaml.safe_dump(cfg, sort_keys=False))
+        except Exception as e:
+            raise ProviderError(f"{req.instance_id}: invalid SkyPilot task ({e})") from e
+        try:
+            with sky.skypilot_config.override_skypilot_config(NODE_IDENTITY):
+                sdk.get(
+                    sdk.launch(
+                        task,
+                        cluster_name=req.instance_id,
+                        retry_until_up=False,
+                        idle_minutes_to_autostop=NODE_AUTOSTOP_MIN,
+                        down=True,
+                    )
+                )
+            eps = sdk.get(sdk.endpoints(req.instance_id, CONTROL_PORT)) or {}
+        except sky.exceptions.ResourcesUnavailableError as e:
+            raise CapacityError(str(e)) from e
+        except Exception as e:  # SkyPilot's own errors carry the reason; the caller shows it
+            raise ProviderError(f"{req.instance_id}: {type(e).__name__}: {e}") from e
+        ep = eps.get(CONTROL_PORT) or eps.get(str(CONTROL_PORT))
+        if not ep:
+            raise ProviderError(f"{req.instance_id}: sky.endpoints gave no endpoint for control port {CONTROL_PORT}")
+        return ep if "://" in ep else f"http://{ep}"
+
+    def down_node(self, instance_id: str) -> None:
+        """Terminate the trainer node (blocking); a node already gone is fine."""
+        with contextlib.suppress(self._sky.exceptions.ClusterDoesNotExist):
+            self.sdk.get(self.sdk.down(instance_id))
 
     # ---- request bookkeeping -----------------------------------------------------------
     def _submit(self, kind: str, iid: str | None, rid: str, names: tuple[str, ...] = ()) -> None:

@@ -240,11 +240,11 @@ def _start_on_node(
     then follow it from here (attached) or return (-d). Following is all this process does: a closed
     terminal or Ctrl-C stops following, never the job (`rlboost down` stops it)."""
     from rlboost_cli.node_client import sync
-    from rlboost_cli.node_host import LocalTrainerNode, NodeStartError
+    from rlboost_cli.node_host import NodeStartError, trainer_node
 
     job = store.job_by_id(job_id)
     try:
-        addr = LocalTrainerNode(job).start(job.spec_yaml, token, resume=resume, record_rollouts=record_rollouts)
+        addr = trainer_node(job).start(job.spec_yaml, token, resume=resume, record_rollouts=record_rollouts)
     except (NodeStartError, OSError) as e:
         store.update_job(job_id, status="failed", ended_at=time.time(), error=str(e))
         fail(f"job {job.name} (id {job_id}): {e}")
@@ -309,9 +309,13 @@ def run_detached_controller(
     record_rollouts: Annotated[bool, typer.Option("--record-rollouts")] = False,
     serve_control: Annotated[bool, typer.Option("--serve-control")] = False,
     linger_s: Annotated[float, typer.Option("--linger")] = 600.0,
+    trainer_here: Annotated[bool, typer.Option("--trainer-here")] = False,
+    control_host: Annotated[str, typer.Option("--control-host")] = "127.0.0.1",
+    control_port: Annotated[int, typer.Option("--control-port")] = 0,
 ) -> None:
     """The background controller `launch -d` starts, for a job that launch already recorded;
-    `--serve-control`: the trainer node's controller, answering the launching machine's CLI."""
+    `--serve-control`: the trainer node's controller, answering the launching machine's CLI
+    (`--trainer-here`: on a cloud trainer node, running the trainer as a process next to it)."""
     store = _store()
     job = store.job_by_id(job_id)
     run_dir = job_run_dir(job)
@@ -326,20 +330,51 @@ def run_detached_controller(
         why = str(e) if not isinstance(e, typer.Exit) else f"could not start (see {run_dir / 'controller.log'})"
         store.update_job(job_id, status="failed", ended_at=time.time(), error=why)
         fail(why, 2)
+    offers = (t_offer, s_offers)
     if not serve_control:
-        _run_controller(spec, store, job_id, run_dir, token, record_rollouts, (t_offer, s_offers), market, resume)
+        _run_controller(spec, store, job_id, run_dir, token, record_rollouts, offers, market, resume)
         return
     from rlboost_cli.node_control import ControlServer
 
-    server = ControlServer(job_id, run_dir, token)
+    server = ControlServer(job_id, run_dir, token, host=control_host, port=control_port)
     console.print(f"control endpoint {server.start()}", highlight=False, markup=False)
     try:
-        _run_controller(spec, store, job_id, run_dir, token, record_rollouts, (t_offer, s_offers), market, resume)
+        _run_controller(
+            spec, store, job_id, run_dir, token, record_rollouts, offers, market, resume, trainer_here=trainer_here
+        )
     finally:
         # the launching machine copies the ended job's records and logs when it next asks: serve until
         # it says it has them (a cloud node would then be terminated with the job)
         server.released.wait(linger_s)
         server.stop()
+
+
+@app.command("_node-controller", hidden=True)
+def run_node_controller(
+    job_id: Annotated[int, typer.Argument()],
+    name: Annotated[str, typer.Argument()],
+    spec_file: Annotated[Path, typer.Argument()],
+    resume: Annotated[bool, typer.Option("--resume")] = False,
+    control_port: Annotated[int, typer.Option("--control-port")] = 0,
+) -> None:
+    """A cloud trainer node's run command (templates/node.sky.yaml): record the job on this node
+    (first start), then run its controller here, the trainer as a process next to it, serving the
+    control endpoint on every interface. The job token comes in the environment, never a file."""
+    from rlboost_cli.node_host import NodeJob, prepare_node
+
+    token = os.environ.get("RLBOOST_JOB_TOKEN", "")
+    if not token:
+        fail("RLBOOST_JOB_TOKEN is not set: this node was not started by `rlboost launch`", 2)
+    spec = load_spec(spec_file)
+    prepare_node(rlboost_home(), NodeJob(job_id, name, spec.provider, spec_file.read_text(), token))
+    run_detached_controller(
+        job_id,
+        resume=resume,
+        serve_control=True,
+        trainer_here=True,
+        control_host="0.0.0.0",
+        control_port=control_port,
+    )
 
 
 def _offers(spec: JobSpec):
@@ -362,13 +397,15 @@ def _run_controller(
     offers: tuple[Offer, list[Offer]],
     market: SpotMarket,
     resume: bool,
+    *,
+    trainer_here: bool = False,
 ) -> None:
     from providers import make_provider
     from rlboost_cli.controller import Controller
 
     t_offer, s_offers = offers
     try:
-        provider = make_provider(spec, run_dir, market=market)
+        provider = make_provider(spec, run_dir, market=market, trainer_here=trainer_here)
     except Exception as e:
         store.update_job(job_id, status="failed", ended_at=time.time(), error=str(e))
         fail(f"provider {spec.provider}: {e}", 2)
@@ -514,6 +551,13 @@ def _print_plan(spec: JobSpec, t_offer, s_offers, prices=None) -> None:
         console.print(f"at most {mw} spot workers: up to ${worst:.2f}/h with the trainer")
     for cloud, source in sorted(getattr(prices, "sources", {}).items()):
         console.print(f"prices for {cloud}: {source}", markup=False)
+    console.print(
+        "controller: on the trainer node (it bids for spot workers itself; this machine may sleep)"
+        if spec.controller == "trainer"
+        else "controller: on this machine (`launch -d` runs it in the background; keep this machine up)",
+        markup=False,
+        highlight=False,
+    )
     if spec.provider != "local":
         from providers import CREDENTIAL_HINTS, credentials, job_clouds
 

@@ -171,10 +171,10 @@ def read_address(run_dir: Path) -> api.ControlAddress | None:
         return None
 
 
-def stop_node_controller(job: JobRow) -> bool:
-    """Kill a (stand-in) node controller that no longer answers, as terminating its cloud node
+def stop_node_controller_of(run_dir: Path) -> bool:
+    """Kill a stand-in node's controller that no longer answers, as terminating its cloud node
     would; whether one was running."""
-    addr = read_address(node_run_dir(job))
+    addr = read_address(run_dir)
     if addr is None or not controller_alive(addr.pid):
         return False
     with contextlib.suppress(OSError):

@@ -24,8 +24,8 @@ from rlboost_cli.state import StateStore
 
 
 class ControlServer:
-    def __init__(self, job_id: int, run_dir: Path, token: str, *, host: str = "127.0.0.1") -> None:
-        self.job_id, self.run_dir, self.token, self.host = job_id, run_dir, token, host
+    def __init__(self, job_id: int, run_dir: Path, token: str, *, host: str = "127.0.0.1", port: int = 0) -> None:
+        self.job_id, self.run_dir, self.token, self.host, self.port = job_id, run_dir, token, host, port
         self.url = ""
         self._ready = threading.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -35,7 +35,7 @@ class ControlServer:
 
     # ---- lifecycle ---------------------------------------------------------------------
     def start(self) -> str:
-        """Listen (a free port), write the address where the launching machine looks; the URL."""
+        """Listen (on `port`, else a free one), write the address where the launching machine looks; the URL."""
         threading.Thread(target=self._serve, name="control-endpoint", daemon=True).start()
         self._ready.wait(30)
         if self._error is not None or not self.url:
@@ -60,7 +60,7 @@ class ControlServer:
         try:
             self._runner = web.AppRunner(self._app(), access_log=None)
             loop.run_until_complete(self._runner.setup())
-            site = web.TCPSite(self._runner, self.host, 0)
+            site = web.TCPSite(self._runner, self.host, self.port)
             loop.run_until_complete(site.start())
             port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
             self.url = f"http://{self.host}:{port}"

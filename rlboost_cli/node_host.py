@@ -1,9 +1,11 @@
-"""Start a job's controller on its trainer node (`controller: trainer`).
+"""Start a job's controller on its trainer node (`controller: trainer`), and cut off one that is lost.
 
-The local provider stands in for the trainer node with a directory of the job's run dir: the node
-has its own RLBOOST_HOME (so its own state store, written first, as a cloud node's would be) and its
-controller is a process in its own session that serves the control endpoint (node_control.py). The
-launching machine keeps only the job's row, its token and a copy of the node's records.
+With SkyPilot the node is the job's trainer cluster (SkyTrainerNode): its head runs the controller,
+which runs the trainer next to itself. The local provider stands in for the trainer node with a
+directory of the job's run dir (LocalTrainerNode): the node has its own RLBOOST_HOME (so its own
+state store, written first, as a cloud node's would be) and its controller is a process in its own
+session that serves the control endpoint (node_control.py). Either way the launching machine keeps
+only the job's row, its token and a copy of the node's records.
 """
 
 from __future__ import annotations
@@ -12,16 +14,57 @@ import contextlib
 import os
 import signal
 import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import yaml
 
 from rlboost_cli import control_api as api
 from rlboost_cli.detach import controller_log, spawn_controller
-from rlboost_cli.node_client import node_home, node_run_dir, read_address
+from rlboost_cli.node_client import node_home, node_run_dir, read_address, stop_node_controller_of
 from rlboost_cli.pids import controller_alive
 from rlboost_cli.state import JobRow, StateStore, UnknownJobError, job_run_dir
+
+if TYPE_CHECKING:
+    from providers.skypilot import SkyPilotProvider
 
 
 class NodeStartError(Exception):
     """The node controller did not come up; the message is user-facing."""
+
+
+@dataclass(frozen=True)
+class NodeJob:
+    """What a trainer node is given of its job (the rest it records itself)."""
+
+    job_id: int
+    name: str
+    provider: str
+    spec_yaml: str
+    token: str
+
+
+def prepare_node(home: Path, job: NodeJob) -> Path:
+    """On the node (or its stand-in): record the job in the node's own state store, under the
+    launching machine's job id, and put its spec and token in its run dir; its run dir. A resumed
+    job keeps its node records."""
+    home.mkdir(parents=True, exist_ok=True, mode=0o700)
+    os.chmod(home, 0o700)
+    with StateStore(home / "state.db") as node_store:
+        try:
+            node_store.job_by_id(job.job_id)
+        except UnknownJobError:
+            node_store.create_job(job.name, job.spec_yaml, job.provider, job_id=job.job_id)
+    run_dir = home / "jobs" / f"{job.name}-{job.job_id}"  # job_run_dir() of the node's RLBOOST_HOME
+    run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    for fname, text in (("spec.yaml", job.spec_yaml), ("token", job.token)):
+        path = run_dir / fname
+        if not path.exists():
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(text)
+    return run_dir
 
 
 class LocalTrainerNode:
@@ -34,19 +77,7 @@ class LocalTrainerNode:
         self, spec_yaml: str, token: str, *, resume: bool, record_rollouts: bool, timeout_s: float = 60.0
     ) -> api.ControlAddress:
         """Set the node up (first start) and start its controller; where it listens."""
-        self.run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        os.chmod(self.home, 0o700)
-        with StateStore(self.home / "state.db") as node_store:
-            try:
-                node_store.job_by_id(self.job_id)  # a resumed job keeps its node records
-            except UnknownJobError:
-                node_store.create_job(self.name, spec_yaml, "local", job_id=self.job_id)
-        for fname, text in (("spec.yaml", spec_yaml), ("token", token)):
-            path = self.run_dir / fname
-            if not path.exists():
-                fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
-                with os.fdopen(fd, "w") as f:
-                    f.write(text)
+        prepare_node(self.home, NodeJob(self.job_id, self.name, "local", spec_yaml, token))
         (self.run_dir / api.CONTROL_FILE).unlink(missing_ok=True)
         pid = spawn_controller(
             self.job_id, self.run_dir, resume=resume, record_rollouts=record_rollouts, node_home=self.home
@@ -63,3 +94,73 @@ class LocalTrainerNode:
         with contextlib.suppress(OSError):  # launched nothing yet that it could not tear down itself
             os.kill(pid, signal.SIGTERM)
         raise NodeStartError(f"the trainer node's controller did not listen within {timeout_s:.0f}s")
+
+    def cut_off(self) -> bool:
+        """Stop a node controller that no longer answers, as losing the node would; whether one ran."""
+        return stop_node_controller_of(self.run_dir)
+
+
+class SkyTrainerNode:
+    """A SkyPilot cluster as the job's trainer node: its head runs the job's controller
+    (templates/node.sky.yaml), which runs the trainer next to itself and bids for spot workers."""
+
+    def __init__(self, job: JobRow, provider: SkyPilotProvider | None = None) -> None:
+        from providers.skypilot import SkyPilotProvider
+
+        self.job = job
+        self.instance_id = f"{job.name}-{job.id}-trainer"  # the cluster is the job's trainer instance
+        self.provider = provider or SkyPilotProvider(job_run_dir(job))
+
+    def start(
+        self, spec_yaml: str, token: str, *, resume: bool, record_rollouts: bool, timeout_s: float = 1800.0
+    ) -> api.ControlAddress:
+        """Launch the node (or start its task again: `resume`), then wait for its controller to answer
+        (its setup installs rlboost first: minutes). `record_rollouts` is a local-provider option."""
+        from providers import price_lookup
+        from providers.base import CapacityError, InstanceKind, LaunchRequest, ProviderError, Role
+        from rlboost_cli.node_client import NodeClient
+        from rlboost_cli.pricing import PricingError, trainer_offer
+        from rlboost_cli.spec import parse_spec
+
+        spec = parse_spec(yaml.safe_load(spec_yaml), source=f"job {self.job.name}")
+        try:
+            offer = trainer_offer(spec, price_lookup(spec))
+        except PricingError as e:
+            raise NodeStartError(str(e)) from None
+        req = LaunchRequest(
+            instance_id=self.instance_id,
+            job=self.job.name,
+            role=Role.TRAINER,
+            kind=InstanceKind.ON_DEMAND,
+            cloud=offer.cloud,
+            region=offer.region,
+            accelerator=offer.accelerator,
+            hourly_price=offer.hourly_price,
+            env={"RLBOOST_JOB_TOKEN": token, "RLBOOST_ENGINE": spec.rollout.engine},
+        )
+        try:
+            url = self.provider.start_node(req, job_id=self.job.id, resume=resume)
+        except (CapacityError, ProviderError) as e:
+            raise NodeStartError(f"the trainer node did not come up: {e}") from None
+        client = NodeClient(url, token)
+        deadline = time.monotonic() + timeout_s
+        while not client.ping():
+            if time.monotonic() > deadline:
+                raise NodeStartError(
+                    f"the trainer node {self.instance_id} is up but its controller did not answer at {url} within "
+                    f"{timeout_s / 60:.0f} min; see `sky logs {self.instance_id}`; `rlboost down {self.job.id}` "
+                    "terminates it"
+                )
+            time.sleep(5.0)
+        return api.ControlAddress(url=url, pid=0)
+
+    def cut_off(self) -> bool:
+        """Terminate the node (its controller does not answer). Its spot workers lose their trainer
+        and power off by themselves (templates/worker.sky.yaml); always True."""
+        self.provider.down_node(self.instance_id)
+        return True
+
+
+def trainer_node(job: JobRow) -> LocalTrainerNode | SkyTrainerNode:
+    """The trainer node of a `controller: trainer` job, by its provider."""
+    return SkyTrainerNode(job) if job.provider == "skypilot" else LocalTrainerNode(job)

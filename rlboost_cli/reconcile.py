@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import yaml
 
 from providers.base import InstanceState, Provider
-from rlboost_cli.node_client import controller_reachable, node_run_dir, stop_node_controller
+from rlboost_cli.node_client import controller_reachable, node_run_dir
 from rlboost_cli.pids import controller_alive
 from rlboost_cli.state import JobRow, StateStore, UnknownInstanceError, job_run_dir
 
@@ -88,9 +88,12 @@ def controller_running(job: JobRow) -> bool:
 
 def take_over_node(job: JobRow) -> None:
     """A node controller that does not answer is cut off before its instances are reconciled from
-    here, so it cannot relaunch what is being torn down (the stand-in node: kill its process)."""
-    if job.provider == "local" and stop_node_controller(job):
-        log.warning("job %s: killed its unresponsive controller on the trainer node", job.name)
+    here, so it cannot relaunch what is being torn down (a cloud node is terminated; the local
+    stand-in's controller process is killed)."""
+    from rlboost_cli.node_host import trainer_node
+
+    if trainer_node(job).cut_off():
+        log.warning("job %s: cut off its unresponsive controller on the trainer node", job.name)
 
 
 def _just_created(job: JobRow) -> bool:

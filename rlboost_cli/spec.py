@@ -323,7 +323,9 @@ class JobSpec(Strict):
     # Where the job's controller runs: `launcher`, in the `rlboost launch` process (or its background
     # child with -d) on the machine that launched it; `trainer`, on the trainer node, which is up for
     # the job's whole life anyway, reached from the launching machine through an authenticated endpoint.
-    controller: Literal["launcher", "trainer"] = "launcher"
+    # Default: `trainer` for SkyPilot jobs (the node bids with the credentials SkyPilot gives it, as its
+    # managed-jobs controller does), `launcher` otherwise.
+    controller: Literal["launcher", "trainer"] | None = None
 
     @field_validator("name")
     @classmethod
@@ -364,11 +366,23 @@ class JobSpec(Strict):
                         f"rollout.candidates[{i}].clouds is {c.clouds} but provider is 'local' "
                         "(use clouds: [local], or provider: skypilot/aws/gcp)"
                     )
-        if self.controller == "trainer" and self.provider != "local":
+        # the node finds the public address its workers dial from its cloud's metadata service
+        node_clouds = ("aws", "gcp")
+        if self.controller is None:  # frozen model: the resolved default is set once, here
+            on_node = self.provider == "skypilot" and self.trainer.cloud in node_clouds
+            object.__setattr__(self, "controller", "trainer" if on_node else "launcher")
+        if self.controller == "trainer" and self.provider == "skypilot" and self.trainer.cloud not in node_clouds:
             raise ValueError(
-                f"controller: trainer is not available with provider {self.provider!r} in this version "
-                "(the node would need the job's cloud credentials, which rlboost does not ship to it yet); "
-                "use controller: launcher with `rlboost launch -d` on a machine that stays up"
+                f"controller: trainer with trainer.cloud {self.trainer.cloud!r}: the node learns its public address "
+                f"from the metadata service of {' or '.join(node_clouds)} only; use one of those for the trainer "
+                "or controller: launcher"
+            )
+        if self.controller == "trainer" and self.provider in ("aws", "gcp"):
+            raise ValueError(
+                f"controller: trainer is not available with provider {self.provider!r}: its trainer node gets no "
+                "cloud credentials, so it could not bid for spot workers; use provider: skypilot (which gives "
+                "the node the launching machine's credentials, as for its managed-jobs controller) or "
+                "controller: launcher with `rlboost launch -d` on a machine that stays up"
             )
         if self.rollout.max_workers > 0 and not self.rollout.candidates:
             raise ValueError(

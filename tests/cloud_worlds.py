@@ -162,6 +162,31 @@ def skypilot_world(tmp: Path, job: str) -> Iterator[World]:
             p.close()
 
 
+@contextmanager
+def skypilot_node_world(tmp: Path, job: str) -> Iterator[World]:
+    """A controller on the trainer node: the trainer a process here, workers SkyPilot clusters."""
+    from providers.skypilot import SkyPilotProvider
+    from providers.trainer_here import TrainerHere
+    from tests.sky_fake import FakeSky
+
+    fake = FakeSky()
+    run_dir = tmp / "run"
+    write_spec(run_dir, job)
+
+    def make() -> Provider:
+        sky = SkyPilotProvider(run_dir, sdk=fake, status_every_s=0.05, redown_after_s=0.05)
+        return TrainerHere(run_dir, sky, public_host="203.0.113.7", port=8787)
+
+    w = World("skypilot", job, None, make, lambda: fake.refuse(), lambda iid: fake.preempt(iid), cloud="gcp")
+    try:
+        yield w
+    finally:
+        for p in w.providers:
+            for iid in p.list_owned(job):
+                p.terminate(iid)
+            p.close()
+
+
 AWS_ENV = {
     "AWS_ACCESS_KEY_ID": "testing",
     "AWS_SECRET_ACCESS_KEY": "testing",
@@ -264,4 +289,10 @@ def gcp_world(tmp: Path, job: str) -> Iterator[World]:
         fake.close()
 
 
-WORLDS = {"local": local_world, "skypilot": skypilot_world, "aws": aws_world, "gcp": gcp_world}
+WORLDS = {
+    "local": local_world,
+    "skypilot": skypilot_world,
+    "skypilot-node": skypilot_node_world,
+    "aws": aws_world,
+    "gcp": gcp_world,
+}

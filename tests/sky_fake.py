@@ -241,3 +241,7 @@ class FakeSky:
         if r.error is not None:
             raise r.error
         return r.result
+
+
+# For a controller in another process (RLBOOST_SKY_SDK=tests.sky_fake:SDK): its own fake cloud.
+SDK = FakeSky()

@@ -235,7 +235,7 @@ def test_closing_the_terminal_of_an_attached_launch_leaves_the_node_job_running(
     step = copied(home, 1).step or 0
     wait_copied_step(home, 1, step + 2)  # trains on with the launching terminal gone
     assert copied(home, 1).status == "running"
-    assert run_cli("down", name, home=home, timeout=180).returncode == 0
+    run_cli("down", name, home=home, timeout=180, check=True)
     assert_node_job_gone(home, name, 1)
 
 

@@ -1,0 +1,64 @@
+"""The trainer node's public address, as its spot workers (in any region or cloud) must dial it.
+
+A node's processes only see their private interfaces; the public IP is known to the cloud's
+metadata service (AWS IMDSv2, GCE metadata), the same services workers watch for preemption
+notices. `RLBOOST_PUBLIC_HOST` overrides it (a proxy or a load balancer in front of the node).
+"""
+
+from __future__ import annotations
+
+import os
+
+import httpx
+
+AWS_METADATA = "http://169.254.169.254"
+GCP_METADATA = "http://metadata.google.internal"
+# clouds whose metadata service rlboost reads; elsewhere RLBOOST_PUBLIC_HOST must be set
+METADATA_CLOUDS = ("aws", "gcp")
+
+
+class NoPublicAddress(Exception):
+    """The node's public address could not be found; the message says how to give it."""
+
+
+def _aws(base: str, timeout: float) -> str:
+    token = httpx.put(
+        f"{base}/latest/api/token", headers={"X-aws-ec2-metadata-token-ttl-seconds": "60"}, timeout=timeout
+    )
+    token.raise_for_status()
+    r = httpx.get(
+        f"{base}/latest/meta-data/public-ipv4", headers={"X-aws-ec2-metadata-token": token.text}, timeout=timeout
+    )
+    r.raise_for_status()
+    return r.text
+
+
+def _gcp(base: str, timeout: float) -> str:
+    r = httpx.get(
+        f"{base}/computeMetadata/v1/instance/network-interfaces/0/access-configs/0/external-ip",
+        headers={"Metadata-Flavor": "Google"},
+        timeout=timeout,
+    )
+    r.raise_for_status()
+    return r.text
+
+
+def public_host(cloud: str, env: dict[str, str] | None = None, timeout: float = 5.0) -> str:
+    """RLBOOST_PUBLIC_HOST, else the cloud's metadata answer (RLBOOST_METADATA_URL: its base URL)."""
+    env = dict(os.environ if env is None else env)
+    if env.get("RLBOOST_PUBLIC_HOST"):
+        return env["RLBOOST_PUBLIC_HOST"]
+    read = {"aws": (_aws, AWS_METADATA), "gcp": (_gcp, GCP_METADATA)}.get(cloud)
+    if read is None:
+        raise NoPublicAddress(f"cannot find this {cloud} node's public address; set RLBOOST_PUBLIC_HOST")
+    fn, base = read
+    try:
+        host = fn(env.get("RLBOOST_METADATA_URL", base).rstrip("/"), timeout).strip()
+    except httpx.HTTPError as e:
+        raise NoPublicAddress(
+            f"{cloud} metadata service gave no public IP for this node ({e}); the trainer node needs one "
+            "for spot workers to reach it (or set RLBOOST_PUBLIC_HOST)"
+        ) from None
+    if not host:
+        raise NoPublicAddress(f"this {cloud} node has no public IP; spot workers could not reach it")
+    return host

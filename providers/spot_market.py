@@ -24,6 +24,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
+from providers.bundled_data import local_file
+
 
 class TraceError(ValueError):
     """A malformed trace; the message names the file and line."""
@@ -85,9 +87,10 @@ class AvailabilityTrace:
 
 
 def load_trace(path: str | Path) -> AvailabilityTrace:
+    """A trace file, or a shipped one named `bundled:traces/<file>` (its name is kept as the source)."""
     p = Path(path)
     try:
-        text = p.read_text(encoding="utf-8-sig")
+        text = local_file(path).read_text(encoding="utf-8-sig")
     except OSError as e:
         raise TraceError(f"{p}: cannot read trace ({e.strerror or e})") from None
     except UnicodeDecodeError:

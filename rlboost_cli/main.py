@@ -518,8 +518,10 @@ def _print_plan(spec: JobSpec, t_offer, s_offers, prices=None) -> None:
         from providers import CREDENTIAL_HINTS, credentials, job_clouds
 
         for cloud, found in credentials(job_clouds(spec)).items():
-            state = f"found ({escape(str(found))})" if found else (
-                f"[red]missing[/]: {escape(CREDENTIAL_HINTS[cloud])}; launch will refuse"
+            state = (
+                f"found ({escape(str(found))})"
+                if found
+                else (f"[red]missing[/]: {escape(CREDENTIAL_HINTS[cloud])}; launch will refuse")
             )
             console.print(f"credentials for {cloud}: {state}")
     if spec.budget_usd is not None:
@@ -809,14 +811,21 @@ def simulate(
     job_file: Annotated[Path, typer.Argument(help="the job YAML")],
     trace: Annotated[
         Path | None,
-        typer.Option(help="availability trace (Bamboo CSV, GCP count lines, JSON count series); default: local.trace"),
+        typer.Option(
+            help="availability trace (Bamboo CSV, GCP count lines, JSON count series) or a shipped one, "
+            "bundled:traces/p3-trace.csv; default: local.trace"
+        ),
     ] = None,
     policy: Annotated[
         list[str] | None,
         typer.Option(help="on-demand, sync, spot-restart, rlboost-rule, rlboost, rlboost-tail, job (repeatable)"),
     ] = None,
     catalog: Annotated[
-        Path | None, typer.Option(help="a SkyPilot vms.csv to price from (overrides local.catalog)")
+        Path | None,
+        typer.Option(
+            help="a SkyPilot vms.csv to price from, or bundled:aws_vms.csv / bundled:gcp_vms.csv "
+            "(overrides local.catalog)"
+        ),
     ] = None,
     hours: Annotated[float | None, typer.Option(help="hours of trace to replay (default: all of it)")] = None,
     steps: Annotated[

@@ -5,6 +5,7 @@ piped, as `rlboost ... | less` or a script would see it."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -70,6 +71,25 @@ def test_show_completion_prints_an_installable_bash_script(tmp_path):
     assert _rlboost(home=tmp_path, **words).stdout.split() == ["--trace"]
     helptext = _rlboost("--help", home=tmp_path).stdout
     assert "--install-completion" in helptext and "--show-completion" in helptext
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+def test_install_completion_then_bash_completes(tmp_path):
+    """--install-completion into a fresh HOME, then a bash that reads its .bashrc completes `rlboost sim<TAB>`."""
+    home = tmp_path / "user"
+    home.mkdir()
+    proc = _rlboost("--install-completion", "bash", home=tmp_path / "rl", HOME=str(home))
+    assert proc.returncode == 0 and "completion installed" in proc.stdout, proc.stdout + proc.stderr
+    assert "rlboost.sh" in (home / ".bashrc").read_text()
+    bindir = tmp_path / "bin"  # `rlboost` on PATH, as `pip install` puts it
+    bindir.mkdir()
+    (bindir / "rlboost").write_text(f'#!/bin/sh\nexec {sys.executable} -m rlboost_cli.main "$@"\n')
+    (bindir / "rlboost").chmod(0o755)
+    script = "source ~/.bashrc; COMP_WORDS=(rlboost sim); COMP_CWORD=1; _rlboost_completion rlboost; "
+    script += 'echo "${COMPREPLY[@]}"'
+    env = _env(tmp_path / "rl", HOME=str(home), PATH=f"{bindir}:{os.environ['PATH']}")
+    out = subprocess.run(["bash", "--norc", "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    assert out.stdout.split() == ["simulate"], out.stdout + out.stderr
 
 
 @pytest.mark.parametrize(

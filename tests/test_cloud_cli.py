@@ -153,8 +153,16 @@ def test_a_budget_already_spent_refuses_before_anything(home, tmp_path):
     jid = store.create_job("aws-gcp-demo", "name: aws-gcp-demo\n", "skypilot")
     store.record_launch(
         jid,
-        LaunchRequest("aws-gcp-demo-1-trainer", "aws-gcp-demo", Role.TRAINER, InstanceKind.ON_DEMAND, "aws",
-                      "us-east-1", "A100:8", 32.7726),
+        LaunchRequest(
+            "aws-gcp-demo-1-trainer",
+            "aws-gcp-demo",
+            Role.TRAINER,
+            InstanceKind.ON_DEMAND,
+            "aws",
+            "us-east-1",
+            "A100:8",
+            32.7726,
+        ),
         "skypilot",
         32.7726,
     )

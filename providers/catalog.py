@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
+from providers.bundled_data import local_file
+
 
 class CatalogError(ValueError):
     """A malformed catalog file; the message names the file and line."""
@@ -116,7 +118,7 @@ def load_catalog(path: str | Path, *, cloud: str | None = None) -> Catalog:
     """
     p = Path(path)
     try:
-        text = p.read_text(encoding="utf-8-sig")
+        text = local_file(path).read_text(encoding="utf-8-sig")
     except OSError as e:
         raise CatalogError(f"{p}: cannot read catalog ({e.strerror or e})") from None
     reader = csv.DictReader(text.splitlines())

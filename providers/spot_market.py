@@ -15,14 +15,18 @@ Three trace formats are read by `load_trace` (see traces/SOURCES.md in the share
 from __future__ import annotations
 
 import bisect
+import csv
 import itertools
 import json
 import math
 import random
 import statistics
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
+
+from providers.bundled_data import local_file
 
 
 class TraceError(ValueError):
@@ -85,9 +89,10 @@ class AvailabilityTrace:
 
 
 def load_trace(path: str | Path) -> AvailabilityTrace:
+    """A trace file, or a shipped one named `bundled:traces/<file>` (its name is kept as the source)."""
     p = Path(path)
     try:
-        text = p.read_text(encoding="utf-8-sig")
+        text = local_file(path).read_text(encoding="utf-8-sig")
     except OSError as e:
         raise TraceError(f"{p}: cannot read trace ({e.strerror or e})") from None
     except UnicodeDecodeError:
@@ -95,19 +100,32 @@ def load_trace(path: str | Path) -> AvailabilityTrace:
     if text.lstrip().startswith("{"):
         return _parse_json(text, str(p))
     lines = text.splitlines()  # handles CRLF
-    first = next(((i, ln) for i, ln in enumerate(lines, 1) if ln.strip()), None)
+    first = next(_csv_rows(lines, str(p)), None)
     if first is None:
         raise TraceError(f"{p}: empty trace")
-    lineno, line = first
-    parts = [x.strip() for x in line.split(",")]
+    lineno, parts = first
     if len(parts) == 3 and parts[1] in ("add", "remove"):
         return _parse_bamboo(lines, str(p))
     if len(parts) == 3 and _parse_stamp(parts[0], parts[1]) is not None:
         return _parse_gcp(lines, str(p))
     raise TraceError(
-        f"{p}:{lineno}: unrecognised trace line {line.strip()!r} (expected `t_ms,add|remove,nodeK`, "
+        f"{p}:{lineno}: unrecognised trace line {lines[lineno - 1].strip()!r} (expected `t_ms,add|remove,nodeK`, "
         "`YYYY-MM-DD, HH:MM:SS, N`, or a JSON object with metadata.gap_seconds and data)"
     )
+
+
+def _csv_rows(lines: list[str], src: str) -> Iterator[tuple[int, list[str]]]:
+    """(line number, fields stripped of spaces) of each non-blank line, read as CSV with no header."""
+    reader = csv.reader(lines, skipinitialspace=True, strict=True)  # bad quoting is an error
+    while True:
+        try:
+            fields = next(reader)
+        except StopIteration:
+            return
+        except csv.Error as e:
+            raise TraceError(f"{src}:{reader.line_num}: not a CSV line ({e})") from None
+        if any(f.strip() for f in fields):
+            yield reader.line_num, [f.strip() for f in fields]
 
 
 def _parse_bamboo(lines: list[str], src: str) -> AvailabilityTrace:
@@ -115,13 +133,9 @@ def _parse_bamboo(lines: list[str], src: str) -> AvailabilityTrace:
     times: list[float] = []
     counts: list[int] = []
     last_t = -math.inf
-    for lineno, raw in enumerate(lines, 1):
-        line = raw.strip()
-        if not line:
-            continue
-        parts = [x.strip() for x in line.split(",")]
+    for lineno, parts in _csv_rows(lines, src):
         if len(parts) != 3 or parts[1] not in ("add", "remove") or not parts[2]:
-            raise TraceError(f"{src}:{lineno}: expected `t_ms,add|remove,nodeK`, got {line!r}")
+            raise TraceError(f"{src}:{lineno}: expected `t_ms,add|remove,nodeK`, got {lines[lineno - 1].strip()!r}")
         try:
             t = float(parts[0]) / 1000.0
         except ValueError:
@@ -162,14 +176,10 @@ def _parse_stamp(date: str, clock: str) -> datetime | None:
 
 def _parse_gcp(lines: list[str], src: str) -> AvailabilityTrace:
     stamps: list[tuple[int, datetime, int]] = []
-    for lineno, raw in enumerate(lines, 1):
-        line = raw.strip()
-        if not line:
-            continue
-        parts = [x.strip() for x in line.split(",")]
+    for lineno, parts in _csv_rows(lines, src):
         stamp = _parse_stamp(parts[0], parts[1]) if len(parts) == 3 else None
         if stamp is None:
-            raise TraceError(f"{src}:{lineno}: expected `YYYY-MM-DD, HH:MM:SS, N`, got {line!r}")
+            raise TraceError(f"{src}:{lineno}: expected `YYYY-MM-DD, HH:MM:SS, N`, got {lines[lineno - 1].strip()!r}")
         try:
             n = int(parts[2])
         except ValueError:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import random
 import signal
 import sys
 import time
@@ -36,6 +35,7 @@ from rlboost_cli.spec import JobSpec
 from rlboost_cli.state import StateStore, StepMetrics, UnknownInstanceError
 from rlboost_cli.step_numbers import shown
 from trainer.policies.fleet import StepSample
+from trainer.retry import Backoff as RetryBackoff
 from trainer.scheduling import FleetClock, fleet_goal
 from trainer.tls import https_url
 
@@ -53,8 +53,8 @@ class Backoff:
 
     def fail(self, now: float, base: float = 1.0, cap: float = 30.0) -> None:
         self.failures += 1
-        delay = min(cap, base * 2 ** min(self.failures - 1, 6))
-        self.until = now + delay * random.uniform(0.5, 1.0)
+        policy = RetryBackoff(base_s=base, cap_s=cap, jitter=(0.5, 1.0), max_doublings=6)
+        self.until = now + policy.delay(self.failures - 1)
 
     def ok(self) -> None:
         self.failures = 0
@@ -228,8 +228,11 @@ class Controller:
         old endpoint, so they are replaced by ones that know the new one."""
         self.trainer_restarts += 1
         self.store.add_event(
-            self.job_id, "trainer-lost", f"{why}; relaunching ({self.trainer_restarts}/"
-            f"{self.spec.trainer.max_restarts})", self.trainer_id, self.provider.clock(),
+            self.job_id,
+            "trainer-lost",
+            f"{why}; relaunching ({self.trainer_restarts}/{self.spec.trainer.max_restarts})",
+            self.trainer_id,
+            self.provider.clock(),
         )
         progress.note(f"trainer lost ({why}); relaunching from the last checkpoint")
         for inst in self.store.live_instances(self.job_id):
@@ -403,8 +406,11 @@ class Controller:
             int(rec.get("n_remote", 0)), rec["step_s"], rec["gen_s"], float(rec.get("train_s", 0.0)), rec["tokens"]
         )
         started = [i.started_clock for i in self.store.instances(self.job_id) if i.started_clock is not None]
-        at = FleetClock(self.steps_recorded + 1, clock - min(started, default=clock),
-                        summarize(self.store, self.job_id).total_dollars)
+        at = FleetClock(
+            self.steps_recorded + 1,
+            clock - min(started, default=clock),
+            summarize(self.store, self.job_id).total_dollars,
+        )
         d = self.fleet.decide(
             sample,
             fleet_goal(self.spec, self.spec.rollout.objective, at),
@@ -466,7 +472,10 @@ class Controller:
             )
             self.store.record_step(self.job_id, metrics)
             self.metrics_log.write(
-                metrics.step, rec, clock=clock, dollars=summarize(self.store, self.job_id).total_dollars,
+                metrics.step,
+                rec,
+                clock=clock,
+                dollars=summarize(self.store, self.job_id).total_dollars,
                 preemptions=self._preemptions(),
             )
             progress.step(rec)

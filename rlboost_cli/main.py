@@ -8,7 +8,6 @@ import json
 import os
 import secrets
 import signal
-import sys
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, NoReturn
@@ -16,25 +15,27 @@ from typing import TYPE_CHECKING, Annotated, NoReturn
 import typer
 from rich.console import Console
 from rich.markup import escape
-from rich.table import Table
 
 from rlboost_cli.jobs_ref import resolve_job
 from rlboost_cli.pricing import PricingError, spot_offers, trainer_offer
 from rlboost_cli.spec import JobSpec, SpecError, load_spec, spec_to_yaml
 from rlboost_cli.state import JobExistsError, JobRow, StateStore, UnknownJobError, job_run_dir, rlboost_home
 from rlboost_cli.step_numbers import checkpointed_steps, resume_message
+from rlboost_cli.tables import add_columns, narrow_table
 
 if TYPE_CHECKING:
     from providers.spot_market import SpotMarket
     from rlboost_cli.pricing import Offer
 
 app = typer.Typer(
-    add_completion=False,
+    add_completion=True,  # --install-completion / --show-completion [bash|zsh|fish|powershell]
+    pretty_exceptions_show_locals=False,  # a crash's traceback must not print job tokens held in locals
     no_args_is_help=True,
     help="RL post-training on an on-demand trainer plus harvested spot GPUs.",
 )
-# progress lines name no source file; piped, tables keep their columns whole instead of 80 wide
-console = Console(log_path=False, width=None if sys.stdout.isatty() or "COLUMNS" in os.environ else 200)
+# The terminal's width, or $COLUMNS, or 80 when piped; no colours unless stdout is a terminal (rich
+# decides); progress lines name no source file. Tables fold long cells (ids, names) rather than cut them.
+console = Console(log_path=False)
 err = Console(stderr=True)
 
 ACTIVE = ("pending", "running")
@@ -71,9 +72,8 @@ def check(
     if as_json:
         print(json.dumps(results, indent=2))
         return
-    table = Table(title="providers (credentials from files and environment only; nothing is called)")
-    for col in ("provider", "ready", "libraries", "credentials", "to fix"):
-        table.add_column(col)
+    table = narrow_table("providers (credentials from files and environment only; nothing is called)")
+    add_columns(table, "provider", "ready", "libraries", "credentials", "to fix")
     for r in results:
         libs = ", ".join(f"{m} {'ok' if ok else 'missing'}" for m, ok in r["libraries"].items())
         creds = [f"{c}: {where or 'none'}" for c, where in r["credentials"].items()]
@@ -523,10 +523,10 @@ def _print_plan(spec: JobSpec, t_offer, s_offers, prices=None) -> None:
         f"trainer: {n} × {t_offer.accelerator or 'cpu'} on {where} (on-demand): "
         f"${t_offer.hourly_price / n:.3f}/h per node, ${t_offer.hourly_price:.2f}/h in all"
     )
-    table = Table(title="spot candidates, in bidding order (cheapest $ per unit of throughput first)")
-    cols = ("cloud", "region", "zone", "instance", "accelerator", "spot $/h", "on-demand $/h", "throughput")
-    for col in (*cols, "$/h ÷ thr"):
-        table.add_column(col)
+    table = narrow_table("spot candidates, in bidding order (cheapest $ per unit of throughput first)")
+    # thr: throughput per node, relative to the job's reference accelerator
+    nums = ("spot $/h", "on-demand $/h", "thr", "$/h ÷ thr")
+    add_columns(table, "cloud", "region", "zone", "instance", "accel", *nums, numbers=nums)
     for o in s_offers:
         zone, instance = _placement(o) if prices is not None else ("-", "-")
         table.add_row(
@@ -562,8 +562,10 @@ def _print_plan(spec: JobSpec, t_offer, s_offers, prices=None) -> None:
         from providers import CREDENTIAL_HINTS, credentials, job_clouds
 
         for cloud, found in credentials(job_clouds(spec)).items():
-            state = f"found ({escape(str(found))})" if found else (
-                f"[red]missing[/]: {escape(CREDENTIAL_HINTS[cloud])}; launch will refuse"
+            state = (
+                f"found ({escape(str(found))})"
+                if found
+                else (f"[red]missing[/]: {escape(CREDENTIAL_HINTS[cloud])}; launch will refuse")
             )
             console.print(f"credentials for {cloud}: {state}")
     if spec.budget_usd is not None:
@@ -575,7 +577,7 @@ def _print_plan(spec: JobSpec, t_offer, s_offers, prices=None) -> None:
 
         est = estimate_deadline(spec)
         for line in est.lines() if est else []:
-            console.print(line, markup=False, highlight=False, soft_wrap=True)
+            console.print(line, markup=False, highlight=False)
 
 
 def _placement(offer) -> tuple[str, str]:
@@ -853,14 +855,21 @@ def simulate(
     job_file: Annotated[Path, typer.Argument(help="the job YAML")],
     trace: Annotated[
         Path | None,
-        typer.Option(help="availability trace (Bamboo CSV, GCP count lines, JSON count series); default: local.trace"),
+        typer.Option(
+            help="availability trace (Bamboo CSV, GCP count lines, JSON count series) or a shipped one, "
+            "bundled:traces/p3-trace.csv; default: local.trace"
+        ),
     ] = None,
     policy: Annotated[
         list[str] | None,
         typer.Option(help="on-demand, sync, spot-restart, rlboost-rule, rlboost, rlboost-tail, job (repeatable)"),
     ] = None,
     catalog: Annotated[
-        Path | None, typer.Option(help="a SkyPilot vms.csv to price from (overrides local.catalog)")
+        Path | None,
+        typer.Option(
+            help="a SkyPilot vms.csv to price from, or bundled:aws_vms.csv / bundled:gcp_vms.csv "
+            "(overrides local.catalog)"
+        ),
     ] = None,
     hours: Annotated[float | None, typer.Option(help="hours of trace to replay (default: all of it)")] = None,
     steps: Annotated[
@@ -911,7 +920,7 @@ def simulate(
             constant_workers=constant_workers,
         )
         if rp.calibration is not None and not as_json:
-            err.print(rp.calibration.describe(), markup=False, highlight=False, soft_wrap=True)
+            err.print(rp.calibration.describe(), markup=False, highlight=False)
         base, swept = None, []
         if sweep:
             base, swept = _run_sweep(rp, points or sim_cli.sweep_points(rp.spec.rollout.max_workers), jobs)
@@ -953,7 +962,7 @@ def simulate(
         print(json.dumps(doc, indent=2))
     else:
         for line in [*(rec.lines() if rec else []), *(verdict.lines() if verdict else [])]:
-            console.print(line, markup=False, highlight=False, soft_wrap=True)
+            console.print(line, markup=False, highlight=False)
         table = report.sweep_table(base, swept, title) if sweep else report.results_table(results, title)
         console.print(table)
     if plot is not None:
@@ -1000,4 +1009,4 @@ def _shown_path(source: str) -> str:
 
 
 if __name__ == "__main__":
-    app()
+    app(prog_name="rlboost")  # `python -m rlboost_cli.main` completes and names itself as the installed script

@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from rich import box
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
@@ -23,6 +22,7 @@ from rlboost_cli.ledger import CostSummary, summarize, summarize_all
 from rlboost_cli.metrics_log import METRICS_FILE
 from rlboost_cli.node_client import controller_reachable, node_logs_dir, node_run_dir
 from rlboost_cli.state import InstanceRow, JobRow, StateStore, job_run_dir
+from rlboost_cli.tables import add_columns, narrow_table
 
 _SPARK = "▁▂▃▄▅▆▇█"
 _LIVE_STATES = ("running", "notice")
@@ -202,13 +202,8 @@ def status_json(store: StateStore, job: str | None, *, now: float | None = None)
 
 
 def _workers_table(js: dict[str, Any]) -> Table:
-    table = Table(title=f"{js['name']} — workers", title_justify="left")
-    table.add_column("instance", no_wrap=True)
-    table.add_column("kind", no_wrap=True)
-    table.add_column("provider/region/accel")
-    table.add_column("state", no_wrap=True)
-    table.add_column("ver", justify="right")
-    table.add_column("tok/s", justify="right")
+    table = narrow_table(f"{js['name']} — workers")
+    add_columns(table, "instance", "kind", "provider/region/accel", "state", "ver", "tok/s", numbers=("ver", "tok/s"))
     done = ("preempted", "exited", "terminated", "failed")
     live = [w for w in js["workers"] if w["state"] not in done]
     # launches refused for capacity never ran: count them, don't list them
@@ -239,12 +234,11 @@ def _workers_table(js: dict[str, Any]) -> Table:
 
 
 def _steps_table(js: dict[str, Any]) -> Table:
-    table = Table(title=f"{js['name']} — recent steps", title_justify="left")
+    table = narrow_table(f"{js['name']} — recent steps")
     # offload: seconds into the step when the trainer's engine handed its work to the spot workers;
     # tail train / idle: after that, seconds the trainer trained finished groups / waited for rollouts
     cols = ("step", "weights", "reward", "tokens", "responses", "migrated", "seconds", "offload", "tail train", "idle")
-    for col in cols:
-        table.add_column(col, justify="right")
+    add_columns(table, *cols, numbers=cols)
     for s in js["recent_steps"]:
         table.add_row(
             str(s["step"]),
@@ -266,16 +260,10 @@ def render_status(store: StateStore, job: str | None, console: Console, *, now: 
     if not data["jobs"]:
         console.print("No jobs yet. Start one with `rlboost launch job.yaml`.")
         return
-    # short headers and no inner rules so the table fits an 80-column terminal; the id, name and
-    # status are what a user types or acts on next, so those never shrink
-    # short headers, one space between columns and no rules, so that the table fits an 80-column
-    # terminal without truncating what a user types or acts on next: the id, the name, the status
-    table = Table(title="rlboost jobs", title_justify="left", box=box.SIMPLE_HEAD, padding=0, show_edge=False)
-    table.add_column("id", justify="right", no_wrap=True)
-    table.add_column("job", no_wrap=True)
-    table.add_column("status", no_wrap=True)
-    for col in ("step", "reward", "ver", "elapsed", "wkrs", "pre", "migr"):
-        table.add_column(col, justify="right", no_wrap=True)
+    # short headers so that the table fits an 80-column terminal; a long name folds, never cut (tables.py)
+    table = narrow_table("rlboost jobs")
+    nums = ("step", "reward", "ver", "elapsed", "wkrs", "pre", "migr")
+    add_columns(table, "id", "job", "status", *nums, numbers=("id", *nums))
     for js in data["jobs"]:
         steps = f"{_fmt(js['step'])}/{_fmt(js['steps'])}"
         style = {"running": "green", "failed": "red", "pending": "cyan", "stopped": "yellow"}.get(js["status"], "")
@@ -378,14 +366,20 @@ def render_cost(store: StateStore, job: str | None, console: Console) -> None:
         console.print("No jobs yet, so no spend. Start one with `rlboost launch job.yaml`.")
         return
     title = f"cost — {data['job']} (id {data['job_id']}, {data['status']})" if job else "cost — all jobs"
-    table = Table(title=title, title_justify="left", show_footer=True)
-    table.add_column("kind", footer="total")
-    table.add_column("cloud")
-    table.add_column("accel")
-    table.add_column("inst", justify="right", footer=str(sum(ln["instances"] for ln in data["lines"])))
-    table.add_column("inst-hours", justify="right", footer=f"{data['instance_hours']:.2f}")
-    table.add_column("cost", justify="right", footer=fmt_money(data["dollars"]))
-    table.add_column("same hours on-demand", justify="right", footer=fmt_money(data["on_demand_equivalent_dollars"]))
+    table = narrow_table(title, show_footer=True)
+    nums = ("inst", "inst-hours", "cost", "same hours on-demand")
+    add_columns(table, "kind", "cloud", "accel", *nums, numbers=nums)
+    footers = [
+        "total",
+        "",
+        "",
+        str(sum(ln["instances"] for ln in data["lines"])),
+        f"{data['instance_hours']:.2f}",
+        fmt_money(data["dollars"]),
+        fmt_money(data["on_demand_equivalent_dollars"]),
+    ]
+    for col, footer in zip(table.columns, footers, strict=True):
+        col.footer = footer
     for ln in data["lines"]:
         table.add_row(
             Text(str(ln["kind"])),  # spec text, not markup
@@ -415,17 +409,21 @@ def render_cost(store: StateStore, job: str | None, console: Console) -> None:
         )
     frac = data["savings_fraction"]
     pct = f" ({frac:.0%})" if frac is not None else ""
-    say(f"the same instance-hours all on-demand would cost {fmt_money(data['on_demand_equivalent_dollars'])}: "
-        f"{fmt_money(data['savings_dollars'])} less{pct}")
-    say(f"$ per step: {fmt_money(data['dollars_per_step'])} over {data['steps']} step(s); "
-        f"$ per 1M trained tokens: {fmt_money(data['dollars_per_million_tokens'])} over {data['tokens']:,}")
+    say(
+        f"the same instance-hours all on-demand would cost {fmt_money(data['on_demand_equivalent_dollars'])}: "
+        f"{fmt_money(data['savings_dollars'])} less{pct}"
+    )
+    say(
+        f"$ per step: {fmt_money(data['dollars_per_step'])} over {data['steps']} step(s); "
+        f"$ per 1M trained tokens: {fmt_money(data['dollars_per_million_tokens'])} over {data['tokens']:,}"
+    )
     say(f"preemptions: {data['preemptions']}; responses migrated mid-generation: {data['migrations']}")
     for note in data["notes"]:
         console.print(Text(f"note: {note}", style="yellow"))
     if job is None and len(data["jobs"]) > 1:
-        jt = Table(title="per job", title_justify="left")
-        for col in ("job", "id", "status", "instance-h", "cost", "steps", "$ / step"):
-            jt.add_column(col, justify="left" if col in ("job", "status") else "right")
+        jt = narrow_table("per job")
+        nums = ("id", "instance-h", "cost", "steps", "$ / step")
+        add_columns(jt, "job", "id", "status", "instance-h", "cost", "steps", "$ / step", numbers=nums)
         for j in data["jobs"]:
             jt.add_row(
                 Text(j["job"]),
@@ -440,7 +438,7 @@ def render_cost(store: StateStore, job: str | None, console: Console) -> None:
 
 
 def _plain(console: Console):
-    return lambda line: console.print(line, markup=False, highlight=False, soft_wrap=True)
+    return lambda line: console.print(line, markup=False, highlight=False)  # wrapped at the console width
 
 
 def _clock_line(data: dict[str, Any]) -> str:
@@ -458,12 +456,22 @@ def _render_tokens(data: dict[str, Any], console: Console) -> None:
     total = g["spot"] + g["reserved"]
     if not total:
         return
-    t = Table(title="tokens generated", title_justify="left")
-    for col in ("where", "tokens", "share", "cost", "$ per 1M"):
-        t.add_column(col, justify="left" if col == "where" else "right")
-    t.add_row("spot workers", f"{g['spot']:,}", f"{g['spot'] / total:.0%}", fmt_money(g["spot_dollars"]),
-              fmt_money(g["spot_dollars_per_million"]))
-    t.add_row("reserved (trainer)", f"{g['reserved']:,}", f"{g['reserved'] / total:.0%}",
-              fmt_money(g["reserved_dollars"]), fmt_money(g["reserved_dollars_per_million"]))
+    t = narrow_table("tokens generated")
+    nums = ("tokens", "share", "cost", "$ per 1M")
+    add_columns(t, "where", *nums, numbers=nums)
+    t.add_row(
+        "spot workers",
+        f"{g['spot']:,}",
+        f"{g['spot'] / total:.0%}",
+        fmt_money(g["spot_dollars"]),
+        fmt_money(g["spot_dollars_per_million"]),
+    )
+    t.add_row(
+        "reserved (trainer)",
+        f"{g['reserved']:,}",
+        f"{g['reserved'] / total:.0%}",
+        fmt_money(g["reserved_dollars"]),
+        fmt_money(g["reserved_dollars_per_million"]),
+    )
     t.caption = "reserved: the trainer's whole bill, which also pays for training"
     console.print(t)

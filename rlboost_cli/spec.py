@@ -14,6 +14,8 @@ from typing import Annotated, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from providers.bundled_data import bundled_path, is_bundled
+
 PROVIDERS = ("local", "skypilot", "aws", "gcp")
 ENGINES = ("torch", "vllm", "synthetic")
 TASKS = ("reverse", "copy", "add", "sort", "jsonl")
@@ -266,6 +268,7 @@ class LocalSpec(Strict):
 
     # An availability trace: Bamboo-style `t_ms,add|remove,nodeK` CSV, GCP `date, time, N` lines,
     # or JSON `{"metadata": {"gap_seconds": G}, "data": [n0, n1, ...]}`. None = the built-in trace.
+    # `bundled:traces/<file>` names one shipped with the package (providers/data/traces).
     trace: LaxPath | None = None
     # Trace seconds that pass per wall-clock second.
     time_scale: Annotated[float, Field(gt=0)] = 60.0
@@ -275,7 +278,8 @@ class LocalSpec(Strict):
     notice_fraction: Annotated[float, Field(ge=0, le=1)] = 0.5
     # Scale the trace's node counts down to this machine (e.g. 32 nodes -> 3 workers).
     capacity_scale: Annotated[float, Field(gt=0)] = 1.0
-    # Optional SkyPilot-style catalog CSV for prices (vms.csv columns).
+    # Optional SkyPilot-style catalog CSV for prices (vms.csv columns); `bundled:aws_vms.csv` or
+    # `bundled:gcp_vms.csv` names the one shipped with the package.
     catalog: LaxPath | None = None
 
 
@@ -477,7 +481,7 @@ _STRICT_FIXES = {
     "int_type": "write a whole number, no quotes or decimals, e.g. 10",
     "float_type": "write a number without quotes, e.g. 3e-3 or 0.5",
     "bool_type": "write true or false without quotes",
-    "string_type": "quote it, e.g. \"A100:8\"",
+    "string_type": 'quote it, e.g. "A100:8"',
 }
 
 
@@ -516,9 +520,7 @@ class JobFileLoader(yaml.SafeLoader):
             if not isinstance(key, str | int | float | bool | None):
                 continue  # an unhashable key: SafeLoader's own error says so
             if key in seen:
-                raise SpecError(
-                    f"line {line}: duplicate key {key!r} (first at line {seen[key]}); keep one of them"
-                )
+                raise SpecError(f"line {line}: duplicate key {key!r} (first at line {seen[key]}); keep one of them")
             seen[key] = line
         return super().construct_mapping(node, deep=deep)
 
@@ -620,6 +622,12 @@ def resolve_paths(spec: JobSpec, base: Path) -> JobSpec:
     for field in ("trace", "catalog"):
         val = getattr(local, field)
         if val is None:
+            continue
+        if is_bundled(val):  # shipped with the package: kept by name, so a node reads its own copy
+            try:
+                bundled_path(val)
+            except FileNotFoundError as e:
+                raise SpecError(f"local.{field}: {e}; fix the name, or give a file path") from None
             continue
         full = val if val.is_absolute() else (base / val).resolve()
         if not full.is_file():

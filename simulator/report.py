@@ -7,6 +7,7 @@ from pathlib import Path
 
 from rich.table import Table
 
+from rlboost_cli.tables import add_columns, narrow_table
 from simulator.core import SimResult
 
 
@@ -16,19 +17,9 @@ def ratio(a: float, b: float) -> str:
 
 def results_table(results: list[SimResult], title: str) -> Table:
     base = next((r for r in results if r.policy.name == "on-demand"), None)
-    t = Table(title=title)
-    for col in (
-        "policy",
-        "steps/h",
-        "trained tok/s",
-        "$",
-        "tokens/$",
-        "thr vs OD",
-        "tok/$ vs OD",
-        "preempt",
-        "migrated",
-    ):
-        t.add_column(col, justify="left" if col == "policy" else "right", no_wrap=True)
+    t = narrow_table(title)
+    cols = ("steps/h", "trained tok/s", "$", "tokens/$", "thr vs OD", "tok/$ vs OD", "preempt", "migrated")
+    add_columns(t, "policy", *cols, numbers=cols)
     for r in results:
         t.add_row(
             r.policy.name,
@@ -148,10 +139,9 @@ def recommend(base: SimResult, choices: list[Choice], spot_price_now: float) -> 
 
 def sweep_table(base: SimResult, points: list, title: str) -> Table:
     """One row per max_workers x objective (simulator.cli.SweepPoint), ratios against on-demand."""
-    t = Table(title=title)
+    t = narrow_table(title)
     cols = ("max_workers", "objective", "held", "steps/h", "trained tok/s", "$", "tokens/$", "thr vs OD", "tok/$ vs OD")
-    for col in cols:
-        t.add_column(col, justify="left" if col == "objective" else "right", no_wrap=True)
+    add_columns(t, *cols, numbers=tuple(c for c in cols if c != "objective"))
     t.add_row(
         "0",
         "on-demand",

@@ -102,9 +102,9 @@ def test_dryrun_prints_the_plan_with_skypilot_catalog_prices(home):
     text = out.stdout
     assert "plan for job aws-gcp-demo (provider skypilot; nothing launched)" in text
     assert "trainer: 1 × A100:8 on aws/us-east-1 (on-demand): $32.773/h per node" in text  # p4d.24xlarge
-    lines = [ln for ln in text.splitlines() if ln.startswith("│")]
-    cells = [[c.strip() for c in ln.split("│")] for ln in lines]
-    order = [(c[1], c[2], c[5]) for c in cells]  # cloud, region, accelerator (zone, instance between)
+    # the candidates table: one row per candidate, cells separated by spaces (200 columns: nothing folds)
+    cells = [ln.split() for ln in text.splitlines() if ln.split()[:1] in (["aws"], ["gcp"])]
+    order = [(c[0], c[1], c[4]) for c in cells]  # cloud, region, accelerator (zone, instance between)
     assert order[0] == ("aws", "us-east-2", "V100")  # cheapest $/token: 0.3635 / 0.4
     assert ("gcp", "us-central1", "A100") in order
     assert "prices for aws: SkyPilot catalog" in text and "prices for gcp: SkyPilot catalog" in text
@@ -153,8 +153,16 @@ def test_a_budget_already_spent_refuses_before_anything(home, tmp_path):
     jid = store.create_job("aws-gcp-demo", "name: aws-gcp-demo\n", "skypilot")
     store.record_launch(
         jid,
-        LaunchRequest("aws-gcp-demo-1-trainer", "aws-gcp-demo", Role.TRAINER, InstanceKind.ON_DEMAND, "aws",
-                      "us-east-1", "A100:8", 32.7726),
+        LaunchRequest(
+            "aws-gcp-demo-1-trainer",
+            "aws-gcp-demo",
+            Role.TRAINER,
+            InstanceKind.ON_DEMAND,
+            "aws",
+            "us-east-1",
+            "A100:8",
+            32.7726,
+        ),
         "skypilot",
         32.7726,
     )

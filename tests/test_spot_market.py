@@ -74,6 +74,18 @@ def test_bamboo_errors_name_file_and_line(tmp_path: Path, body: str, line: int, 
     assert f"{p}:{line}:" in str(e.value)
 
 
+def test_bamboo_read_as_csv(tmp_path: Path) -> None:
+    """Quoted fields follow CSV rules: a node id may hold a comma, and quotes around a time are not part of it."""
+    p = tmp_path / "q.csv"
+    p.write_text('"1000",add,"pool-a,node1"\n2000, add, "pool-a,node2"\n\n3000,remove,"pool-a,node1"\n')
+    tr = load_trace(p)
+    assert tr.times == [0.0, 1.0, 2.0, 3.0] and tr.counts == [0, 1, 2, 1]
+    bad = tmp_path / "quotes.csv"
+    bad.write_text('0,add,node1\n1000,add,"node2"x\n')
+    with pytest.raises(TraceError, match=f"{bad}:2: not a CSV line"):
+        load_trace(bad)
+
+
 # ---- GCP count lines ---------------------------------------------------------------------
 
 

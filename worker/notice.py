@@ -21,10 +21,13 @@ from typing import Protocol
 
 import aiohttp
 
+from trainer.retry import Backoff
+
 log = logging.getLogger("rlboost.notice")
 
 AWS_METADATA = "http://169.254.169.254"
 GCP_METADATA = "http://metadata.google.internal"
+METADATA_CAP_S = 30.0  # an unreachable metadata server is asked again at least this often
 
 
 class NoticeWatcher(Protocol):
@@ -55,7 +58,8 @@ class AwsNotice:
 
     async def wait(self) -> str:
         token: str | None = None
-        backoff = self.poll_s
+        fails = 0
+        backoff = Backoff(base_s=self.poll_s, cap_s=METADATA_CAP_S, jitter=(1.0, 1.0))
         timeout = aiohttp.ClientTimeout(total=5)
         async with aiohttp.ClientSession(timeout=timeout) as http:
             while True:
@@ -83,11 +87,11 @@ class AwsNotice:
                             continue
                         if r.status != 404:
                             r.raise_for_status()
-                    backoff = self.poll_s
+                    fails = 0
                 except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
                     log.warning("EC2 metadata unreachable (%s); retrying", e)
-                    token, backoff = None, min(backoff * 2, 30.0)
-                await asyncio.sleep(backoff)
+                    token, fails = None, fails + 1
+                await asyncio.sleep(backoff.delay(fails))  # poll_s while it answers, doubling while it fails
 
 
 class GcpNotice:
@@ -102,7 +106,8 @@ class GcpNotice:
         url = f"{self.base}/computeMetadata/v1/instance/preempted"
         headers = {"Metadata-Flavor": "Google"}
         etag: str | None = None
-        backoff = self.retry_s
+        fails = 0
+        backoff = Backoff(base_s=self.retry_s, cap_s=METADATA_CAP_S, jitter=(1.0, 1.0))
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.hang_s + 10)) as http:
             while True:
                 # first a plain read (it may already be TRUE), then hanging reads from its ETag
@@ -116,13 +121,13 @@ class GcpNotice:
                         etag = r.headers.get("ETag", etag)
                     if value == "TRUE":
                         return "gcp-preempted"
-                    backoff = self.retry_s
+                    fails = 0
                     if etag:
                         continue  # re-arm the hanging GET at once
                 except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
                     log.warning("GCE metadata unreachable (%s); retrying", e)
-                    backoff = min(backoff * 2, 30.0)
-                await asyncio.sleep(backoff)
+                    fails += 1
+                await asyncio.sleep(backoff.delay(fails))
 
 
 def watcher_from_env(env: dict[str, str] | None = None) -> NoticeWatcher | None:

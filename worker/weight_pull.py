@@ -35,6 +35,7 @@ import aiohttp
 from pydantic import ValidationError
 
 from trainer import digest
+from trainer.retry import Backoff, aretry, retry
 from trainer.weight_delta import decode_chunk
 from trainer.weight_tracker import decode_bits, encode_bits
 from trainer.weights import (
@@ -92,8 +93,12 @@ class _Corrupt(Exception):
     pass
 
 
-def _backoff(attempt: int) -> float:
-    return min(0.05 * 2**attempt, 2.0) * (0.5 + random.random())
+# origin and control-plane retries: 50 ms doubling to 2 s, x0.5-1.5 jitter
+PULL_BACKOFF = Backoff(base_s=0.05, cap_s=2.0)
+
+
+class _RetryableStatus(RuntimeError):
+    """A control-plane answer worth asking again (5xx, 408, 429)."""
 
 
 def _retryable(status: int) -> bool:
@@ -360,7 +365,7 @@ def _full_loop(ctx: _Ctx, plan: _Plan, m: Manifest, buf: HostBuffer, mark: Calla
                     forget=src if absent else None,
                 )
                 if src == ORIGIN:
-                    time.sleep(_backoff(fails))
+                    time.sleep(PULL_BACKOFF.delay(fails))
                 elif absent:  # a busy swarm: don't hammer the same holders at once
                     time.sleep(0.01 + 0.02 * random.random())
                 continue
@@ -401,8 +406,8 @@ def _delta_loop(
             d, info = dm.chunks[c], m.chunks[c]
             sl = slice(info.offset, info.offset + info.size)
             payload = memoryview(scratch)[: d.size]
-            ok = False
-            for attempt in range(3):
+
+            def once(c: int = c, d=d, info=info, sl=sl, payload=payload) -> bool:  # bound: ruff B023
                 part = Partial.new(m.digest)
                 try:
                     n = fetch_into(
@@ -417,11 +422,15 @@ def _delta_loop(
                     )
                     ctx.count(n, delta_bytes=n)
                     decode_chunk(base_buf.view[sl], payload, buf.view[sl], d.shuffle, d.encoding)
-                    ok = digest.hexdigest(m.digest, buf.view[sl]) == info.digest
-                    break
                 except (SourceError, _Corrupt, ValueError):
                     ctx.count(0, retries=1)
-                    time.sleep(_backoff(attempt))
+                    raise
+                return digest.hexdigest(m.digest, buf.view[sl]) == info.digest
+
+            try:
+                ok = retry(once, tries=3, backoff=PULL_BACKOFF, on=(SourceError, _Corrupt, ValueError))
+            except (SourceError, _Corrupt, ValueError):
+                ok = False  # fetched in full afterwards
             if ok:
                 rebuilt.add(c)
                 mark(c)
@@ -472,25 +481,26 @@ class _Client:
         return {"Authorization": f"Bearer {self.token}"} if self.token else {}
 
     async def get_json(self, url: str, what: str, *, missing_ok: bool = False) -> Any:
-        for attempt in range(self.retries + 1):
-            try:
-                timeout = aiohttp.ClientTimeout(total=self.timeout_s)
-                async with self.session.get(url, headers=self.headers(), timeout=timeout) as resp:
-                    if resp.status == 200:
-                        return await resp.json()
-                    if resp.status == 404 and missing_ok:
-                        return None
-                    detail = (await resp.text())[:200]
-                    if not _retryable(resp.status):
-                        raise WeightPullError(f"{what}: HTTP {resp.status} from {url}: {detail}")
-                    err: BaseException = RuntimeError(f"HTTP {resp.status}: {detail}")
-            except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as e:
-                err = e
-            if attempt >= self.retries:
-                raise WeightPullError(f"{what}: failed after {self.retries + 1} attempts: {err!r}") from err
+        async def once() -> Any:
+            timeout = aiohttp.ClientTimeout(total=self.timeout_s)
+            async with self.session.get(url, headers=self.headers(), timeout=timeout) as resp:
+                if resp.status == 200:
+                    return await resp.json()
+                if resp.status == 404 and missing_ok:
+                    return None
+                detail = (await resp.text())[:200]
+                if not _retryable(resp.status):
+                    raise WeightPullError(f"{what}: HTTP {resp.status} from {url}: {detail}")
+                raise _RetryableStatus(f"HTTP {resp.status}: {detail}")
+
+        def counted(_attempt: int, _err: BaseException) -> None:
             self.stats.retries += 1
-            await asyncio.sleep(_backoff(attempt))
-        raise AssertionError("unreachable")
+
+        transient = (aiohttp.ClientError, asyncio.TimeoutError, ValueError, _RetryableStatus)
+        try:
+            return await aretry(once, tries=self.retries + 1, backoff=PULL_BACKOFF, on=transient, on_retry=counted)
+        except transient as err:
+            raise WeightPullError(f"{what}: failed after {self.retries + 1} attempts: {err!r}") from err
 
     async def post_json(self, url: str, body: dict) -> tuple[int, Any]:
         timeout = aiohttp.ClientTimeout(total=min(self.timeout_s, 5.0))

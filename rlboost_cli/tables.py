@@ -1,0 +1,56 @@
+"""Tables that fit an 80-column terminal: a rule under the header, one space between columns, no edges.
+
+Text cells (ids, names, regions) fold when a column must narrow, so they are never cut with an
+ellipsis. Numbers never break; when the table is too wide their headers wrap instead."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich import box
+from rich.cells import cell_len
+from rich.console import Console, ConsoleOptions, RenderResult
+from rich.table import Table
+from rich.text import Text
+
+
+class NarrowTable(Table):
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        # the title is a line of its own, wrapped at the console's width rather than the table's
+        # (a narrow table would fold a long title, e.g. a trace's path, into a column of words)
+        title, self.title = self.title, None
+        try:
+            if title:
+                yield Text(str(title), overflow="fold")
+            if self.__rich_measure__(console, options).maximum > options.max_width:
+                # number columns as wide as their widest value (or the header's longest word), so that
+                # rich folds the text columns and wraps these headers rather than cutting anything
+                for col in self.columns:
+                    if col.no_wrap:
+                        words = str(col.header).split() or [""]
+                        cells = [cell_len(str(c)) for c in col._cells]
+                        col.max_width = max([*map(cell_len, words), *cells])
+            yield from super().__rich_console__(console, options)
+        finally:
+            self.title = title
+
+
+def narrow_table(title: str | None = None, **kw: Any) -> Table:
+    return NarrowTable(
+        title=title,
+        title_justify="left",
+        caption_justify="left",
+        box=box.SIMPLE_HEAD,
+        padding=0,
+        show_edge=False,
+        **kw,
+    )
+
+
+def add_columns(table: Table, *headers: str, numbers: tuple[str, ...] = (), **kw: Any) -> None:
+    """Headers in `numbers` are right-aligned numbers; the others are text that folds."""
+    for h in headers:
+        if h in numbers:
+            table.add_column(Text(h, justify="right", no_wrap=False), justify="right", no_wrap=True, **kw)
+        else:
+            table.add_column(h, overflow="fold", **kw)

@@ -59,14 +59,19 @@ def pip_spec(engine: str, *, from_workdir: bool) -> str:
 
 
 def node_env(req: LaunchRequest, *, port: int, from_workdir: bool) -> dict[str, str]:
-    """The node's environment, secrets included (callers keep RLBOOST_JOB_TOKEN out of logs)."""
-    env = {
-        "RLBOOST_ROLE": req.role.value,
-        "RLBOOST_INSTANCE_ID": req.instance_id,
-        "RLBOOST_JOB": req.job,
-        "RLBOOST_TRAINER_PORT": str(port),
-        "RLBOOST_PIP_SPEC": pip_spec(req.env.get("RLBOOST_ENGINE", "torch"), from_workdir=from_workdir),
-    }
+    """The node's environment, secrets included (callers keep RLBOOST_JOB_TOKEN and the job's
+    secret variables, `req.user_secrets`, out of logs). The job's own variables first: rlboost's
+    RLBOOST_* names (which a job file cannot use) are set over them."""
+    env = {**req.user_envs, **req.user_secrets}
+    env.update(
+        {
+            "RLBOOST_ROLE": req.role.value,
+            "RLBOOST_INSTANCE_ID": req.instance_id,
+            "RLBOOST_JOB": req.job,
+            "RLBOOST_TRAINER_PORT": str(port),
+            "RLBOOST_PIP_SPEC": pip_spec(req.env.get("RLBOOST_ENGINE", "torch"), from_workdir=from_workdir),
+        }
+    )
     # only what the worker/trainer read; never the controller's own environment
     env.update({k: v for k, v in req.env.items() if k.startswith("RLBOOST_") and k != "RLBOOST_NOTICE_FILE"})
     if req.role is Role.WORKER and req.cloud in NOTICE_BY_CLOUD:

@@ -15,6 +15,7 @@ import time
 
 from rlboost_cli import control_api as api
 from rlboost_cli.detach import controller_log, spawn_controller
+from rlboost_cli.job_envs import SECRET_ENVS_FILE
 from rlboost_cli.node_client import node_home, node_run_dir, read_address
 from rlboost_cli.pids import controller_alive
 from rlboost_cli.state import JobRow, StateStore, UnknownJobError, job_run_dir
@@ -26,7 +27,8 @@ class NodeStartError(Exception):
 
 class LocalTrainerNode:
     def __init__(self, job: JobRow) -> None:
-        self.home = node_home(job_run_dir(job))
+        self.launch_dir = job_run_dir(job)
+        self.home = node_home(self.launch_dir)
         self.run_dir = node_run_dir(job)
         self.name, self.job_id = job.name, job.id
 
@@ -41,7 +43,11 @@ class LocalTrainerNode:
                 node_store.job_by_id(self.job_id)  # a resumed job keeps its node records
             except UnknownJobError:
                 node_store.create_job(self.name, spec_yaml, "local", job_id=self.job_id)
-        for fname, text in (("spec.yaml", spec_yaml), ("token", token)):
+        files = [("spec.yaml", spec_yaml), ("token", token)]
+        secret_envs = self.launch_dir / SECRET_ENVS_FILE  # `launch --env` values travel as the token does
+        if secret_envs.exists():
+            files.append((SECRET_ENVS_FILE, secret_envs.read_text()))
+        for fname, text in files:
             path = self.run_dir / fname
             if not path.exists():
                 fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)

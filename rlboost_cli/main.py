@@ -18,7 +18,13 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from rlboost_cli.job_envs import missing_values, parse_env_options, write_secret_envs
+from rlboost_cli.job_envs import (
+    SECRET_ENVS_FILE,
+    missing_values,
+    parse_env_options,
+    read_secret_envs,
+    write_secret_envs,
+)
 from rlboost_cli.jobs_ref import resolve_job
 from rlboost_cli.pricing import PricingError, spot_offers, trainer_offer
 from rlboost_cli.spec import JobSpec, SpecError, load_spec, spec_to_yaml
@@ -445,6 +451,9 @@ def _resume(ref: str, record_rollouts: bool, detach: bool = False) -> None:
         token = (run_dir / "token").read_text().strip()
     except (OSError, SpecError) as e:
         fail(f"job {name!r} cannot be resumed: its run dir {run_dir} is incomplete ({e})", 2)
+    missing = missing_values(spec, read_secret_envs(run_dir))
+    if missing:  # its --env values were kept in the run dir; without them the nodes would start wrong
+        fail(f"job {name!r} cannot be resumed: {SECRET_ENVS_FILE} in {run_dir} lacks a value\n" + "\n".join(missing), 2)
     if spec.controller == "trainer":
         _resume_on_node(store, job, token, record_rollouts, detach)
         return

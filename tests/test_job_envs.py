@@ -361,3 +361,22 @@ def test_a_failing_launch_records_no_secret(tmp_path):
     for path in tmp_path.rglob("state.db*"):
         assert SECRET.encode() not in path.read_bytes(), path
     assert os.environ.get("HF_TOKEN") != SECRET
+
+
+def test_resume_refuses_a_job_whose_secret_values_are_gone(tmp_path):
+    from rlboost_cli.state import StateStore
+
+    home = tmp_path / "home"
+    home.mkdir(mode=0o700)
+    spec = parse_spec({"name": "env-job", "rollout": {"max_workers": 0}, "envs": {"HF_TOKEN": None}})
+    with StateStore(home / "state.db") as store:
+        job_id = store.create_job(spec.name, spec_to_yaml(spec), spec.provider)
+        store.update_job(job_id, status="failed")
+    run_dir = home / "jobs" / f"env-job-{job_id}"
+    run_dir.mkdir(parents=True)
+    (run_dir / "spec.yaml").write_text(spec_to_yaml(spec))
+    (run_dir / "token").write_text("tok")
+    r = run_cli("launch", "--resume", "env-job", home=home, timeout=60)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert f"cannot be resumed: {SECRET_ENVS_FILE} in {run_dir} lacks a value" in " ".join(r.stderr.split())
+    assert "envs.HF_TOKEN: no value" in r.stderr

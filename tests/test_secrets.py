@@ -69,10 +69,12 @@ def _environ(pid: int) -> dict[str, str]:
     return dict(v.decode(errors="replace").partition("=")[::2] for v in raw.split(b"\0") if b"=" in v)
 
 
-def test_env_values_reach_every_node_and_only_the_secret_file_holds_them(tmp_path):
+@pytest.mark.parametrize("controller", ["launcher", "trainer"])
+def test_env_values_reach_every_node_and_only_the_secret_file_holds_them(tmp_path, controller):
     """`launch --env NAME` (from the caller's environment) and `--env NAME=VALUE` reach the trainer,
     its own engine and a spot worker, as do the job file's plain `envs:` and a copy of `file_mounts:`;
-    afterwards no output and no file under RLBOOST_HOME holds a secret value but the 0600 secret file."""
+    afterwards no output and no file under RLBOOST_HOME holds a secret value but the 0600 secret file
+    (and, with the controller on the trainer node, the node's copy of it)."""
     home = tmp_path / "home"
     (tmp_path / "data").mkdir()
     (tmp_path / "data" / "hello.txt").write_text("hi")
@@ -82,6 +84,7 @@ def test_env_values_reach_every_node_and_only_the_secret_file_holds_them(tmp_pat
         "algorithm": {**JOB["algorithm"], "steps": 100_000},  # runs until `down`: the check is never late
         "envs": {"PLAIN_SETTING": "visible", "HF_TOKEN_X": None},
         "file_mounts": {"~/data": "data"},
+        "controller": controller,
     }
     path = tmp_path / "job.yaml"
     path.write_text(yaml.safe_dump(job))
@@ -125,20 +128,21 @@ def test_env_values_reach_every_node_and_only_the_secret_file_holds_them(tmp_pat
     assert seen == {"trainer": want, "reserved": want, "spot": want}
 
     run_dir = home / "jobs" / "env-secret-1"
-    instances = sorted((run_dir / "instances").iterdir())
+    instances = sorted(p.parent for p in home.rglob("instances/env-secret-1-*/pid"))  # not node-logs/ copies
     assert len(instances) >= 2 and all((i / "data" / "hello.txt").read_text() == "hi" for i in instances)
     saved = (run_dir / "spec.yaml").read_text()
     assert "# --env HF_TOKEN_X" in saved and "# --env API_KEY_X" in saved
     assert yaml.safe_load(saved)["envs"] == {"PLAIN_SETTING": "visible", "HF_TOKEN_X": None, "API_KEY_X": None}
-    secret_file = run_dir / "envs.secret.json"
-    assert stat.S_IMODE(secret_file.stat().st_mode) == 0o600
+    secret_files = sorted(home.rglob("envs.secret.json"))
+    assert run_dir / "envs.secret.json" in secret_files and len(secret_files) == (2 if controller == "trainer" else 1)
+    assert all(stat.S_IMODE(p.stat().st_mode) == 0o600 for p in secret_files)
 
     for args in (("status", "--json"), ("status", "env-secret"), ("cost-report", "--json"), ("logs", "env-secret")):
         r = run_cli(*args, home=home, timeout=60)
         outputs[" ".join(args)] = r.stdout + r.stderr
     for name, text in outputs.items():
         assert from_env not in text and from_cli not in text, f"a secret is in `rlboost {name}`"
-    files = [p for p in home.rglob("*") if p.is_file() and p != secret_file]
+    files = [p for p in home.rglob("*") if p.is_file() and p not in secret_files]
     assert any(p.name == "state.db" for p in files) and any(p.name == "controller.log" for p in files)
     for p in files:
         data = p.read_bytes()

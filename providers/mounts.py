@@ -65,6 +65,16 @@ def find_mount(path: str, mounts: Mapping[str, str]) -> tuple[str, PurePosixPath
     return best
 
 
+def source_path(path: str, mounts: Mapping[str, str]) -> Path | None:
+    """Where a node path inside a mount of a local source is on the launching machine (None: not in
+    one, or in a bucket)."""
+    hit = find_mount(path, mounts)
+    if hit is None or is_bucket(mounts[hit[0]]):
+        return None
+    dest, rest = hit
+    return Path(mounts[dest]) / rest if rest.parts else Path(mounts[dest])
+
+
 def node_path(path: str) -> Path:
     """A node path as this node sees it: under the instance directory on the local provider."""
     root = os.environ.get(MOUNT_ROOT_ENV)

@@ -731,13 +731,13 @@ def _task_path_in_mount(spec: JobSpec, on_node: bool) -> Path | None:
     """task.path written as a node path inside a file_mounts destination (`~/data/train.jsonl`): checked
     at its local source on the launching machine (a bucket cannot be checked), read on the node where
     the mount put it. None when task.path is an ordinary local path."""
-    from providers.mounts import find_mount, is_bucket, node_path
+    from providers.mounts import find_mount, node_path, source_path
 
     raw = str(spec.task.path)
     hit = find_mount(raw, spec.file_mounts)
     if hit is None:
         return None
-    dest, rest = hit
+    dest = hit[0]
     if on_node:
         full = node_path(raw)
         if not full.is_file():
@@ -745,14 +745,12 @@ def _task_path_in_mount(spec: JobSpec, on_node: bool) -> Path | None:
                 f"task.path: {raw} is not on this node ({full}); file_mounts.{dest} should have put it there"
             )
         return full
-    source = spec.file_mounts[dest]
-    if not is_bucket(source):
-        local = Path(source) / rest if rest.parts else Path(source)
-        if not local.is_file():
-            raise SpecError(
-                f"task.path: {raw} lies in file_mounts.{dest}, but {local} is not a file there; fix task.path "
-                "or the mount's source"
-            )
+    local = source_path(raw, spec.file_mounts)
+    if local is not None and not local.is_file():
+        raise SpecError(
+            f"task.path: {raw} lies in file_mounts.{dest}, but {local} is not a file there; fix task.path "
+            "or the mount's source"
+        )
     return spec.task.path
 
 

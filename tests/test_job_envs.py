@@ -380,3 +380,12 @@ def test_resume_refuses_a_job_whose_secret_values_are_gone(tmp_path):
     assert r.returncode == 2, r.stdout + r.stderr
     assert f"cannot be resumed: {SECRET_ENVS_FILE} in {run_dir} lacks a value" in " ".join(r.stderr.split())
     assert "envs.HF_TOKEN: no value" in r.stderr
+
+
+def test_direct_cloud_boot_scripts_export_the_job_envs(tmp_path):
+    from providers.bootstrap import boot_script
+
+    write_spec(tmp_path, "demo")
+    script = boot_script(sky_req("demo-1-w001"), tmp_path)
+    assert "export PLAIN=shown" in script and f"export HF_TOKEN={SECRET}" in script
+    assert "export RLBOOST_JOB_TOKEN=s3cret-token" in script  # the same path as the job token

@@ -48,6 +48,13 @@ class LaunchRequest:
     hourly_price: float
     env: dict[str, str] = field(default_factory=dict)  # bootstrap environment (trainer URL, token...)
     command: list[str] = field(default_factory=list)  # what the node runs once up
+    # the job's own variables (`envs:`): plain ones, and secret ones (`launch --env`), which every
+    # provider passes the way it passes the job token and never writes into a record
+    user_envs: dict[str, str] = field(default_factory=dict)
+    user_secrets: dict[str, str] = field(default_factory=dict)
+    # `file_mounts:` (node path -> local absolute path or bucket URL) and `workdir:` (local absolute dir)
+    file_mounts: dict[str, str] = field(default_factory=dict)
+    workdir: str | None = None
 
 
 @dataclass(frozen=True)

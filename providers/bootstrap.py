@@ -20,6 +20,7 @@ import yaml
 from providers.base import LaunchRequest, Role
 
 TRAINER_PORT = 8787
+SKY_WORKDIR = "~/sky_workdir"  # where SkyPilot syncs a task's workdir on its nodes
 CONTROL_PORT = 8788  # a controller on the trainer node (`controller: trainer`) answers the CLI here
 SOURCE_ROOT = Path(__file__).resolve().parents[1]
 
@@ -60,14 +61,19 @@ def pip_spec(engine: str, *, from_workdir: bool, extras: tuple[str, ...] = ()) -
 
 
 def node_env(req: LaunchRequest, *, port: int, from_workdir: bool) -> dict[str, str]:
-    """The node's environment, secrets included (callers keep RLBOOST_JOB_TOKEN out of logs)."""
-    env = {
-        "RLBOOST_ROLE": req.role.value,
-        "RLBOOST_INSTANCE_ID": req.instance_id,
-        "RLBOOST_JOB": req.job,
-        "RLBOOST_TRAINER_PORT": str(port),
-        "RLBOOST_PIP_SPEC": pip_spec(req.env.get("RLBOOST_ENGINE", "torch"), from_workdir=from_workdir),
-    }
+    """The node's environment, secrets included (callers keep RLBOOST_JOB_TOKEN and the job's
+    secret variables, `req.user_secrets`, out of logs). The job's own variables first: rlboost's
+    RLBOOST_* names (which a job file cannot use) are set over them."""
+    env = {**req.user_envs, **req.user_secrets}
+    env.update(
+        {
+            "RLBOOST_ROLE": req.role.value,
+            "RLBOOST_INSTANCE_ID": req.instance_id,
+            "RLBOOST_JOB": req.job,
+            "RLBOOST_TRAINER_PORT": str(port),
+            "RLBOOST_PIP_SPEC": pip_spec(req.env.get("RLBOOST_ENGINE", "torch"), from_workdir=from_workdir),
+        }
+    )
     # only what the worker/trainer read; never the controller's own environment
     env.update({k: v for k, v in req.env.items() if k.startswith("RLBOOST_") and k != "RLBOOST_NOTICE_FILE"})
     if req.role is Role.WORKER and req.cloud in NOTICE_BY_CLOUD:
@@ -82,7 +88,13 @@ def cloud_spec_yaml(run_dir: Path) -> str:
     local = raw.get("local") or {}
     local.update({"trace": None, "catalog": None})
     raw["local"] = local
-    return yaml.safe_dump(raw, sort_keys=False)
+    # on the node a local mount is found where it was mounted, the workdir where SkyPilot syncs it:
+    # a controller there passes those on to the workers it launches
+    mounts = raw.get("file_mounts") or {}
+    raw["file_mounts"] = {dest: (src if "://" in src else dest) for dest, src in mounts.items()} or None
+    if raw.get("workdir"):
+        raw["workdir"] = SKY_WORKDIR
+    return yaml.safe_dump({k: v for k, v in raw.items() if v is not None}, sort_keys=False)
 
 
 def boot_script(req: LaunchRequest, run_dir: Path, *, port: int = TRAINER_PORT) -> str:

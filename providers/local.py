@@ -25,6 +25,7 @@ from providers.base import (
     Role,
 )
 from providers.bootstrap import instance_name_re
+from providers.mounts import MOUNT_ROOT_ENV, copy_mounts
 from providers.spot_market import SpotMarket
 
 
@@ -76,14 +77,26 @@ class LocalProvider:
                 )
         idir = self._dir(req.instance_id)
         idir.mkdir(parents=True, exist_ok=True)
-        env = {**os.environ, **req.env, "RLBOOST_INSTANCE_ID": req.instance_id, "RLBOOST_RUN_DIR": str(idir)}
+        try:  # the instance directory stands in for the node: file_mounts and workdir are copied there
+            copy_mounts(idir, req.file_mounts, req.workdir)
+        except (OSError, ValueError) as e:
+            raise ProviderError(f"{req.instance_id}: could not copy file_mounts/workdir ({e})") from e
+        env = {
+            **os.environ,
+            **req.user_envs,
+            **req.user_secrets,
+            **req.env,
+            "RLBOOST_INSTANCE_ID": req.instance_id,
+            "RLBOOST_RUN_DIR": str(idir),
+            MOUNT_ROOT_ENV: str(idir),
+        }
         if req.kind is InstanceKind.SPOT:
             env["RLBOOST_NOTICE_FILE"] = str(idir / "notice")
         with open(idir / "log", "ab") as out:
             proc = subprocess.Popen(
                 req.command,
                 env=env,
-                cwd=idir,
+                cwd=idir / "workdir" if req.workdir else idir,
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,

@@ -132,7 +132,10 @@ class SkyPilotProvider:
         """The SkyPilot task for this request: the template plus what the request decides."""
         trainer = req.role is Role.TRAINER
         cfg = yaml.safe_load(template("trainer.sky.yaml" if trainer else "worker.sky.yaml"))
-        env = node_env(req, port=self.port, from_workdir=self.sync_workdir)
+        # a job's own workdir takes the place of rlboost's source checkout: rlboost is then installed
+        # from RLBOOST_PIP_SPEC or the released package of this version
+        sync_source = self.sync_workdir and not req.workdir
+        env = node_env(req, port=self.port, from_workdir=sync_source)
         res: dict[str, Any] = {
             "cloud": req.cloud,
             "use_spot": not trainer,
@@ -152,9 +155,14 @@ class SkyPilotProvider:
             cfg["num_nodes"] = int((yaml.safe_load(spec.read_text()).get("trainer") or {}).get("nodes", 1))
         cfg["name"] = req.instance_id
         cfg["resources"] = res
-        cfg["envs"] = {k: v for k, v in env.items() if k not in SECRET_KEYS}
-        cfg["secrets"] = {k: v for k, v in env.items() if k in SECRET_KEYS}  # redacted by SkyPilot
-        if self.sync_workdir:
+        secret = {*SECRET_KEYS, *req.user_secrets}
+        cfg["envs"] = {k: v for k, v in env.items() if k not in secret}
+        cfg["secrets"] = {k: v for k, v in env.items() if k in secret}  # redacted by SkyPilot
+        if req.file_mounts:
+            cfg["file_mounts"] = {**req.file_mounts, **(cfg.get("file_mounts") or {})}
+        if req.workdir:
+            cfg["workdir"] = req.workdir
+        elif sync_source:
             cfg["workdir"] = str(SOURCE_ROOT)
         return cfg
 

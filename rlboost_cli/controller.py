@@ -12,7 +12,7 @@ import os
 import signal
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import httpx
@@ -27,6 +27,7 @@ from providers.base import (
     ProviderError,
     Role,
 )
+from rlboost_cli.job_envs import Redactor, split_envs
 from rlboost_cli.ledger import summarize
 from rlboost_cli.metrics_log import METRICS_FILE, MetricsLog
 from rlboost_cli.pricing import Offer
@@ -109,6 +110,18 @@ class Controller:
         self.trainer_exit: str | None = None
         self.trainer_restarts = 0
         self.metrics_log = MetricsLog(self.run_dir / METRICS_FILE)
+        # the job's envs: plain ones from the job file, secret ones (`launch --env`) from the run dir
+        self.user_envs, self.user_secrets = split_envs(self.spec, self.run_dir)
+        self.redact = Redactor(self.user_secrets)
+
+    def _node_files(self) -> dict:
+        """What every node of the job gets besides rlboost's own environment."""
+        return {
+            "user_envs": self.user_envs,
+            "user_secrets": self.user_secrets,
+            "file_mounts": dict(self.spec.file_mounts),
+            "workdir": self.spec.workdir,
+        }
 
     # ---- main --------------------------------------------------------------------------
     def run(self, resume: bool = False) -> str:
@@ -148,7 +161,7 @@ class Controller:
             signal.signal(signal.SIGTERM, prev)
             signal.signal(signal.SIGHUP, prev_hup)
             self.store.update_job(
-                self.job_id, status=status, ended_at=time.time(), error=error, clock=self.provider.clock()
+                self.job_id, status=status, ended_at=time.time(), error=self.redact(error), clock=self.provider.clock()
             )
             self.http.close()
         return status
@@ -177,6 +190,7 @@ class Controller:
             hourly_price=o.hourly_price,
             env=env,
             command=cmd,
+            **self._node_files(),
         )
         self._launch(req, o.on_demand_price)
         progress.provisioning(f"trainer {self.trainer_id} ({o.describe()})")
@@ -302,13 +316,16 @@ class Controller:
         try:
             self.provider.launch(req)
         except CapacityError as e:
-            self.store.update_instance(req.instance_id, InstanceState.FAILED, self.provider.clock(), str(e))
+            why = self.redact(str(e)) or ""
+            self.store.update_instance(req.instance_id, InstanceState.FAILED, self.provider.clock(), why)
             raise
         except Stop:  # `down` arrived mid-launch: the record stays live, so teardown terminates what started
             raise
         except Exception as e:
-            self.store.update_instance(req.instance_id, InstanceState.FAILED, self.provider.clock(), str(e))
-            raise ProviderError(f"could not launch {req.instance_id}: {e}") from e
+            why = self.redact(str(e)) or type(e).__name__
+            self.store.update_instance(req.instance_id, InstanceState.FAILED, self.provider.clock(), why)
+            # not chained: a printed traceback would show the unredacted message
+            raise ProviderError(f"could not launch {req.instance_id}: {why}") from None
 
     def _reconcile_on_start(self) -> None:
         """Terminate what the provider still holds under this job's name from earlier runs (a crashed
@@ -323,6 +340,7 @@ class Controller:
 
     def _apply_events(self) -> None:
         for ev in self.provider.poll():
+            ev = replace(ev, detail=self.redact(ev.detail) or "")
             try:
                 self.store.update_instance(ev.instance_id, ev.state, ev.at, ev.detail)
             except UnknownInstanceError:
@@ -380,6 +398,7 @@ class Controller:
                     **(self.tls.worker_env if self.tls else {}),
                 },
                 command=[sys.executable, "-m", "worker"],
+                **self._node_files(),
             )
             self.worker_offer[iid] = offer.key
             try:
@@ -388,7 +407,7 @@ class Controller:
                 self.placement.capacity_failure(offer.key)
                 bo.fail(now, cap=self.backoff_cap_s)
                 self.store.add_event(
-                    self.job_id, "capacity-unavailable", str(e), instance_id=iid, clock=self.provider.clock()
+                    self.job_id, "capacity-unavailable", self.redact(str(e)) or "", iid, self.provider.clock()
                 )
                 continue
             self.placement.launched(iid, offer.key, self.provider.clock())
@@ -519,7 +538,7 @@ class Controller:
             try:
                 remaining &= set(self.provider.list_owned(self.spec.name))
             except Exception as e:  # unreachable: keep them as unconfirmed rather than crash teardown
-                self.store.add_event(self.job_id, "teardown-check-failed", str(e))
+                self.store.add_event(self.job_id, "teardown-check-failed", self.redact(str(e)) or "")
             if not remaining or time.monotonic() > deadline:
                 break
             time.sleep(max(self.poll_s, 1.0))

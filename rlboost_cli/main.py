@@ -16,6 +16,13 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from rlboost_cli.job_envs import (
+    SECRET_ENVS_FILE,
+    missing_values,
+    parse_env_options,
+    read_secret_envs,
+    write_secret_envs,
+)
 from rlboost_cli.jobs_ref import resolve_job
 from rlboost_cli.pricing import PricingError, spot_offers, trainer_offer
 from rlboost_cli.spec import JobSpec, SpecError, load_spec, spec_to_yaml
@@ -177,17 +184,30 @@ def launch(
             "repeatable; validated with the file",
         ),
     ] = None,
+    env_options: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--env",
+            help="a variable for the trainer and workers: NAME (its value from your environment) or NAME=VALUE; "
+            "repeatable; the value is kept secret (never saved with the job, scrubbed from messages)",
+        ),
+    ] = None,
 ) -> None:
     """Provision the trainer, train, and keep bidding for spot rollout workers until the job ends."""
     if resume:
-        if overrides:
-            fail("--set applies to a new launch; --resume continues the job as it was saved", 2)
+        if overrides or env_options:
+            what = "--set" if overrides else "--env"
+            fail(f"{what} applies to a new launch; --resume continues the job as saved (with its --env values)", 2)
         _resume(job_file, record_rollouts, detach)
         return
     try:
-        spec = load_spec(Path(job_file), overrides or [])
+        secret_envs = parse_env_options(env_options or [])
+        spec = load_spec(Path(job_file), overrides or [], env_names=list(secret_envs))
     except SpecError as e:
         fail(str(e), 2)
+    missing = missing_values(spec, secret_envs)
+    if missing and not dryrun:  # a plan needs no secrets
+        fail("\n".join(missing), 2)
     _check_provider(spec, dryrun)
     if not dryrun:
         _check_budget(spec)
@@ -197,7 +217,11 @@ def launch(
         _print_plan(spec, t_offer, s_offers, prices)
         return
     # the overrides are in the values; the header says which came from the command line
-    saved = "".join(f"# --set {o}\n" for o in overrides or []) + spec_to_yaml(spec)
+    saved = (
+        "".join(f"# --set {o}\n" for o in overrides or [])
+        + "".join(f"# --env {name} (secret: its value is kept in the run directory)\n" for name in secret_envs)
+        + spec_to_yaml(spec)
+    )
     store = _store()
     try:
         job_id = store.create_job(spec.name, saved, spec.provider)
@@ -219,6 +243,8 @@ def launch(
     token_file = run_dir / "token"
     token_file.touch(mode=0o600)
     token_file.write_text(token)
+    if secret_envs:
+        write_secret_envs(run_dir, secret_envs)
     console.print(
         f"[bold]rlboost[/] job [cyan]{spec.name}[/] (id {job_id}) on provider [cyan]{spec.provider}[/]: "
         f"{spec.algorithm.steps} GRPO steps × {spec.algorithm.prompts_per_step} prompts × "
@@ -366,7 +392,9 @@ def run_node_controller(
     if not token:
         fail("RLBOOST_JOB_TOKEN is not set: this node was not started by `rlboost launch`", 2)
     spec = load_spec(spec_file)
-    prepare_node(rlboost_home(), NodeJob(job_id, name, spec.provider, spec_file.read_text(), token))
+    # `launch --env` values come as SkyPilot secrets, named in the job file with no value
+    secret = {k: os.environ[k] for k, v in spec.envs.items() if v is None and k in os.environ}
+    prepare_node(rlboost_home(), NodeJob(job_id, name, spec.provider, spec_file.read_text(), token, secret))
     run_detached_controller(
         job_id,
         resume=resume,
@@ -462,6 +490,9 @@ def _resume(ref: str, record_rollouts: bool, detach: bool = False) -> None:
         token = (run_dir / "token").read_text().strip()
     except (OSError, SpecError) as e:
         fail(f"job {name!r} cannot be resumed: its run dir {run_dir} is incomplete ({e})", 2)
+    missing = missing_values(spec, read_secret_envs(run_dir))
+    if missing:  # its --env values were kept in the run dir; without them the nodes would start wrong
+        fail(f"job {name!r} cannot be resumed: {SECRET_ENVS_FILE} in {run_dir} lacks a value\n" + "\n".join(missing), 2)
     if spec.controller == "trainer":
         _resume_on_node(store, job, token, record_rollouts, detach)
         return

@@ -14,7 +14,7 @@ import contextlib
 import os
 import signal
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -22,6 +22,7 @@ import yaml
 
 from rlboost_cli import control_api as api
 from rlboost_cli.detach import controller_log, spawn_controller
+from rlboost_cli.job_envs import read_secret_envs, split_envs, write_secret_envs
 from rlboost_cli.node_client import node_home, node_run_dir, read_address, stop_node_controller_of
 from rlboost_cli.pids import controller_alive
 from rlboost_cli.state import JobRow, StateStore, UnknownJobError, job_run_dir
@@ -43,6 +44,7 @@ class NodeJob:
     provider: str
     spec_yaml: str
     token: str
+    secret_envs: dict[str, str] = field(default_factory=dict)  # `launch --env` values
 
 
 def prepare_node(home: Path, job: NodeJob) -> Path:
@@ -64,12 +66,15 @@ def prepare_node(home: Path, job: NodeJob) -> Path:
             fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
             with os.fdopen(fd, "w") as f:
                 f.write(text)
+    if job.secret_envs and not read_secret_envs(run_dir):
+        write_secret_envs(run_dir, job.secret_envs)
     return run_dir
 
 
 class LocalTrainerNode:
     def __init__(self, job: JobRow) -> None:
-        self.home = node_home(job_run_dir(job))
+        self.launch_dir = job_run_dir(job)
+        self.home = node_home(self.launch_dir)
         self.run_dir = node_run_dir(job)
         self.name, self.job_id = job.name, job.id
 
@@ -77,7 +82,9 @@ class LocalTrainerNode:
         self, spec_yaml: str, token: str, *, resume: bool, record_rollouts: bool, timeout_s: float = 60.0
     ) -> api.ControlAddress:
         """Set the node up (first start) and start its controller; where it listens."""
-        prepare_node(self.home, NodeJob(self.job_id, self.name, "local", spec_yaml, token))
+        # `launch --env` values travel as the token does
+        secret = read_secret_envs(self.launch_dir)
+        prepare_node(self.home, NodeJob(self.job_id, self.name, "local", spec_yaml, token, secret))
         (self.run_dir / api.CONTROL_FILE).unlink(missing_ok=True)
         pid = spawn_controller(
             self.job_id, self.run_dir, resume=resume, record_rollouts=record_rollouts, node_home=self.home
@@ -123,6 +130,7 @@ class SkyTrainerNode:
         from rlboost_cli.spec import parse_spec
 
         spec = parse_spec(yaml.safe_load(spec_yaml), source=f"job {self.job.name}")
+        user_envs, user_secrets = split_envs(spec, job_run_dir(self.job))
         try:
             offer = trainer_offer(spec, price_lookup(spec))
         except PricingError as e:
@@ -137,6 +145,11 @@ class SkyTrainerNode:
             accelerator=offer.accelerator,
             hourly_price=offer.hourly_price,
             env={"RLBOOST_JOB_TOKEN": token, "RLBOOST_ENGINE": spec.rollout.engine},
+            # the node's controller hands the job's variables and files on to its trainer and workers
+            user_envs=user_envs,
+            user_secrets=user_secrets,
+            file_mounts=dict(spec.file_mounts),
+            workdir=spec.workdir,
         )
         try:
             url = self.provider.start_node(req, job_id=self.job.id, resume=resume)

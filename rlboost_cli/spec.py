@@ -22,6 +22,16 @@ TASKS = ("reverse", "copy", "add", "sort", "jsonl")
 CLOUDS = ("aws", "gcp", "azure", "lambda", "runpod", "local")
 
 _NAME_RE = re.compile(r"^[a-z][a-z0-9-]{0,38}[a-z0-9]$")
+_ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def env_name_problem(name: str) -> str | None:
+    """Why `name` cannot be a job's environment variable, or None."""
+    if not _ENV_NAME_RE.match(name):
+        return f"{name!r} is not a valid environment variable name (letters, digits and '_', not starting with a digit)"
+    if name.upper().startswith("RLBOOST_"):
+        return f"{name!r}: names starting with RLBOOST_ are reserved for rlboost's own variables; rename it"
+    return None
 
 
 class Strict(BaseModel):
@@ -330,6 +340,39 @@ class JobSpec(Strict):
     # Default: `trainer` for SkyPilot jobs (the node bids with the credentials SkyPilot gives it, as its
     # managed-jobs controller does), `launcher` otherwise.
     controller: Literal["launcher", "trainer"] | None = None
+    # Environment variables for the trainer and every worker. A value of null is given at launch
+    # (`rlboost launch --env NAME`): such values are secret and never written into the saved job file.
+    envs: dict[str, str | None] = Field(default_factory=dict)
+    # node path (`~/data`, `/data`) -> a local file or directory (relative to the job file), or a
+    # bucket (s3://, gs://; SkyPilot only). SkyPilot mounts/uploads them; the local provider copies.
+    file_mounts: dict[str, str] = Field(default_factory=dict)
+    # a local directory (relative to the job file) synced to every node and the processes' working
+    # directory there; on SkyPilot it takes the place of rlboost's own source checkout
+    workdir: str | None = None
+
+    @field_validator("envs")
+    @classmethod
+    def _env_names(cls, v: dict[str, str | None]) -> dict[str, str | None]:
+        for name in v:
+            problem = env_name_problem(name)
+            if problem:
+                raise ValueError(problem)
+        return v
+
+    @field_validator("file_mounts")
+    @classmethod
+    def _mounts(cls, v: dict[str, str]) -> dict[str, str]:
+        from providers.mounts import destination_problem
+
+        for dest, source in v.items():
+            problem = destination_problem(dest)
+            if problem:
+                raise ValueError(problem)
+            if not source:
+                raise ValueError(f"{dest!r}: no source (a local path, s3://BUCKET/... or gs://BUCKET/...)")
+            if "://" in source and not source.startswith(("s3://", "gs://")):
+                raise ValueError(f"{dest!r}: {source!r} is not a supported bucket (s3://, gs://) nor a local path")
+        return v
 
     @field_validator("name")
     @classmethod
@@ -388,6 +431,7 @@ class JobSpec(Strict):
                 "the node the launching machine's credentials, as for its managed-jobs controller) or "
                 "controller: launcher with `rlboost launch -d` on a machine that stays up"
             )
+        self._check_mounts()
         if self.rollout.max_workers > 0 and not self.rollout.candidates:
             raise ValueError(
                 "rollout.max_workers > 0 but rollout.candidates is empty "
@@ -405,6 +449,21 @@ class JobSpec(Strict):
             )
         self._check_perf()
         return self
+
+    def _check_mounts(self) -> None:
+        if self.provider in ("aws", "gcp") and (self.file_mounts or self.workdir):
+            key = "file_mounts" if self.file_mounts else "workdir"
+            raise ValueError(
+                f"{key}: provider {self.provider!r} has no file transfer; use provider: skypilot (it uploads "
+                "local files and mounts s3:// and gs:// buckets), or put the files in the node image"
+            )
+        if self.provider == "local":
+            for dest, source in self.file_mounts.items():
+                if source.startswith(("s3://", "gs://")):
+                    raise ValueError(
+                        f"file_mounts.{dest}: the local provider copies local files only and cannot fetch "
+                        f"{source}; give a local path, or use provider: skypilot"
+                    )
 
     def _check_perf(self) -> None:
         from trainer.policies.perf import DEFAULT_PERF
@@ -563,6 +622,16 @@ def apply_overrides(raw: dict, overrides: list[str]) -> dict:
     return out
 
 
+def _with_env_names(raw: dict, names: list[str]) -> dict:
+    """The parsed job file with each `--env` name under `envs:` as null (its value is kept apart)."""
+    envs = raw.get("envs")
+    if envs is None:
+        envs = {}
+    if not isinstance(envs, dict):
+        raise SpecError("envs: must be a mapping of NAME: value (got a list or a scalar)")
+    return {**raw, "envs": {**envs, **dict.fromkeys(names)}}
+
+
 def _set_path(node: object, steps: list[str | int], value: object, item: str) -> None:
     for depth, step in enumerate(steps[:-1]):
         at = _loc(tuple(steps[: depth + 1]))
@@ -587,8 +656,13 @@ def _set_path(node: object, steps: list[str | int], value: object, item: str) ->
         raise SpecError(f"--set {item}: {_loc(tuple(steps[:-1]))} is not a mapping")
 
 
-def load_spec(path: str | Path, overrides: list[str] | None = None) -> JobSpec:
-    """Read and validate a job file (with `--set` overrides); raise SpecError with user-facing lines."""
+def load_spec(
+    path: str | Path, overrides: list[str] | None = None, *, env_names: list[str] | None = None, on_node: bool = False
+) -> JobSpec:
+    """Read and validate a job file (with `--set` overrides); raise SpecError with user-facing lines.
+
+    `env_names`: `launch --env` names, recorded under `envs:` with a null value (theirs is secret).
+    `on_node`: read on the trainer node, where file_mounts' sources are not (their destinations are)."""
     p = Path(path)
     if not p.is_file():
         raise SpecError(f"{p}: job file not found (check the path)")
@@ -604,8 +678,10 @@ def load_spec(path: str | Path, overrides: list[str] | None = None) -> JobSpec:
         raise SpecError(f"{p}: the job file must be a YAML mapping with at least `name:`")
     if overrides:
         raw = apply_overrides(raw, overrides)
+    if env_names:
+        raw = _with_env_names(raw, env_names)
     spec = parse_spec(raw, source=str(p) + (" with --set" if overrides else ""))
-    return resolve_paths(spec, p.parent)
+    return resolve_paths(spec, p.parent, on_node=on_node)
 
 
 def parse_spec(raw: dict, source: str = "job") -> JobSpec:
@@ -615,8 +691,10 @@ def parse_spec(raw: dict, source: str = "job") -> JobSpec:
         raise SpecError(f"{source}: invalid job file\n{format_validation_error(e)}") from None
 
 
-def resolve_paths(spec: JobSpec, base: Path) -> JobSpec:
+def resolve_paths(spec: JobSpec, base: Path, *, on_node: bool = False) -> JobSpec:
     """Make relative paths in the spec relative to the job file, and check that they exist."""
+    if not on_node:
+        spec = _resolve_mount_sources(spec, base)
     local = spec.local
     updates = {}
     for field in ("trace", "catalog"):
@@ -644,14 +722,68 @@ def resolve_paths(spec: JobSpec, base: Path) -> JobSpec:
             )
         syn = spec.rollout.synthetic.model_copy(update={"lengths": lens.model_copy(update={"recorded": full})})
         spec = spec.model_copy(update={"rollout": spec.rollout.model_copy(update={"synthetic": syn})})
-    return _resolve_hf_paths(spec, base)
+    return _resolve_hf_paths(spec, base, on_node)
 
 
-def _resolve_hf_paths(spec: JobSpec, base: Path) -> JobSpec:
+def _resolve_mount_sources(spec: JobSpec, base: Path) -> JobSpec:
+    """file_mounts' local sources and workdir, relative to the job file, must exist."""
+    from providers.mounts import is_bucket
+
+    mounts = {}
+    for dest, source in spec.file_mounts.items():
+        if is_bucket(source):
+            mounts[dest] = source
+            continue
+        raw = Path(source).expanduser()
+        full = raw if raw.is_absolute() else (base / raw).resolve()
+        if not full.exists():
+            raise SpecError(f"file_mounts.{dest}: {source} not found (resolved to {full}); fix the path")
+        mounts[dest] = str(full)
+    update: dict[str, object] = {"file_mounts": mounts}
+    if spec.workdir is not None:
+        raw = Path(spec.workdir).expanduser()
+        full = raw if raw.is_absolute() else (base / raw).resolve()
+        if not full.is_dir():
+            raise SpecError(f"workdir: directory {spec.workdir} not found (resolved to {full}); fix the path")
+        update["workdir"] = str(full)
+    return spec.model_copy(update=update)
+
+
+def _task_path_in_mount(spec: JobSpec, on_node: bool) -> Path | None:
+    """task.path written as a node path inside a file_mounts destination (`~/data/train.jsonl`): checked
+    at its local source on the launching machine (a bucket cannot be checked), read on the node where
+    the mount put it. None when task.path is an ordinary local path."""
+    from providers.mounts import find_mount, node_path, source_path
+
+    raw = str(spec.task.path)
+    hit = find_mount(raw, spec.file_mounts)
+    if hit is None:
+        return None
+    dest = hit[0]
+    if on_node:
+        full = node_path(raw)
+        if not full.is_file():
+            raise SpecError(
+                f"task.path: {raw} is not on this node ({full}); file_mounts.{dest} should have put it there"
+            )
+        return full
+    local = source_path(raw, spec.file_mounts)
+    if local is not None and not local.is_file():
+        raise SpecError(
+            f"task.path: {raw} lies in file_mounts.{dest}, but {local} is not a file there; fix task.path "
+            "or the mount's source"
+        )
+    return spec.task.path
+
+
+def _resolve_hf_paths(spec: JobSpec, base: Path, on_node: bool = False) -> JobSpec:
     """task.path must exist; model.path is a local directory when it looks like a path or exists
     next to the job file, else a hub id (`org/name`, fetched by the trainer and the workers)."""
     task, model = spec.task, spec.model
-    if task.path is not None:
+    mounted = _task_path_in_mount(spec, on_node) if task.path is not None else None
+    if mounted is not None:
+        spec = spec.model_copy(update={"task": task.model_copy(update={"path": mounted})})
+    elif task.path is not None:
         full = task.path if task.path.is_absolute() else (base / task.path).resolve()
         if not full.is_file():
             raise SpecError(f"task.path: file {task.path} not found (resolved to {full}); fix the path")

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
+from providers.mounts import source_path
 from rlboost_cli.spec import JobSpec
 from trainer.tasks import EpochOrder, Problem, Task, make_task
 
@@ -52,6 +53,8 @@ def replay_task(spec: JobSpec) -> Task | EstimatedPrompts:
         return make_task(spec.task)
     prompt_tokens = spec.rollout.synthetic.prompt_tokens
     path = spec.task.path
+    if path is not None:  # a node path inside a file mount: read its local source
+        path = source_path(str(path), spec.file_mounts) or path
     texts: list[str] = []
     if path is not None and Path(path).is_file():
         from trainer import datasets

@@ -20,9 +20,11 @@ def home(tmp_path, monkeypatch) -> Path:
     return h
 
 
-def run_cli(*args: str, home: Path, timeout: float = 300, check: bool = False) -> subprocess.CompletedProcess:
-    """Run the real CLI in a subprocess, as a user would."""
-    env = {**os.environ, "RLBOOST_HOME": str(home), "COLUMNS": "200", "PYTHONUNBUFFERED": "1"}
+def run_cli(
+    *args: str, home: Path, timeout: float = 300, check: bool = False, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
+    """Run the real CLI in a subprocess, as a user would (`env`: more variables in its environment)."""
+    env = {**os.environ, **(env or {}), "RLBOOST_HOME": str(home), "COLUMNS": "200", "PYTHONUNBUFFERED": "1"}
     proc = subprocess.run(
         [sys.executable, "-m", "rlboost_cli.main", *args],
         env=env,

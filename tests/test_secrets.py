@@ -4,12 +4,15 @@ can read (a real short job on the local provider)."""
 
 from __future__ import annotations
 
+import secrets
 import stat
+import time
+from pathlib import Path
 
 import pytest
 import yaml
 
-from tests.conftest import run_cli
+from tests.conftest import rlboost_pids, run_cli
 
 pytestmark = pytest.mark.integration
 
@@ -39,8 +42,7 @@ def test_the_job_token_stays_secret(tmp_path):
     assert stat.S_IMODE(home.stat().st_mode) & 0o077 == 0  # RLBOOST_HOME itself is private
 
     outputs = {"launch": proc.stdout + proc.stderr}
-    for args in (("status", "--json"), ("cost-report", "--json"), ("status",), ("cost-report",),
-                 ("logs", JOB["name"])):
+    for args in (("status", "--json"), ("cost-report", "--json"), ("status",), ("cost-report",), ("logs", JOB["name"])):
         r = run_cli(*args, home=home, timeout=60)
         outputs[" ".join(args)] = r.stdout + r.stderr
     for name, text in outputs.items():
@@ -57,3 +59,91 @@ def test_the_job_token_stays_secret(tmp_path):
         if stat.S_IMODE(p.stat().st_mode) & 0o077:
             assert token.encode() not in data, f"{p} (mode {oct(p.stat().st_mode)}) holds the token"
             assert b"PRIVATE KEY" not in data, p
+
+
+def _environ(pid: int) -> dict[str, str]:
+    try:
+        raw = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return {}
+    return dict(v.decode(errors="replace").partition("=")[::2] for v in raw.split(b"\0") if b"=" in v)
+
+
+@pytest.mark.parametrize("controller", ["launcher", "trainer"])
+def test_env_values_reach_every_node_and_only_the_secret_file_holds_them(tmp_path, controller):
+    """`launch --env NAME` (from the caller's environment) and `--env NAME=VALUE` reach the trainer,
+    its own engine and a spot worker, as do the job file's plain `envs:` and a copy of `file_mounts:`;
+    afterwards no output and no file under RLBOOST_HOME holds a secret value but the 0600 secret file
+    (and, with the controller on the trainer node, the node's copy of it)."""
+    home = tmp_path / "home"
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "hello.txt").write_text("hi")
+    job = {
+        **JOB,
+        "name": "env-secret",
+        "algorithm": {**JOB["algorithm"], "steps": 100_000},  # runs until `down`: the check is never late
+        "envs": {"PLAIN_SETTING": "visible", "HF_TOKEN_X": None},
+        "file_mounts": {"~/data": "data"},
+        "controller": controller,
+    }
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(job))
+    from_env, from_cli = "hf_" + secrets.token_hex(16), "key_" + secrets.token_hex(16)
+    proc = run_cli(
+        "launch",
+        "-d",
+        str(path),
+        "--env",
+        "HF_TOKEN_X",
+        "--env",
+        f"API_KEY_X={from_cli}",
+        home=home,
+        timeout=120,
+        env={"HF_TOKEN_X": from_env},
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    outputs = {"launch": proc.stdout + proc.stderr}
+    want = {"PLAIN_SETTING": "visible", "HF_TOKEN_X": from_env, "API_KEY_X": from_cli}
+    seen: dict[str, dict[str, str]] = {}
+
+    def every_kind_seen() -> bool:
+        for pid in rlboost_pids(f"RLBOOST_RUN_DIR={home}"):
+            env = _environ(pid)
+            kind = env.get("RLBOOST_WORKER_KIND") or ("trainer" if env.get("RLBOOST_JOB_TOKEN") else "")
+            if kind:
+                seen[kind] = {k: env.get(k, "") for k in want}
+        return {"trainer", "reserved", "spot"} <= set(seen)
+
+    try:
+        deadline = time.monotonic() + 240
+        while not every_kind_seen():
+            assert time.monotonic() < deadline, f"not every node came up: {sorted(seen)}"
+            time.sleep(0.2)
+        for args in (("status", "--json"), ("status", "env-secret"), ("logs", "env-secret")):
+            r = run_cli(*args, home=home, timeout=60)
+            outputs[" ".join(args) + " (running)"] = r.stdout + r.stderr
+    finally:
+        down = run_cli("down", "env-secret", home=home, timeout=180)
+    assert down.returncode == 0, down.stdout + down.stderr
+    assert seen == {"trainer": want, "reserved": want, "spot": want}
+
+    run_dir = home / "jobs" / "env-secret-1"
+    instances = sorted(p.parent for p in home.rglob("instances/env-secret-1-*/pid"))  # not node-logs/ copies
+    assert len(instances) >= 2 and all((i / "data" / "hello.txt").read_text() == "hi" for i in instances)
+    saved = (run_dir / "spec.yaml").read_text()
+    assert "# --env HF_TOKEN_X" in saved and "# --env API_KEY_X" in saved
+    assert yaml.safe_load(saved)["envs"] == {"PLAIN_SETTING": "visible", "HF_TOKEN_X": None, "API_KEY_X": None}
+    secret_files = sorted(home.rglob("envs.secret.json"))
+    assert run_dir / "envs.secret.json" in secret_files and len(secret_files) == (2 if controller == "trainer" else 1)
+    assert all(stat.S_IMODE(p.stat().st_mode) == 0o600 for p in secret_files)
+
+    for args in (("status", "--json"), ("status", "env-secret"), ("cost-report", "--json"), ("logs", "env-secret")):
+        r = run_cli(*args, home=home, timeout=60)
+        outputs[" ".join(args)] = r.stdout + r.stderr
+    for name, text in outputs.items():
+        assert from_env not in text and from_cli not in text, f"a secret is in `rlboost {name}`"
+    files = [p for p in home.rglob("*") if p.is_file() and p not in secret_files]
+    assert any(p.name == "state.db" for p in files) and any(p.name == "controller.log" for p in files)
+    for p in files:
+        data = p.read_bytes()
+        assert from_env.encode() not in data and from_cli.encode() not in data, f"a secret is in {p}"

@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
         print("error: RLBOOST_JOB_TOKEN is not set (the controller passes the job token)", file=sys.stderr)
         return 2
     try:
-        spec = load_spec(args.spec)
+        spec = load_spec(args.spec, on_node=True)
     except SpecError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -123,3 +123,42 @@ def test_evaluator_scores_greedy_responses_of_the_given_weights() -> None:
     assert "pass@1" in describe(after) and "greedy" in describe(after)
     sampled = Evaluator(tiny_job(eval_temperature=1.0), task).run(1, learner.state_dict())
     assert sampled["temperature"] == 1.0 and 0.0 <= sampled["pass@1"] <= 1.0
+
+
+def test_evaluator_runs_an_hf_model_on_its_held_out_records(tmp_path: Path) -> None:
+    from tests.hf_fixtures import make_tiny_model, write_math_jsonl
+
+    torch.set_num_threads(1)
+    model = ModelSpec(kind="hf", path=str(make_tiny_model(tmp_path / "m")), dtype="float32")
+    data = write_math_jsonl(tmp_path / "d.jsonl")
+    spec = JobSpec(
+        name="ev",
+        model=model,
+        algorithm=AlgorithmSpec(max_new_tokens=6, seed=2),
+        task=TaskSpec(name="jsonl", path=data, reward="math_boxed", eval_every=1, eval_fraction=0.5),
+        rollout={"max_workers": 0},
+    )
+    task = make_task(spec.task, spec.model)
+    learner = Learner(spec.model, spec.algorithm, spec.task, seed=0, device="cpu")
+    ev = Evaluator(spec, task)
+    assert [p.index for p in ev.problems] == [-1, -1]  # 2 of the 4 records, held out
+    tensors = learner.state_dict()
+    res = ev.run(0, tensors)
+    assert res["problems"] == 2 and res["pass@1"] == 0.0  # random weights write no boxed answer
+    # the same greedy tokens as decoding the learner's model by hand, one argmax at a time
+    (first,) = ev.problems[:1]
+    ids = list(first.prompt_ids)
+    with torch.no_grad():
+        for _ in range(spec.algorithm.max_new_tokens):
+            nxt = int(learner.model(torch.tensor([ids])).logits[0, -1].argmax())
+            ids.append(nxt)
+            if nxt == task.eos_id:
+                break
+    got: list[int] = []
+    engine = ev._engine_for()
+    from worker.engines.base import GenRequest
+
+    engine.generate(
+        [GenRequest("x", list(first.prompt_ids), 6, 1)], lambda r, o, t, lp: got.extend(t), lambda r: False, 0.0
+    )
+    assert got == ids[len(first.prompt_ids) :]

@@ -162,3 +162,41 @@ def test_evaluator_runs_an_hf_model_on_its_held_out_records(tmp_path: Path) -> N
         [GenRequest("x", list(first.prompt_ids), 6, 1)], lambda r, o, t, lp: got.extend(t), lambda r: False, 0.0
     )
     assert got == ids[len(first.prompt_ids) :]
+
+
+def test_due_versions_are_evaluated_once_and_kept_across_a_trainer_restart(tmp_path: Path) -> None:
+    import asyncio
+
+    from trainer.runtime import TrainerRuntime
+
+    torch.set_num_threads(1)
+    spec = JobSpec(
+        name="ev",
+        algorithm=AlgorithmSpec(max_new_tokens=8, steps=5, warm_start_steps=0),
+        task=TaskSpec(name="reverse", min_len=3, max_len=4, eval_every=2, eval_size=8),
+        rollout={"max_workers": 0},
+    )
+    ckpt = tmp_path / "ck"
+
+    def runtime() -> TrainerRuntime:
+        return TrainerRuntime(spec, "token", tmp_path, checkpoint_dir=ckpt)
+
+    async def offer(rt: TrainerRuntime, versions: range) -> list[int]:
+        for v in versions:  # as each version is published
+            await rt._maybe_evaluate(v, rt.learner.state_dict())
+        await rt.wait_for_evaluation()
+        return [e["version"] for e in rt.evals]
+
+    first = runtime()
+    assert asyncio.run(offer(first, range(0, 3))) == [0, 2]  # version 0 and every 2nd
+
+    async def save() -> None:
+        first.step, first.rng_state = 2, np.random.default_rng(0).bit_generator.state
+        await first.checkpoint()
+
+    asyncio.run(save())
+    again = runtime()  # a relaunched trainer resumes at step 2
+    assert again.restore(np.random.default_rng(0)) == 2
+    assert again.evals == first.evals
+    assert asyncio.run(offer(again, range(2, 6))) == [0, 2, 4, 5]  # 2 is not run again; 5 is the last
+    assert again.status()["eval"]["version"] == 5 and len(again.status()["evals"]) == 4

@@ -97,3 +97,53 @@ def test_metrics_file_has_eval_lines_and_the_trainer_log_says_so(custom_run):
     assert "eval  version   4  pass@1" in log and "(24 held-out problems, greedy" in log
     assert "reward my_job_rewards:score raised ValueError: no prompts starting with a; scored 0.0" in log
     assert log.count("raised ValueError") == 1  # logged once per kind
+
+
+HF_REWARD = """
+def score(prompt, response, row):
+    # row["want"] raises (and is counted) unless the trainer hands over the dataset row
+    return 1.0 if row["want"] in response else min(len(response), 20) / 40
+"""
+
+
+def test_hf_job_with_a_custom_reward_on_rows_without_answers(tmp_path):
+    from tests.hf_fixtures import make_tiny_model
+
+    make_tiny_model(tmp_path / "model")
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "my_hf_rewards.py").write_text(HF_REWARD)
+    rows = [{"prompt": f"Say the number {i}", "want": str(i)} for i in range(12)]  # no answer field
+    (tmp_path / "d.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    job = {
+        "name": "hfcustom",
+        "model": {"kind": "hf", "path": "./model", "dtype": "float32"},
+        "algorithm": {"prompts_per_step": 4, "group_size": 2, "max_new_tokens": 8, "steps": 3, "warm_start_steps": 0},
+        "task": {
+            "name": "jsonl",
+            "path": "d.jsonl",
+            "reward": "my_hf_rewards:score",
+            "instruction": None,
+            "eval_every": 2,
+            "eval_fraction": 0.25,
+        },
+        "rollout": {"max_workers": 0},
+    }
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
+    home = tmp_path / "home"
+    old = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(tmp_path / "pkg"), old) if p)
+    try:
+        proc = run_cli("launch", str(tmp_path / "job.yaml"), home=home, timeout=300)
+    finally:
+        if old is None:
+            del os.environ["PYTHONPATH"]
+        else:
+            os.environ["PYTHONPATH"] = old
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    [j] = run_json("status", "hfcustom", home=home)["jobs"]
+    assert j["status"] == "succeeded" and j["reward_errors"] == {}  # every call got its row
+    rows_out = [json.loads(line) for line in Path(j["metrics_file"]).read_text().splitlines()]
+    evals = [r for r in rows_out if "eval/pass@1" in r]
+    assert [r["version"] for r in evals] == [0, 2, 3] and {r["eval/problems"] for r in evals} == {3}
+    step_rewards = [r["reward"] for r in rows_out if "reward" in r]
+    assert len(step_rewards) == 3 and all(0.0 <= x <= 1.0 for x in step_rewards) and max(step_rewards) > 0

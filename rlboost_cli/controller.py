@@ -500,6 +500,11 @@ class Controller:
             progress.step(rec)
             self._size_fleet(rec, progress)
         self.steps_recorded = max(self.steps_recorded, len(history))
+        for ev in snap.pop("evals", []):  # every evaluation so far; metrics.jsonl keeps each version once
+            if self.metrics_log.write_eval(ev):
+                progress.note(
+                    f"eval after step {ev['step']}: pass@1 {ev['pass@1']:.3f}, mean reward {ev['mean_reward']:.3f}"
+                )
         self.placement.on_workers(snap.get("workers", []))
         self._note_draining(snap.get("workers", []))
         self.snapshot = snap

@@ -4,6 +4,10 @@ notebooks and dashboards (`rlboost status JOB --json` gives its path as `metrics
 Written by the controller as it records each step. A step the trainer runs again after a restart
 from its checkpoint is written again (the last line of a step wins); a step re-reported unchanged
 (a restarted trainer reports its whole history) is not.
+
+With `task.eval_every`, each evaluation adds its own line: `{"step": N, "version": N, "eval/pass@1",
+"eval/mean_reward", "eval/problems", "eval/temperature", "eval/s"}` (N = steps trained into the
+weights evaluated; 0 = before training). An eval line has no `reward` key, which tells the two apart.
 """
 
 from __future__ import annotations
@@ -24,6 +28,32 @@ def _rate(tokens: float | None, seconds: float) -> float | None:
 class MetricsLog:
     path: Path
     _written: dict[int, str] = field(default_factory=dict)
+    _evals_written: dict[int, str] = field(default_factory=dict)
+
+    def write_eval(self, ev: dict[str, Any]) -> bool:
+        """One evaluation (trainer/evaluation.py); False if this version's was already written as is."""
+        row = {
+            "step": ev["step"],
+            "version": ev["version"],
+            "eval/pass@1": ev["pass@1"],
+            "eval/mean_reward": ev["mean_reward"],
+            "eval/problems": ev["problems"],
+            "eval/temperature": ev["temperature"],
+            "eval/s": ev["seconds"],
+        }
+        line = json.dumps(row, separators=(",", ":"))
+        key = _eval_key(row)
+        if not self._evals_written and self.path.exists():  # a resumed controller: what is already there
+            for old in self.path.read_text().splitlines():
+                prev = json.loads(old) if old.strip() else {}
+                if "eval/pass@1" in prev:
+                    self._evals_written[prev["version"]] = _eval_key(prev)
+        if self._evals_written.get(ev["version"]) == key:
+            return False
+        self._evals_written[ev["version"]] = key
+        with open(self.path, "a") as f:
+            f.write(line + "\n")
+        return True
 
     def write(self, step: int, rec: dict[str, Any], *, clock: float, dollars: float, preemptions: int) -> None:
         """One step (counted from 1) from the trainer's step record and the controller's ledger."""
@@ -50,6 +80,7 @@ class MetricsLog:
             "trainer_idle_s": rec.get("trainer_idle_s"),
             "publish_s": rec.get("publish_s"),  # weight sync, on the trainer: stage + publish the version
             "migrated": rec.get("migrated"),
+            "reward_errors": rec.get("reward_errors"),  # a custom reward's failures so far (each scored 0)
             "preemptions": preemptions,  # so far in the job
             "dollars": round(dollars, 4),  # so far in the job
             "clock_s": round(clock, 3),  # the provider's billing clock
@@ -60,6 +91,11 @@ class MetricsLog:
         self._written[step] = _without_totals(row)
         with open(self.path, "a") as f:
             f.write(line + "\n")
+
+
+def _eval_key(row: dict[str, Any]) -> str:
+    """An evaluation's own figures: one run again (after a trainer restart) differs in its time only."""
+    return json.dumps({k: v for k, v in row.items() if k != "eval/s"})
 
 
 def _without_totals(row: dict[str, Any]) -> str:

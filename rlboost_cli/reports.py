@@ -143,6 +143,9 @@ def _job_status(store: StateStore, job: JobRow, now: float) -> dict[str, Any]:
         "workers_live": sum(1 for i in insts if i.role == "worker" and i.state in _LIVE_STATES),
         "preemptions": sum(1 for i in insts if "preempted" in (i.state, i.end_reason)),
         "migrated": snap.get("migrated", 0),
+        # the last validation on held-out problems (task.eval_every): version, pass@1, mean_reward, ...
+        "eval": snap.get("eval"),
+        "reward_errors": snap.get("reward_errors") or {},  # a custom reward's failures by kind (each scored 0)
         "tokens_total": job.tokens_total if job.tokens_total is not None else snap.get("tokens_total"),
         "trainer_url": job.trainer_url,
         "metrics_file": str(metrics_file(job)),
@@ -300,6 +303,16 @@ def render_status(store: StateStore, job: str | None, console: Console, *, now: 
             console.print(
                 f"{js['name']} reward (last {len(hist)} steps): {sparkline(hist)}  {hist[-1]:.3f}", markup=False
             )
+        if js["eval"]:
+            ev = js["eval"]
+            console.print(
+                f"{js['name']} eval after step {ev['step']}: pass@1 {ev['pass@1']:.3f}  mean reward "
+                f"{ev['mean_reward']:.3f}  ({ev['problems']} held-out problems)",
+                markup=False,
+            )
+        if js["reward_errors"]:
+            kinds = ", ".join(f"{k} x{n}" for k, n in sorted(js["reward_errors"].items()))
+            console.print(Text(f"{js['name']} custom reward failed (scored 0): {kinds}", style="yellow"))
         if job is not None and js["recent_steps"]:
             console.print(_steps_table(js))
 

@@ -112,12 +112,18 @@ class AlgorithmSpec(Strict):
     micro_batch_size: Annotated[int, Field(ge=1, le=100_000)] | None = None
 
 
+VERIFIER_NAMES = ("exact_match", "math_boxed")
+
+
 class TaskSpec(Strict):
     """A verifiable task: a built-in string task with an exact-match reward (tiny-gpt), or a JSONL
-    prompt dataset (trainer/datasets.py) scored by a verifier (trainer/verifiers.py), for kind: hf."""
+    prompt dataset (trainer/datasets.py) scored by a verifier (trainer/verifiers.py), for kind: hf.
+    Either kind may instead be scored by the user's own function (trainer/rewards.py)."""
 
     name: Literal["reverse", "copy", "add", "sort", "jsonl"] = "reverse"
-    reward: Literal["exact_match", "math_boxed"] = "exact_match"
+    # a built-in verifier, or an import path `module:function` called as
+    # function(prompt: str, response: str, row: dict) -> float (trainer/rewards.py)
+    reward: str = "exact_match"
     min_len: Annotated[int, Field(ge=1, le=64)] = 3
     max_len: Annotated[int, Field(ge=1, le=64)] = 6
     # ---- jsonl only ----
@@ -128,6 +134,33 @@ class TaskSpec(Strict):
     system_prompt: str | None = None
     # appended to every prompt (the usual instruction for math_boxed)
     instruction: str | None = "Please reason step by step, and put your final answer within \\boxed{}."
+    # ---- validation (trainer/evaluation.py) ----
+    # every this many steps (and before the first, and after the last), score one response per held-out
+    # problem with the weights just published: pass@1 and mean reward; 0 = off
+    eval_every: Annotated[int, Field(ge=0, le=10_000_000)] = 0
+    eval_path: LaxPath | None = None  # jsonl: a separate held-out file (relative to the job file)
+    # jsonl: share of task.path held out (never trained on); None = 0.1 unless eval_path is set
+    eval_fraction: Annotated[float, Field(gt=0, lt=1)] | None = None
+    eval_size: Annotated[int, Field(ge=1, le=1_000_000)] = 64  # problems per evaluation (at most)
+    eval_temperature: Annotated[float, Field(ge=0, le=10)] = 0.0  # 0 = greedy
+
+    @field_validator("reward")
+    @classmethod
+    def _reward(cls, v: str) -> str:
+        from trainer.rewards import RewardImportError, import_reward, is_import_path
+
+        if v in VERIFIER_NAMES:
+            return v
+        if not is_import_path(v):
+            raise ValueError(
+                f"{v!r} is neither a built-in verifier ({', '.join(VERIFIER_NAMES)}) nor an import path "
+                "to your own function (module.submodule:function)"
+            )
+        try:  # imported here, so a bad path is a job-file error before anything launches
+            import_reward(v)
+        except RewardImportError as e:
+            raise ValueError(str(e)) from None
+        return v
 
     @model_validator(mode="after")
     def _lens(self) -> TaskSpec:
@@ -145,6 +178,18 @@ class TaskSpec(Strict):
             raise ValueError(f"{', '.join(changed)}: apply to name: jsonl only (remove, or set name: jsonl)")
         if self.reward == "math_boxed" and self.name != "jsonl":
             raise ValueError(f"reward math_boxed scores a jsonl dataset; task {self.name!r} uses exact_match")
+        if self.eval_path is not None and self.eval_fraction is not None:
+            raise ValueError("eval_path and eval_fraction: give one held-out split (a file, or a share of path)")
+        eval_keys = ("eval_path", "eval_fraction", "eval_size", "eval_temperature")
+        set_eval = sorted(k for k in eval_keys if getattr(self, k) != fields[k].default)
+        if not self.eval_every and set_eval:
+            raise ValueError(f"{', '.join(set_eval)}: apply when eval_every > 0 (set eval_every, or remove them)")
+        held_out = sorted(k for k in ("eval_path", "eval_fraction") if getattr(self, k) is not None)
+        if self.name != "jsonl" and held_out:
+            raise ValueError(
+                f"{', '.join(held_out)}: apply to name: jsonl only (task {self.name!r} draws its held-out "
+                "problems from its own seeded generator; set eval_size instead)"
+            )
         return self
 
 
@@ -442,6 +487,8 @@ class JobSpec(Strict):
                 "rollout.trainer_engine is false and rollout.max_workers is 0: nothing would generate "
                 "(enable the trainer's engine or allow spot workers)"
             )
+        if t.eval_every and m.kind == "synthetic":
+            raise ValueError("task.eval_every: a synthetic model has nothing to evaluate (set eval_every: 0)")
         if (self.rollout.engine == "synthetic") != (m.kind == "synthetic"):
             raise ValueError(
                 f"rollout.engine is {self.rollout.engine!r} but model.kind is {m.kind!r}: synthetic engines "
@@ -785,9 +832,24 @@ def _resolve_hf_paths(spec: JobSpec, base: Path, on_node: bool = False) -> JobSp
         spec = spec.model_copy(update={"task": task.model_copy(update={"path": mounted})})
     elif task.path is not None:
         full = task.path if task.path.is_absolute() else (base / task.path).resolve()
+        if full.is_dir():
+            raise SpecError(
+                f"task.path: {full} is a directory; rlboost reads JSON Lines files only in this version (export a "
+                "Hugging Face dataset with datasets.load_from_disk(dir)[split].to_json(out, lines=True))"
+            )
         if not full.is_file():
             raise SpecError(f"task.path: file {task.path} not found (resolved to {full}); fix the path")
+        if full.suffix.lower() in (".parquet", ".arrow", ".csv"):
+            raise SpecError(
+                f"task.path: {full.name} is not JSON Lines; rlboost reads .jsonl only in this version (convert, "
+                "e.g. pandas.read_parquet(p).to_json(out, orient='records', lines=True))"
+            )
         spec = spec.model_copy(update={"task": task.model_copy(update={"path": full})})
+    if task.eval_path is not None:
+        full = task.eval_path if task.eval_path.is_absolute() else (base / task.eval_path).resolve()
+        if not full.is_file():
+            raise SpecError(f"task.eval_path: file {task.eval_path} not found (resolved to {full}); fix the path")
+        spec = spec.model_copy(update={"task": spec.task.model_copy(update={"eval_path": full})})
     if model.kind == "hf" and model.path:
         raw = Path(model.path).expanduser()
         full = raw if raw.is_absolute() else (base / raw).resolve()

@@ -6,9 +6,25 @@ import json
 
 from rlboost_cli.metrics_log import MetricsLog
 
-REC = {"version": 0, "reward": 0.5, "loss": 0.1, "responses": 4, "tokens": 40, "len_max": 12, "seconds": 2.0,
-       "gen_s": 1.5, "train_s": 0.5, "gen_tokens": 50, "spot_tokens": 30, "n_remote": 2, "box_s": 1.0,
-       "tail_train_s": 0.3, "trainer_idle_s": 0.1, "publish_s": 0.05, "migrated": 3}
+REC = {
+    "version": 0,
+    "reward": 0.5,
+    "loss": 0.1,
+    "responses": 4,
+    "tokens": 40,
+    "len_max": 12,
+    "seconds": 2.0,
+    "gen_s": 1.5,
+    "train_s": 0.5,
+    "gen_tokens": 50,
+    "spot_tokens": 30,
+    "n_remote": 2,
+    "box_s": 1.0,
+    "tail_train_s": 0.3,
+    "trainer_idle_s": 0.1,
+    "publish_s": 0.05,
+    "migrated": 3,
+}
 
 
 def test_rates_by_source_and_running_totals(tmp_path):
@@ -27,3 +43,27 @@ def test_a_step_reported_again_unchanged_is_not_repeated_but_a_rerun_is(tmp_path
     log.write(1, {**REC, "reward": 0.7}, clock=99.0, dollars=2.5, preemptions=1)  # run again after a restart
     rows = [json.loads(x) for x in (tmp_path / "m.jsonl").read_text().splitlines()]
     assert [(r["step"], r["reward"]) for r in rows] == [(1, 0.5), (1, 0.7)]  # the last line of a step wins
+
+
+EVAL = {"step": 2, "version": 2, "pass@1": 0.5, "mean_reward": 0.625, "problems": 8, "temperature": 0.0, "seconds": 0.4}
+
+
+def test_an_evaluation_is_written_once_per_version_even_by_a_resumed_controller(tmp_path):
+    path = tmp_path / "m.jsonl"
+    log = MetricsLog(path)
+    assert log.write_eval(EVAL) and not log.write_eval({**EVAL, "seconds": 0.9})  # re-reported (or re-run)
+    assert log.write_eval({**EVAL, "step": 4, "version": 4})
+    resumed = MetricsLog(path)  # a new controller process: what the file holds counts as written
+    assert not resumed.write_eval(EVAL) and resumed.write_eval({**EVAL, "pass@1": 0.75})  # a changed result
+    rows = [json.loads(x) for x in path.read_text().splitlines()]
+    assert [(r["version"], r["eval/pass@1"]) for r in rows] == [(2, 0.5), (4, 0.5), (2, 0.75)]
+    assert rows[0] == {
+        "step": 2,
+        "version": 2,
+        "eval/pass@1": 0.5,
+        "eval/mean_reward": 0.625,
+        "eval/problems": 8,
+        "eval/temperature": 0.0,
+        "eval/s": 0.4,
+    }
+    assert all("reward" not in r for r in rows)  # what tells an eval line from a step line

@@ -23,7 +23,7 @@ STATUS = {
         {"worker_id": "w2", "kind": "spot", "state": "gone", "tokens_per_s": 0.0},
     ],
 }
-LINE = re.compile(r'^[a-z_]+(\{([a-z_]+="([^"\\\n]|\\.)*",?)+\})? -?[0-9.e+]+$')
+LINE = re.compile(r'^[a-z_][a-z0-9_]*(\{([a-z_]+="([^"\\\n]|\\.)*",?)+\})? -?[0-9.e+]+$')
 
 
 def test_every_sample_line_parses_and_labels_are_escaped():
@@ -35,6 +35,17 @@ def test_every_sample_line_parses_and_labels_are_escaped():
     assert 'rlboost_engine_tokens_per_second{engine="w\\"1\\n",kind="spot"} 120.5' in samples
     assert not any("w2" in ln for ln in samples if ln.startswith("rlboost_engine_tokens"))  # gone: no rate
     assert "rlboost_reward" not in exposition({**STATUS, "reward": None})  # no value, no sample
+    assert "rlboost_eval" not in text and "rlboost_reward_errors" not in text  # none yet
+
+
+def test_last_evaluation_and_custom_reward_failures():
+    ev = {"version": 4, "pass@1": 0.75, "mean_reward": 0.8, "problems": 8}
+    text = exposition({**STATUS, "eval": ev, "reward_errors": {"ValueError": 3, "non-finite": 1}})
+    samples = [ln for ln in text.splitlines() if not ln.startswith("#")]
+    assert all(LINE.match(ln) for ln in samples)
+    assert {"rlboost_eval_version 4", "rlboost_eval_pass_at_1 0.75", "rlboost_eval_mean_reward 0.8"} <= set(samples)
+    assert 'rlboost_reward_errors_total{kind="ValueError"} 3' in samples
+    assert 'rlboost_reward_errors_total{kind="non-finite"} 1' in samples
 
 
 def test_metrics_route_needs_the_job_token():

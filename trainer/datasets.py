@@ -11,7 +11,7 @@ for the supervised warm start; a bare answer is not (warm_start_steps must then 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from trainer.verifiers import extract_answer
@@ -23,8 +23,9 @@ ANSWER_FIELDS = ("answer", "solution")
 @dataclass(frozen=True)
 class Record:
     prompt: str
-    answer: str  # the final answer the verifier compares with
+    answer: str  # the final answer the verifier compares with ("" if the row has none: custom rewards)
     demonstration: str | None  # a full worked response, when the file has one
+    row: dict = field(default_factory=dict)  # the whole JSON object, for a custom reward
 
 
 class DatasetError(ValueError):
@@ -42,8 +43,11 @@ def _pick(obj: dict, field: str | None, candidates: tuple[str, ...], what: str, 
     raise DatasetError(f"{where}: no {what} field (looked for {', '.join(names)}; set task.{what}_field)")
 
 
-def load_jsonl(path: Path, prompt_field: str | None = None, answer_field: str | None = None) -> list[Record]:
-    """Read and check a dataset; errors name the file and line."""
+def load_jsonl(
+    path: Path, prompt_field: str | None = None, answer_field: str | None = None, require_answer: bool = True
+) -> list[Record]:
+    """Read and check a dataset; errors name the file and line. Without `require_answer` (a custom
+    reward, which reads what it needs from the row) a row may have no answer field."""
     records = []
     with open(path, encoding="utf-8") as f:
         for n, line in enumerate(f, 1):
@@ -57,12 +61,16 @@ def load_jsonl(path: Path, prompt_field: str | None = None, answer_field: str | 
             if not isinstance(obj, dict):
                 raise DatasetError(f"{where}: each line must be a JSON object")
             prompt = _pick(obj, prompt_field, PROMPT_FIELDS, "prompt", where)
+            names = (answer_field,) if answer_field else ANSWER_FIELDS
+            if not require_answer and not any(n in obj for n in names):
+                records.append(Record(prompt, "", None, obj))
+                continue
             reference = _pick(obj, answer_field, ANSWER_FIELDS, "answer", where)
             final = extract_answer(reference)
             answer = (final if final is not None else reference).strip()
-            if not answer:
+            if not answer and require_answer:
                 raise DatasetError(f"{where}: empty answer")
-            records.append(Record(prompt, answer, _demonstration(reference) if final is not None else None))
+            records.append(Record(prompt, answer, _demonstration(reference) if final is not None else None, obj))
     if not records:
         raise DatasetError(f"{path}: no records")
     return records

@@ -29,6 +29,12 @@ _WEIGHTS = (
     ("rlboost_weights_last_copy_seconds", "gauge", "Staging copy of the last version.", "last_copy_s"),
 )
 
+_EVAL = (
+    ("rlboost_eval_version", "Weight version of the last validation.", "version"),
+    ("rlboost_eval_pass_at_1", "pass@1 on held-out problems at the last validation.", "pass@1"),
+    ("rlboost_eval_mean_reward", "Mean reward on held-out problems at the last validation.", "mean_reward"),
+)
+
 
 def _label(v: Any) -> str:
     return str(v).replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
@@ -54,6 +60,18 @@ def exposition(status: dict[str, Any]) -> str:
     for name, kind, help_, key in _WEIGHTS:
         if (v := _num(weights.get(key))) is not None:
             metric(name, kind, help_, [("", v)])
+    ev = status.get("eval") or {}  # the last validation (task.eval_every)
+    for name, help_, key in _EVAL:
+        if (v := _num(ev.get(key))) is not None:
+            metric(name, "gauge", help_, [("", v)])
+    errors = status.get("reward_errors") or {}
+    if errors:
+        metric(
+            "rlboost_reward_errors_total",
+            "counter",
+            "Responses a custom reward failed on (scored 0), by kind.",
+            [(f'{{kind="{_label(k)}"}}', str(int(n))) for k, n in sorted(errors.items())],
+        )
     workers = [w for w in status.get("workers") or [] if isinstance(w, dict)]
     by_state: dict[tuple[str, str], int] = {}
     for w in workers:

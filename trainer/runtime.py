@@ -25,6 +25,7 @@ from aiohttp import web
 from rlboost_cli.spec import JobSpec
 from trainer import checkpoint, distributed, scheduling, tls
 from trainer.coordinator import Coordinator, CoordinatorConfig, RolloutRequest
+from trainer.evaluation import Evaluator, describe
 from trainer.learner import Sample, make_learner
 from trainer.policies.tail_batching import TailBatcher
 from trainer.server import build_app
@@ -85,6 +86,10 @@ class TrainerRuntime:
         ro = spec.rollout
         self.batcher = TailBatcher(spec.algorithm.prompts_per_step, ro.tail_over_launch) if ro.tail_batching else None
         self.publisher = WeightPublisher()
+        # validation on held-out problems (task.eval_every), beside the steps (trainer/evaluation.py)
+        self.evaluator = Evaluator(spec, self.task) if spec.task.eval_every else None
+        self.evals: list[dict] = []  # one per evaluated version, in order
+        self._eval_running: asyncio.Task | None = None
         self.phase = "starting"
         self.step = 0
         self.history: list[dict] = []
@@ -101,6 +106,8 @@ class TrainerRuntime:
             "steps": self.spec.algorithm.steps,
             "version": self.publisher.latest if self.publisher.latest is not None else -1,
             "reward": last["reward"] if last else None,
+            # a custom reward's failures so far (kind -> count), each scored 0.0 (trainer/rewards.py)
+            "reward_errors": dict(self.task.custom.errors) if self.task.custom else {},
             "tokens_total": c.tokens_total if c else 0,
             "responses_total": c.responses_total if c else 0,
             "migrated": c.book.migrations if c else 0,
@@ -111,6 +118,8 @@ class TrainerRuntime:
             "workers": c.workers_snapshot() if c else [],
             "weights": self.publisher.stats(),  # egress bytes (really sent), held versions, swarm
             "history": self.history,
+            "evals": self.evals,
+            "eval": self.evals[-1] if self.evals else None,  # the last one
         }
 
     async def serve(self, host: str, port: int) -> tuple[web.AppRunner, str]:
@@ -184,6 +193,31 @@ class TrainerRuntime:
         await asyncio.to_thread(self.publisher.stage, version, tensors)
         assert self.coord is not None
         await self.coord.publish(version)
+        await self._maybe_evaluate(version, tensors)
+
+    async def _maybe_evaluate(self, version: int, tensors: dict) -> None:
+        """Start evaluating `version` in the background when it is due: version 0 (before training),
+        every eval_every-th, and the last. One evaluation at a time: a step waits here only when the
+        previous one is still running (an evaluation slower than eval_every steps)."""
+        every, last = self.spec.task.eval_every, self.spec.algorithm.steps
+        if self.evaluator is None or (version % every and version != last):
+            return
+        if any(e["version"] == version for e in self.evals):  # resumed: already evaluated
+            return
+        await self.wait_for_evaluation()
+        self._eval_running = asyncio.create_task(self._evaluate(version, tensors))
+
+    async def _evaluate(self, version: int, tensors: dict) -> None:
+        assert self.evaluator is not None
+        ev = await asyncio.to_thread(self.evaluator.run, version, tensors)
+        ev["step"] = version  # the steps trained into it (as the step records count, from 1)
+        self.evals.append(ev)
+        print(describe(ev), flush=True)
+
+    async def wait_for_evaluation(self) -> None:
+        if self._eval_running is not None:
+            task, self._eval_running = self._eval_running, None
+            await task  # an evaluation that failed fails the job here, not silently
 
     async def train(self) -> None:
         algo = self.spec.algorithm
@@ -208,6 +242,7 @@ class TrainerRuntime:
                     await self.checkpoint()
             if first < algo.steps:
                 recorder.save_weights("final.safetensors", self.learner.state_dict())
+        await self.wait_for_evaluation()  # the last version's
         self.phase = "done"
         print(f"done: {algo.steps} steps", flush=True)
 
@@ -224,6 +259,7 @@ class TrainerRuntime:
         if self.batcher is not None and ck.payload.get("batcher") is not None:
             self.batcher = copy.deepcopy(ck.payload["batcher"])
         self.history = list(ck.payload["history"])
+        self.evals = [e for e in ck.payload.get("evals", []) if e["version"] <= ck.next_step]
         self.step = self.saved_step = ck.next_step
         print(f"resumed from {ck.path.name}: continuing at step {ck.next_step + 1}", flush=True)
         return ck.next_step
@@ -244,6 +280,7 @@ class TrainerRuntime:
                 "rng": self.rng_state,
                 "batcher": self.batcher_state,
                 "history": list(self.history),
+                "evals": list(self.evals),
             }
             next_step = self.step
         t0 = time.monotonic()
@@ -396,10 +433,14 @@ class TrainerRuntime:
             "gen_s": round(t_gen, 3),
             "seconds": round(time.monotonic() - t0, 3),
             "loss": float(metrics.get("loss", 0.0)),
+            # responses a custom reward failed on so far in the job (each scored 0.0), evaluations included
+            "reward_errors": self.task.custom.error_count if self.task.custom else 0,
             **{k: v for k, v in sched.items() if k not in ("step",)},
         }
 
     async def shutdown(self, runner: web.AppRunner) -> None:
+        if self._eval_running is not None:
+            self._eval_running.cancel()
         if self.coord:
             await self.coord.close()
         if self.engine_proc and self.engine_proc.poll() is None:

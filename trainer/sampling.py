@@ -44,7 +44,14 @@ def gumbel_noise(seeds: np.ndarray, positions: np.ndarray, vocab: int) -> np.nda
 def sample(
     logits: np.ndarray, seeds: np.ndarray, positions: np.ndarray, temperature: float = 1.0
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Sample one token per row. logits: [B, V]; returns (token ids [B], logprobs [B])."""
+    """Sample one token per row. logits: [B, V]; returns (token ids [B], logprobs [B]).
+    Temperature 0 is greedy (argmax; logprobs at temperature 1): evaluation only, never rollouts."""
+    if temperature == 0:
+        z = logits.astype(np.float64)
+        tok = np.argmax(z, axis=1)
+        logp = z - z.max(axis=1, keepdims=True)
+        logp = logp - np.log(np.exp(logp).sum(axis=1, keepdims=True))
+        return tok, logp[np.arange(len(tok)), tok]
     z = logits.astype(np.float64) / temperature
     z = z - z.max(axis=1, keepdims=True)
     logp = z - np.log(np.exp(z).sum(axis=1, keepdims=True))

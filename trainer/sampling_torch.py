@@ -47,6 +47,10 @@ def sample(
     logits: Tensor, seeds: Tensor, positions: Tensor, temperature: float | Tensor = 1.0
 ) -> tuple[Tensor, Tensor]:
     """One token per row of logits [B, V] (float64 math): (token ids [B], logprobs [B] at temperature)."""
+    if not isinstance(temperature, Tensor) and temperature == 0:  # greedy (evaluation), as trainer.sampling
+        logp = torch.log_softmax(logits.to(torch.float64), dim=-1)
+        tok = torch.argmax(logp, dim=-1)
+        return tok, logp.gather(1, tok[:, None]).squeeze(1)
     t = temperature[:, None] if isinstance(temperature, Tensor) else temperature
     logp = torch.log_softmax(logits.to(torch.float64) / t, dim=-1)
     tok = torch.argmax(logp + gumbel_noise(seeds, positions, logits.shape[1]), dim=-1)

@@ -10,12 +10,13 @@ a seeded generator gives the same problems on every machine.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from rlboost_cli.spec import ModelSpec, TaskSpec
+from trainer.rewards import CustomReward, is_import_path
 
 PAD, BOS, EOS, SEP = 0, 1, 2, 3
 SYMBOLS = "0123456789abcdefghijklmnopqrstuvwxyz+"
@@ -55,6 +56,9 @@ class Problem:
     text: str  # e.g. "^abc=cba$", for logs
     answer: str = ""  # a dataset problem's reference answer (what the verifier compares with)
     index: int = -1  # a dataset problem's record number
+    # what a custom reward (trainer/rewards.py) is given: the prompt text and the dataset row
+    prompt_text: str = ""
+    row: dict = field(default_factory=dict)
 
 
 class Task:
@@ -62,6 +66,7 @@ class Task:
 
     name = "task"
     eos_id = EOS  # the token that ends a response
+    custom: CustomReward | None = None  # the job's own reward function, when task.reward names one
 
     def __init__(self, min_len: int, max_len: int, alphabet: str) -> None:
         if not 1 <= min_len <= max_len:
@@ -85,12 +90,25 @@ class Task:
         for _ in range(n):
             q = self._question(rng)
             prompt = [BOS, *encode(q), SEP]
-            answer = encode(self._answer(q))
-            problems.append(Problem(prompt, answer, decode([*prompt, *answer, EOS])))
+            a = self._answer(q)
+            answer = encode(a)
+            text = decode([*prompt, *answer, EOS])
+            problems.append(Problem(prompt, answer, text, prompt_text=q, row={"prompt": q, "answer": a}))
         return problems
 
+    def eval_problems(self, seed: int, n: int) -> list[Problem]:
+        """n held-out problems: drawn from their own generator (seeded from the job's seed), the same at
+        every evaluation. A generated task has no true held-out split: a few may also come up in training."""
+        return self.sample(np.random.default_rng([seed, 0xE7A1]), n)
+
     def reward(self, problem: Problem, response_ids: list[int]) -> float:
+        if self.custom is not None:
+            return self.custom(problem.prompt_text, self.decode_response(response_ids), problem.row)
         return 1.0 if list(response_ids) == [*problem.answer_ids, EOS] else 0.0
+
+    def decode_response(self, ids: list[int]) -> str:
+        """A response as a custom reward sees it: its text, without the final end-of-sequence."""
+        return decode(ids[:-1] if ids and ids[-1] == self.eos_id else ids)
 
     def demo_ids(self, problem: Problem) -> list[int]:
         """A full demonstration (prompt + answer + EOS) for the supervised warm start."""
@@ -153,18 +171,28 @@ DEFAULT_ALPHABET = LETTERS[:10]
 
 def make_task(spec: TaskSpec, model: ModelSpec | None = None, alphabet: str = DEFAULT_ALPHABET) -> Task:
     """The job's task; a jsonl task needs the model (its tokenizer and chat template)."""
+    task: Task
     if spec.name == "jsonl":
         if model is None or model.kind != "hf":
             raise ValueError("task jsonl needs an hf model (its tokenizer encodes the prompts)")
         from trainer import hf_model
 
-        return JsonlTask(spec, hf_model.load_tokenizer(model))
-    if spec.name == "add":
-        return Add(spec.min_len, spec.max_len)
-    classes: dict[str, type[Task]] = {"reverse": Reverse, "copy": Copy, "sort": Sort}
-    if spec.name not in classes:
-        raise ValueError(f"unknown task {spec.name!r} (known: add, {', '.join(classes)})")
-    return classes[spec.name](spec.min_len, spec.max_len, alphabet)
+        task = JsonlTask(spec, hf_model.load_tokenizer(model))
+    elif spec.name == "add":
+        task = Add(spec.min_len, spec.max_len)
+    else:
+        classes: dict[str, type[Task]] = {"reverse": Reverse, "copy": Copy, "sort": Sort}
+        if spec.name not in classes:
+            raise ValueError(f"unknown task {spec.name!r} (known: add, {', '.join(classes)})")
+        task = classes[spec.name](spec.min_len, spec.max_len, alphabet)
+    if is_import_path(spec.reward):
+        task.custom = CustomReward(spec.reward)
+    return task
+
+
+def _record_problem(r: Any, prompt_ids: list[int], index: int) -> Problem:
+    """A dataset record (trainer/datasets.py Record) as a problem; index -1: a held-out record."""
+    return Problem(list(prompt_ids), [], r.prompt[:80], answer=r.answer, index=index, prompt_text=r.prompt, row=r.row)
 
 
 class EpochOrder:
@@ -192,10 +220,32 @@ class JsonlTask(Task):
         assert spec.path is not None
         self.spec, self.tokenizer = spec, tokenizer
         self.eos_id = hf_model.eos_token_id(tokenizer)
-        self.records = datasets.load_jsonl(spec.path, spec.prompt_field, spec.answer_field)
-        self.verify = verifiers.VERIFIERS[spec.reward]
+        # a custom reward may score rows that carry no reference answer
+        self.records = datasets.load_jsonl(
+            spec.path, spec.prompt_field, spec.answer_field, require_answer=not is_import_path(spec.reward)
+        )
+        self.verify = verifiers.VERIFIERS.get(spec.reward, verifiers.exact_match)
         self._prompts = [self._encode_prompt(r.prompt) for r in self.records]
         self._order = EpochOrder()
+        # the held-out split: a separate file, or a fixed seeded share of this one that is never trained on
+        self.train_idx, self._eval = list(range(len(self.records))), []
+        if spec.eval_path is not None:
+            held = datasets.load_jsonl(
+                spec.eval_path, spec.prompt_field, spec.answer_field, require_answer=not is_import_path(spec.reward)
+            )
+            self._eval = [(r, self._encode_prompt(r.prompt)) for r in held]
+        elif spec.eval_every:
+            fraction = spec.eval_fraction if spec.eval_fraction is not None else 0.1
+            n = len(self.records)
+            n_eval = max(1, round(fraction * n))
+            if n_eval >= n:
+                raise datasets.DatasetError(
+                    f"{spec.path}: {n} records cannot spare {n_eval} for evaluation and still train "
+                    "(lower task.eval_fraction, or give task.eval_path)"
+                )
+            held_idx = set(int(i) for i in np.random.default_rng(0).permutation(n)[:n_eval])
+            self._eval = [(self.records[i], self._prompts[i]) for i in sorted(held_idx)]
+            self.train_idx = [i for i in range(n) if i not in held_idx]
 
     def _encode_prompt(self, text: str) -> list[int]:
         content = f"{text}\n{self.spec.instruction}" if self.spec.instruction else text
@@ -213,17 +263,23 @@ class JsonlTask(Task):
 
     @property
     def max_prompt_len(self) -> int:
-        return max(len(p) for p in self._prompts)
+        return max(len(p) for p in [*self._prompts, *(ids for _, ids in self._eval)])
 
     def sample(self, rng: np.random.Generator, n: int) -> list[Problem]:
         out = []
         for _ in range(n):
-            i = self._order.next(rng, len(self.records))
-            r = self.records[i]
-            out.append(Problem(list(self._prompts[i]), [], r.prompt[:80], answer=r.answer, index=i))
+            i = self.train_idx[self._order.next(rng, len(self.train_idx))]
+            out.append(_record_problem(self.records[i], self._prompts[i], i))
         return out
 
+    def eval_problems(self, seed: int, n: int) -> list[Problem]:
+        """The held-out split (its first n records); empty when evaluation is off."""
+        del seed  # the split is fixed when the task is built
+        return [_record_problem(r, ids, -1) for r, ids in self._eval[:n]]
+
     def reward(self, problem: Problem, response_ids: list[int]) -> float:
+        if self.custom is not None:
+            return self.custom(problem.prompt_text, self.decode_response(response_ids), problem.row)
         return self.verify(self.decode_response(response_ids), problem.answer)
 
     def decode_response(self, ids: list[int]) -> str:

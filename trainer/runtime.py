@@ -396,6 +396,8 @@ class TrainerRuntime:
             "gen_s": round(t_gen, 3),
             "seconds": round(time.monotonic() - t0, 3),
             "loss": float(metrics.get("loss", 0.0)),
+            # the loss terms' token means, where the learner has them (kl / entropy: only when weighted)
+            **{k: float(metrics[k]) for k in ("kl", "entropy", "clip_frac") if k in metrics},
             **{k: v for k, v in sched.items() if k not in ("step",)},
         }
 

@@ -112,6 +112,10 @@ class AlgorithmSpec(Strict):
     # token-mean: every token of the step weighs the same; seq-mean-token-mean: each response's token
     # mean, averaged over responses (the GRPO paper); seq-mean-token-sum: each response's token sum, averaged
     loss_agg_mode: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"] = "token-mean"
+    # several optimizer updates per step (veRL's ppo_mini_batch_size, in prompts, and ppo_epochs); the
+    # default, None and 1, is one update per step, strictly on-policy
+    ppo_mini_batch_size: Annotated[int, Field(ge=1, le=100_000)] | None = None
+    ppo_epochs: Annotated[int, Field(ge=1, le=100)] = 1
 
     def loss_knobs_set(self) -> list[str]:
         """The loss fields that differ from their defaults."""
@@ -119,7 +123,16 @@ class AlgorithmSpec(Strict):
         return [k for k in LOSS_KNOBS if getattr(self, k) != fields[k].default]
 
 
-LOSS_KNOBS = ("kl_coef", "kl_estimator", "clip_ratio_low", "clip_ratio_high", "entropy_coeff", "loss_agg_mode")
+LOSS_KNOBS = (
+    "kl_coef",
+    "kl_estimator",
+    "clip_ratio_low",
+    "clip_ratio_high",
+    "entropy_coeff",
+    "loss_agg_mode",
+    "ppo_mini_batch_size",
+    "ppo_epochs",
+)
 
 
 class TaskSpec(Strict):
@@ -407,6 +420,11 @@ class JobSpec(Strict):
             raise ValueError(
                 f"algorithm.{knobs[0]}: model.kind synthetic has no loss to shape (its trainer only models time); "
                 f"remove {', '.join('algorithm.' + k for k in knobs)}"
+            )
+        if a.ppo_mini_batch_size is not None and a.prompts_per_step % a.ppo_mini_batch_size:
+            raise ValueError(
+                f"algorithm.ppo_mini_batch_size ({a.ppo_mini_batch_size}) must divide algorithm.prompts_per_step "
+                f"({a.prompts_per_step}): every update gets the same number of prompts"
             )
         if a.kl_coef > 0 and self.trainer.strategy == "fsdp":
             raise ValueError(

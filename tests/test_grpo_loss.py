@@ -289,3 +289,83 @@ def test_metrics_rows_carry_the_loss_terms(tmp_path) -> None:
     log.write(1, {**REC, "kl": 0.01, "clip_frac": 0.0}, clock=1.0, dollars=0.0, preemptions=0)
     (row,) = [json.loads(x) for x in (tmp_path / "m.jsonl").read_text().splitlines()]
     assert (row["kl"], row["entropy"], row["clip_frac"]) == (0.01, None, 0.0)
+
+
+# ---- several updates per step (ppo_mini_batch_size, ppo_epochs) ----------------------------------
+
+
+def test_ppo_epochs_make_the_clip_act() -> None:
+    """The second epoch sees the weights the first one made: ratio != 1, and a narrow clip cuts in."""
+    samples = _samples(*TINY, n_groups=3)
+    narrow = _learner(ppo_epochs=2, clip_ratio_low=0.001, clip_ratio_high=0.001)
+    wide = _learner(ppo_epochs=2, clip_ratio_low=0.99, clip_ratio_high=100.0)
+    m_narrow, m_wide = narrow.train_step(samples), wide.train_step(samples)
+    assert m_narrow["updates"] == m_wide["updates"] == 2
+    assert m_narrow["clip_frac"] > 0 and m_wide["clip_frac"] == 0.0
+    a, b = _weights(narrow), _weights(wide)
+    assert not all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_mini_batch_updates_take_old_log_probs_from_before_the_first_update() -> None:
+    """Two mini-batches of one group each: the learner's two updates equal ones computed by hand with
+    trainer.grpo, the second with log-probs of the initial weights as pi_old (so its ratio is not 1)."""
+    from trainer.grpo import sample_advantages
+
+    samples = _samples(*TINY, n_groups=2)
+    knobs = {"clip_ratio_low": 0.05, "clip_ratio_high": 0.05}
+    learner = _learner(ppo_mini_batch_size=1, **knobs)
+    learner.optimizer = torch.optim.SGD(learner.model.parameters(), lr=1.0)
+    learner.begin_step()
+    learner.add_groups([s for s in samples if s.group == 1])  # arrival order is not update order
+    learner.add_groups([s for s in samples if s.group == 0])
+    assert learner.finish_step()["updates"] == 2
+
+    hand = _learner()
+    params = list(hand.model.parameters())
+    with torch.no_grad():
+        old_all, _, _ = hand._response_logp([s.prompt_ids for s in samples], [s.response_ids for s in samples], 1.0)
+    ratios_off_one = 0
+    for g in (0, 1):
+        idx = [i for i, s in enumerate(samples) if s.group == g]
+        rows = [samples[i] for i in idx]
+        logp, mask, _ = hand._response_logp([s.prompt_ids for s in rows], [s.response_ids for s in rows], 1.0)
+        old = torch.zeros_like(logp)
+        for j, i in enumerate(idx):
+            n = len(samples[i].response_ids)
+            old[j, -n:] = old_all[i, -n:]
+        adv = sample_advantages(rows).to(logp.dtype)
+        surrogate, _ = clipped_ratio(logp, old, adv, 0.05, 0.05)
+        ratios_off_one += int(((surrogate.detach() - 1).abs() > 1e-6).sum())
+        for p in params:
+            p.grad = None
+        agg_loss(-(adv[:, None] * surrogate), mask).backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        with torch.no_grad():
+            for p in params:
+                if p.grad is not None:
+                    p -= p.grad
+    assert ratios_off_one > 0  # the second update really was off-policy
+    got, want = _weights(learner), _weights(hand)
+    for k in got:
+        torch.testing.assert_close(got[k], want[k], rtol=1e-9, atol=1e-12, msg=k)
+
+
+def test_one_ppo_mini_batch_of_the_whole_step_is_the_default_update() -> None:
+    samples = _samples(*TINY, n_groups=3)
+    default, one = _learner(), _learner(ppo_mini_batch_size=3)
+    m_default, m_one = default.train_step(samples), one.train_step(samples)
+    assert m_one["updates"] == 1 and m_one["clip_frac"] == 0.0
+    assert m_one["loss"] == pytest.approx(m_default["loss"], rel=1e-9)
+    a, b = _weights(default), _weights(one)
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], rtol=1e-10, atol=1e-13, msg=k)
+
+
+def test_ppo_mini_batch_size_must_divide_the_step() -> None:
+    raw = {
+        "name": "knobs",
+        "rollout": {"max_workers": 0},
+        "algorithm": {"prompts_per_step": 32, "ppo_mini_batch_size": 5},
+    }
+    with pytest.raises(SpecError, match=r"algorithm.ppo_mini_batch_size \(5\) must divide algorithm.prompts_per_step"):
+        parse_spec(raw)

@@ -8,10 +8,11 @@ The loss per response token (veRL's actor loss; names as in veRL's config):
                               (DAPO's "clip-higher" is clip_ratio_high > clip_ratio_low)
   + kl_coef * KL(pi || pi_ref) per-token estimate of the drift from a frozen reference model
   - entropy_coeff * H(pi)     entropy of the sampling distribution at that position
-aggregated over the step by `loss_agg_mode`. Training here is strictly on-policy (one update per step,
-every response from the current weights), so pi_old is the learner's own pi, detached: the ratio is 1,
-the clip never triggers and the policy term's gradient is the plain policy gradient; the clip acts only
-on stale log-probs (tests construct them).
+aggregated over the step by `loss_agg_mode`. pi_old is the learner's own log-prob under the weights
+that generated the response (not the engine's, which differs numerically). With one update per step
+(the default) that is the current pi, detached: the ratio is 1, the clip never triggers and the policy
+term's gradient is the plain policy gradient; with several (ppo_mini_batch_size, ppo_epochs) every
+update after the first sees ratios != 1 and the clip acts.
 """
 
 from __future__ import annotations

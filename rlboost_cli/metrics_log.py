@@ -64,6 +64,9 @@ class MetricsLog:
             "version": rec.get("version"),
             "reward": rec.get("reward"),
             "loss": rec.get("loss"),
+            "kl": rec.get("kl"),  # token mean of the KL estimate (algorithm.kl_coef > 0), else null
+            "entropy": rec.get("entropy"),  # token mean (algorithm.entropy_coeff > 0), else null
+            "clip_frac": rec.get("clip_frac"),  # share of tokens whose PPO ratio was clipped
             "responses": rec.get("responses"),
             "tokens": rec.get("tokens"),
             "len_mean": round(rec["tokens"] / rec["responses"], 2) if rec.get("responses") else None,

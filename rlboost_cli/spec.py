@@ -110,6 +110,41 @@ class AlgorithmSpec(Strict):
     warm_start_steps: Annotated[int, Field(ge=0, le=1_000_000)] = 100
     # Sequences per forward/backward pass (gradients accumulate); None = the whole step's share at once.
     micro_batch_size: Annotated[int, Field(ge=1, le=100_000)] | None = None
+    # ---- the GRPO loss (trainer/grpo.py); names and defaults as veRL's actor config ----
+    # KL penalty against a frozen copy of the weights GRPO starts from (held only when > 0: one more copy
+    # of the weights in memory, one more forward per micro-batch). 0 as TRL's GRPO default (beta).
+    kl_coef: Annotated[float, Field(ge=0, le=100)] = 0.0
+    # per-token KL estimate: low_var_kl (k3), kl (k1), mse (k2)
+    kl_estimator: Literal["low_var_kl", "kl", "mse"] = "low_var_kl"
+    # PPO ratio clip [1 - low, 1 + high]; DAPO's clip-higher: clip_ratio_high 0.28
+    clip_ratio_low: Annotated[float, Field(ge=0, lt=1)] = 0.2
+    clip_ratio_high: Annotated[float, Field(ge=0, le=100)] = 0.2
+    # entropy bonus: the loss gets -entropy_coeff * (entropy of the sampling distribution)
+    entropy_coeff: Annotated[float, Field(ge=0, le=100)] = 0.0
+    # token-mean: every token of the step weighs the same; seq-mean-token-mean: each response's token
+    # mean, averaged over responses (the GRPO paper); seq-mean-token-sum: each response's token sum, averaged
+    loss_agg_mode: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"] = "token-mean"
+    # several optimizer updates per step (veRL's ppo_mini_batch_size, in prompts, and ppo_epochs); the
+    # default, None and 1, is one update per step, strictly on-policy
+    ppo_mini_batch_size: Annotated[int, Field(ge=1, le=100_000)] | None = None
+    ppo_epochs: Annotated[int, Field(ge=1, le=100)] = 1
+
+    def loss_knobs_set(self) -> list[str]:
+        """The loss fields that differ from their defaults."""
+        fields = type(self).model_fields
+        return [k for k in LOSS_KNOBS if getattr(self, k) != fields[k].default]
+
+
+LOSS_KNOBS = (
+    "kl_coef",
+    "kl_estimator",
+    "clip_ratio_low",
+    "clip_ratio_high",
+    "entropy_coeff",
+    "loss_agg_mode",
+    "ppo_mini_batch_size",
+    "ppo_epochs",
+)
 
 
 VERIFIER_NAMES = ("exact_match", "math_boxed")
@@ -489,6 +524,22 @@ class JobSpec(Strict):
             )
         if t.eval_every and m.kind == "synthetic":
             raise ValueError("task.eval_every: a synthetic model has nothing to evaluate (set eval_every: 0)")
+        knobs = a.loss_knobs_set()
+        if m.kind == "synthetic" and knobs:
+            raise ValueError(
+                f"algorithm.{knobs[0]}: model.kind synthetic has no loss to shape (its trainer only models time); "
+                f"remove {', '.join('algorithm.' + k for k in knobs)}"
+            )
+        if a.ppo_mini_batch_size is not None and a.prompts_per_step % a.ppo_mini_batch_size:
+            raise ValueError(
+                f"algorithm.ppo_mini_batch_size ({a.ppo_mini_batch_size}) must divide algorithm.prompts_per_step "
+                f"({a.prompts_per_step}): every update gets the same number of prompts"
+            )
+        if a.kl_coef > 0 and self.trainer.strategy == "fsdp":
+            raise ValueError(
+                "algorithm.kl_coef > 0 needs trainer.strategy: ddp (the KL reference model is not sharded "
+                "under fsdp in this version); use ddp or set kl_coef: 0"
+            )
         if (self.rollout.engine == "synthetic") != (m.kind == "synthetic"):
             raise ValueError(
                 f"rollout.engine is {self.rollout.engine!r} but model.kind is {m.kind!r}: synthetic engines "

@@ -18,6 +18,12 @@ from trainer.learner import Learner
 from trainer.tasks import make_task
 
 ALGO = AlgorithmSpec(learning_rate=1e-2, seed=0)
+# cases with algorithm knobs run two steps (the KL term is 0 until the policy has drifted): every loss
+# term on; several updates per step (old log-probs, computed on every rank, and the clip)
+KNOBS = {
+    "ddp-knobs": {"kl_coef": 0.1, "entropy_coeff": 0.01, "loss_agg_mode": "seq-mean-token-mean"},
+    "fsdp-ppo": {"ppo_mini_batch_size": 1, "ppo_epochs": 2, "clip_ratio_low": 0.01, "clip_ratio_high": 0.01},
+}
 
 
 def _samples(model: ModelSpec, task_spec: TaskSpec, n_groups: int = 3, group: int = 4) -> list[Sample]:
@@ -32,8 +38,10 @@ def _samples(model: ModelSpec, task_spec: TaskSpec, n_groups: int = 3, group: in
     return out
 
 
-def _learner(model: ModelSpec, task_spec: TaskSpec, dist=None, micro: int | None = None) -> Learner:
-    algo = ALGO.model_copy(update={"micro_batch_size": micro})
+def _learner(
+    model: ModelSpec, task_spec: TaskSpec, dist=None, micro: int | None = None, knobs: dict | None = None
+) -> Learner:
+    algo = ALGO.model_copy(update={"micro_batch_size": micro, **(knobs or {})})
     learner = Learner(model, algo, task_spec, seed=0, dist=dist, device="cpu")
     # SGD for the comparison: Adam's first step is ~lr * sign(grad), which turns float noise in a
     # gradient that is zero in exact arithmetic (e.g. attention key biases) into a full-size step
@@ -41,10 +49,13 @@ def _learner(model: ModelSpec, task_spec: TaskSpec, dist=None, micro: int | None
     return learner
 
 
-def _single(model: ModelSpec, task_spec: TaskSpec, micro: int | None = None) -> dict[str, torch.Tensor]:
-    learner = _learner(model, task_spec, micro=micro)
+def _single(
+    model: ModelSpec, task_spec: TaskSpec, micro: int | None = None, knobs: dict | None = None
+) -> dict[str, torch.Tensor]:
+    learner = _learner(model, task_spec, micro=micro, knobs=knobs)
     learner.warm_start(2)
-    learner.train_step(_samples(model, task_spec))
+    for _ in range(2 if knobs else 1):
+        learner.train_step(_samples(model, task_spec))
     return learner.state_dict()
 
 
@@ -64,7 +75,8 @@ def _rank(rank: int, world: int, port: int, cases: list[tuple[str, ModelSpec, Ta
     try:
         for name, model, task_spec, out in cases:
             strategy = name.split("-")[0]
-            learner = _learner(model, task_spec, dist=replace(ctx, strategy=strategy), micro=2)  # 3 passes
+            knobs = KNOBS.get(name)
+            learner = _learner(model, task_spec, dist=replace(ctx, strategy=strategy), micro=2, knobs=knobs)  # 3 passes
             if rank == 0:
                 leader = distributed.LeaderLearner(learner)
                 leader.warm_start(2)
@@ -75,8 +87,13 @@ def _rank(rank: int, world: int, port: int, cases: list[tuple[str, ModelSpec, Ta
                         leader.add_groups([s for s in samples if s.group in groups])
                     metrics = leader.finish_step()
                 else:
-                    metrics = leader.train_step(samples)
+                    for _ in range(2 if knobs else 1):
+                        metrics = leader.train_step(samples)
                 assert np.isfinite(metrics["loss"]) and metrics["grad_norm"] > 0
+                if name == "ddp-knobs":
+                    assert metrics["kl"] > 0 and metrics["entropy"] > 0
+                if name == "fsdp-ppo":
+                    assert metrics["updates"] == 6 and metrics["clip_frac"] > 0
                 save_file(leader.state_dict(), out)
                 distributed._broadcast(("stop", (), {}))
             else:
@@ -104,7 +121,7 @@ TINY = (ModelSpec(n_layer=1, n_embd=32, n_head=2), TaskSpec())
 def two_rank_results(tmp_path_factory) -> dict[str, tuple[dict[str, torch.Tensor], tuple[ModelSpec, TaskSpec]]]:
     """One 2-process gloo group runs every case (process start-up is the slow part on 2 cores)."""
     tmp = tmp_path_factory.mktemp("dist")
-    cases = {"ddp": TINY, "fsdp": TINY, "ddp-stream": TINY, "fsdp-stream": TINY}
+    cases = {"ddp": TINY, "fsdp": TINY, "ddp-stream": TINY, "fsdp-stream": TINY, "ddp-knobs": TINY, "fsdp-ppo": TINY}
     try:
         import transformers  # noqa: F401
 
@@ -119,12 +136,12 @@ def two_rank_results(tmp_path_factory) -> dict[str, tuple[dict[str, torch.Tensor
     return {name: (load_file(tmp / f"{name}.safetensors"), case) for name, case in cases.items()}
 
 
-@pytest.mark.parametrize("case", ["ddp", "fsdp", "fsdp-hf", "ddp-stream", "fsdp-stream"])
+@pytest.mark.parametrize("case", ["ddp", "fsdp", "fsdp-hf", "ddp-stream", "fsdp-stream", "ddp-knobs", "fsdp-ppo"])
 def test_two_ranks_make_the_single_process_update(case: str, two_rank_results) -> None:
     if case not in two_rank_results:
         pytest.skip("transformers is not installed")
     state, (model, task_spec) = two_rank_results[case]
-    _assert_same(state, _single(model, task_spec))
+    _assert_same(state, _single(model, task_spec, knobs=KNOBS.get(case)))
 
 
 def test_micro_batches_accumulate_to_the_same_update() -> None:

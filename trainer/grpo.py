@@ -1,15 +1,25 @@
-"""GRPO math: group-normalised advantages and the on-policy policy-gradient loss.
+"""GRPO math: group-normalised advantages and the per-token loss terms.
 
 GRPO samples G responses per prompt (a "group") and scores each response against its own group, so no
-value network is needed: advantage = (reward - group mean) / (group std + eps). Training here is
-strictly on-policy (one update per batch of rollouts, all from the current weights), so the PPO ratio
-is 1 and its clipping never triggers; the loss reduces to the advantage-weighted log-likelihood.
+value network is needed: advantage = (reward - group mean) / (group std + eps).
+
+The loss per response token (veRL's actor loss; names as in veRL's config):
+  -A * ratio, PPO-clipped      ratio = pi / pi_old, clipped to [1 - clip_ratio_low, 1 + clip_ratio_high]
+                              (DAPO's "clip-higher" is clip_ratio_high > clip_ratio_low)
+  + kl_coef * KL(pi || pi_ref) per-token estimate of the drift from a frozen reference model
+  - entropy_coeff * H(pi)     entropy of the sampling distribution at that position
+aggregated over the step by `loss_agg_mode`. pi_old is the learner's own log-prob under the weights
+that generated the response (not the engine's, which differs numerically). With one update per step
+(the default) that is the current pi, detached: the ratio is 1, the clip never triggers and the policy
+term's gradient is the plain policy gradient; with several (ppo_mini_batch_size, ppo_epochs) every
+update after the first sees ratios != 1 and the clip acts.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 from torch import Tensor
@@ -50,10 +60,76 @@ def sample_advantages(samples: Sequence[Sample]) -> Tensor:
     return adv
 
 
-def policy_gradient_loss(logp: Tensor, advantages: Tensor, mask: Tensor) -> Tensor:
-    """Token-level mean of -A * log pi(token): logp, mask [N, T]; advantages [N].
+LossAgg = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"]
+KlEstimator = Literal["low_var_kl", "kl", "mse"]
 
-    Every response token counts once, so long responses weigh more than short ones (DAPO-style
-    token-level averaging rather than a per-sequence mean)."""
-    mask = mask.to(logp.dtype)
-    return -(advantages[:, None].to(logp.dtype) * logp * mask).sum() / mask.sum().clamp(min=1.0)
+
+def token_weights(mask: Tensor, mode: LossAgg, dtype: torch.dtype) -> Tensor:
+    """Per-token weights [N, T] such that the step's loss is sum(weight * token loss) / agg_units.
+
+    token-mean: every response token of the step counts once (long responses weigh more; veRL's
+    default, DAPO's token-level loss). seq-mean-token-mean: each response's token mean, averaged over
+    responses (the original GRPO paper). seq-mean-token-sum: each response's token sum, averaged over
+    responses."""
+    if mode == "token-mean":
+        return mask  # the mask itself: the default's arithmetic is unchanged (x * True == x)
+    w = mask.to(dtype)
+    if mode == "seq-mean-token-mean":
+        return w / w.sum(dim=1, keepdim=True).clamp(min=1.0)
+    if mode == "seq-mean-token-sum":
+        return w
+    raise ValueError(f"unknown loss_agg_mode {mode!r}")
+
+
+def agg_units(lengths: Sequence[int], mode: LossAgg) -> int:
+    """The step's denominator: its response tokens (token-mean) or its responses (seq-mean-*)."""
+    return sum(lengths) if mode == "token-mean" else len(lengths)
+
+
+def agg_loss(values: Tensor, mask: Tensor, mode: LossAgg = "token-mean") -> Tensor:
+    """A whole batch's loss from per-token values [N, T] (mask [N, T]) under `mode`."""
+    units = agg_units([int(n) for n in mask.sum(dim=1)], mode)
+    return (values * token_weights(mask, mode, values.dtype)).sum() / max(1, units)
+
+
+def policy_gradient_loss(logp: Tensor, advantages: Tensor, mask: Tensor, mode: LossAgg = "token-mean") -> Tensor:
+    """-A * log pi(token) aggregated by `mode`: logp, mask [N, T]; advantages [N] (the warm start's
+    likelihood loss is this with A = 1)."""
+    return agg_loss(-(advantages[:, None].to(logp.dtype) * logp), mask, mode)
+
+
+def clipped_ratio(
+    logp: Tensor, old_logp: Tensor, advantages: Tensor, clip_low: float, clip_high: float
+) -> tuple[Tensor, Tensor]:
+    """PPO's clipped ratio: (surrogate [N, T], clipped [N, T] bool); the policy loss per token is
+    -A * surrogate, equal in value and gradient to max(-A * r, -A * clip(r, 1 - low, 1 + high)).
+
+    A token is clipped where the update already moved it far enough in the advantage's direction
+    (A > 0 and r > 1 + high, or A < 0 and r < 1 - low): its surrogate is the clip bound, a constant,
+    so it gets no gradient. Written with where() rather than max() so that at r == 1 the gradient is
+    exactly A * dr (max() splits a tie's gradient in halves)."""
+    ratio = torch.exp(logp - old_logp)
+    a = advantages[:, None].to(logp.dtype)
+    clipped = ((a > 0) & (ratio > 1.0 + clip_high)) | ((a < 0) & (ratio < 1.0 - clip_low))
+    bound = ratio.detach().clamp(1.0 - clip_low, 1.0 + clip_high)
+    return torch.where(clipped, bound, ratio), clipped
+
+
+def kl_penalty(logp: Tensor, ref_logp: Tensor, estimator: KlEstimator) -> Tensor:
+    """Per-token estimate of KL(pi || pi_ref) from sampled tokens (Schulman's k1/k2/k3; veRL's names).
+
+    low_var_kl (k3): exp(ref - logp) - (ref - logp) - 1, >= 0 and unbiased, clamped to [-10, 10] as in
+    veRL; kl (k1): logp - ref; mse (k2): (logp - ref)^2 / 2. All are 0 where pi == pi_ref."""
+    if estimator == "low_var_kl":
+        d = (ref_logp - logp).clamp(min=-20.0, max=20.0)  # veRL's guard against exp overflow
+        return (torch.exp(d) - d - 1.0).clamp(min=-10.0, max=10.0)
+    if estimator == "kl":
+        return logp - ref_logp
+    if estimator == "mse":
+        return 0.5 * (logp - ref_logp) ** 2
+    raise ValueError(f"unknown kl_estimator {estimator!r}")
+
+
+def entropy(log_probs: Tensor) -> Tensor:
+    """Entropy of each position's distribution: log_probs [..., V] (log-softmax) -> [...]."""
+    return -(log_probs.exp() * log_probs).sum(dim=-1)

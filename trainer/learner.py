@@ -11,11 +11,22 @@ trainer calls it while the tail of the step still generates remotely), then `fin
 step's last group is in, which takes the optimizer step. `train_step` is the same three calls with
 every group at once, so there is one training path. Each `add_groups` runs forward/backward in
 micro-batches (activation memory: one micro-batch) and gradients accumulate across calls. The loss is
-the token mean over the whole step, whose token count is known only at the end; gradients are linear in
-the loss, so each micro-batch's token-loss sum is divided by a provisional normaliser fixed at
-begin_step (the step's token budget, which keeps gradient magnitudes near their final size under
-fp16/bf16) and finish_step multiplies the gradients by normaliser / true total before clipping and the
-optimizer step: the update equals the whole-batch one up to float summation order.
+the token mean (or, by algorithm.loss_agg_mode, the response mean) over the whole step, whose token
+and response counts are known only at the end; gradients are linear in the loss, so each micro-batch's
+weighted token-loss sum is divided by a provisional normaliser fixed at begin_step (from the step's
+token budget, which keeps gradient magnitudes near their final size under fp16/bf16) and finish_step
+multiplies the gradients by normaliser / true total before clipping and the optimizer step: the update
+equals the whole-batch one up to float summation order.
+
+The loss terms are trainer.grpo's: the PPO-clipped policy term, a KL penalty against a reference
+model (a frozen copy of the weights GRPO started from, held only when algorithm.kl_coef > 0: one more
+copy of the weights in memory and one more forward per micro-batch) and an entropy bonus.
+
+With algorithm.ppo_mini_batch_size or ppo_epochs (several optimizer updates per step, as veRL), a step
+is no longer one streamed update: add_groups computes each response's old log-probs (no grad, the
+weights that generated it) and keeps the samples, and finish_step makes the updates, mini-batches of
+whole groups in group-id order (not arrival order, so the result does not depend on it), each its own
+normalised loss; from the second update on the ratio pi / pi_old differs from 1 and the clip acts.
 
 Across ranks every rank is given the same groups (the same samples); each takes every world-th sample
 of each `add_groups` call, and gradients are summed over ranks (all-reduce, or FSDP's reduce-scatter),
@@ -26,7 +37,7 @@ from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -36,7 +47,15 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from rlboost_cli.spec import AlgorithmSpec, ModelSpec, TaskSpec
-from trainer.grpo import Sample, sample_advantages
+from trainer.grpo import (
+    Sample,
+    agg_units,
+    clipped_ratio,
+    entropy,
+    kl_penalty,
+    sample_advantages,
+    token_weights,
+)
 from trainer.model import TinyGPT, from_spec, left_pad
 from trainer.sampling import request_seed
 from trainer.tasks import Problem, Task, make_task
@@ -57,11 +76,17 @@ class _StepSums:
 
     norm: float  # the provisional loss normaliser of begin_step
     loss: float = 0.0  # this rank's loss share, divided by norm
+    # this rank's token sums of the loss terms, for the step's metrics
+    kl: float = 0.0
+    entropy: float = 0.0
+    clipped: float = 0.0
     tokens: int = 0
     samples: int = 0
     reward_sum: float = 0.0
     adv_abs_sum: float = 0.0
     groups: set[int] = field(default_factory=set)
+    # several updates per step: the samples, their advantages and old log-probs, kept for finish_step
+    kept: list[tuple[Sample, float, Tensor]] = field(default_factory=list)
 
 
 class Learner:
@@ -107,6 +132,10 @@ class Learner:
         low = self.device.type == "cuda" and self.publish_dtype != torch.float32
         self.autocast = self.publish_dtype if low else None
         if dist is not None and dist.strategy == "fsdp":
+            if algo_spec.kl_coef > 0:  # the job file check says the same; this covers direct use
+                raise ValueError(
+                    "algorithm.kl_coef > 0 needs trainer.strategy: ddp (the reference model is not sharded)"
+                )
             from trainer.distributed import shard_model
 
             shard_model(self.model, dist)
@@ -116,6 +145,8 @@ class Learner:
         )
         self.steps_done = 0  # GRPO updates so far
         self._acc: _StepSums | None = None  # the streamed update in progress (begin_step .. finish_step)
+        # the KL penalty's frozen reference: the weights at the first GRPO step (after the warm start)
+        self.reference: nn.Module | None = None
         self._demo_rng = np.random.default_rng([self.seed, 1])  # warm-start problems
 
     # ---- supervised warm start ----------------------------------------------------------------
@@ -142,7 +173,7 @@ class Learner:
         update fed every group at once, normalised by the exact token count from the start."""
         if not samples:
             raise ValueError("train_step needs at least one sample")
-        self.begin_step(token_budget=sum(len(s.response_ids) for s in samples))
+        self._begin(agg_units([len(s.response_ids) for s in samples], self.algo.loss_agg_mode))
         self.add_groups(samples)
         return self.finish_step()
 
@@ -150,8 +181,26 @@ class Learner:
         """Start a streamed GRPO update. token_budget: a provisional loss normaliser (e.g. the step's
         responses x max_new_tokens); any positive value gives the same update, a close one keeps the
         accumulated gradients at their final scale."""
+        budget = float(token_budget or 1)
+        if self.algo.loss_agg_mode != "token-mean":  # normalised by responses: the budget's response count
+            budget /= self.algo.max_new_tokens
+        self._begin(budget)
+
+    def _begin(self, norm: float) -> None:
+        if self.algo.kl_coef > 0 and self.reference is None:
+            if self.steps_done > 0:  # resumed from a checkpoint written without one
+                raise ValueError(
+                    "algorithm.kl_coef > 0 but the checkpoint resumed from has no reference model (it was "
+                    "written with kl_coef 0); keep kl_coef 0 for this run or start it afresh"
+                )
+            self.reference = self._frozen_copy()
         self.optimizer.zero_grad(set_to_none=True)
-        self._acc = _StepSums(norm=float(max(1, token_budget or 1)))
+        self._acc = _StepSums(norm=max(1.0, norm))
+
+    def _frozen_copy(self) -> nn.Module:
+        ref = copy.deepcopy(self.model)
+        ref.requires_grad_(False)
+        return ref.eval()
 
     def add_groups(self, samples: Sequence[Sample]) -> None:
         """Forward/backward on whole groups (every response of each group present, as they complete):
@@ -168,56 +217,171 @@ class Learner:
             return
         acc.groups |= groups
         adv = sample_advantages(samples)
-        acc.loss += self._backward(
-            [s.prompt_ids for s in samples], [s.response_ids for s in samples], adv, self.algo.temperature, acc.norm
-        )
+        prompts, responses = [s.prompt_ids for s in samples], [s.response_ids for s in samples]
+        if self._updates_per_step_vary():
+            olds = self._old_logprobs(prompts, responses)
+            acc.kept += [(s, float(a), o) for s, a, o in zip(samples, adv, olds, strict=True)]
+        else:
+            acc.loss += self._backward(prompts, responses, self._grpo_loss(prompts, responses, adv, acc))
         acc.tokens += sum(len(s.response_ids) for s in samples)
         acc.samples += len(samples)
         acc.reward_sum += float(sum(s.reward for s in samples))
         acc.adv_abs_sum += float(adv.abs().sum())
 
+    def _updates_per_step_vary(self) -> bool:
+        """Several optimizer updates per step (PPO mini-batches or epochs) rather than one."""
+        return self.algo.ppo_epochs > 1 or self.algo.ppo_mini_batch_size is not None
+
+    def _old_logprobs(self, prompts: Sequence[list[int]], responses: Sequence[list[int]]) -> list[Tensor]:
+        """Each response's log-probs under the current weights (those that generated it), no grad.
+
+        Every rank computes every row, in the same passes (FSDP pairs its collectives across ranks):
+        the mini-batches of finish_step split the rows over ranks differently."""
+        mb = self.algo.micro_batch_size or max(1, len(prompts))
+        out: list[Tensor] = []
+        with torch.no_grad():
+            for k in range(0, len(prompts), mb):
+                rs = responses[k : k + mb]
+                logp, _, _ = self._response_logp(prompts[k : k + mb], rs, self.algo.temperature)
+                out += [logp[j, logp.shape[1] - len(r) :].clone() for j, r in enumerate(rs)]
+        return out
+
+    def _grpo_loss(
+        self,
+        prompts: Sequence[list[int]],
+        responses: Sequence[list[int]],
+        adv: Tensor,
+        acc: _StepSums,
+        old: Sequence[Tensor] | None = None,
+    ) -> Callable[[list[int]], Tensor]:
+        """The loss of some rows (trainer.grpo's terms), over acc.norm; old: each row's log-probs under
+        the weights that generated it (None: the current weights)."""
+        a = self.algo
+
+        def loss_of(rows: list[int]) -> Tensor:
+            p, r = [prompts[i] for i in rows], [responses[i] for i in rows]
+            logp, mask, ent = self._response_logp(p, r, a.temperature, with_entropy=a.entropy_coeff > 0)
+            c = adv[rows].to(logp.device, logp.dtype)
+            w = token_weights(mask, a.loss_agg_mode, logp.dtype)
+            if old is None:
+                # Strictly on-policy: every response was generated by these weights, so pi_old is the
+                # learner's own log-prob (not the engine's, which differs numerically): ratio == 1
+                # exactly and the gradient is the plain policy gradient, bit for bit.
+                old_logp = logp.detach()
+            else:  # the rows' log-probs from before this step's first update, placed like logp's
+                old_logp = torch.zeros_like(logp)
+                for j, i in enumerate(rows):
+                    if len(r[j]):
+                        old_logp[j, -len(r[j]) :] = old[i].to(logp.dtype)
+            surrogate, clipped = clipped_ratio(logp, old_logp, c, a.clip_ratio_low, a.clip_ratio_high)
+            loss = -(c[:, None] * surrogate * w).sum() / acc.norm
+            acc.clipped += float((clipped & mask).sum())
+            if a.kl_coef > 0:
+                assert self.reference is not None
+                with torch.no_grad():
+                    ref_logp, _, _ = self._response_logp(p, r, a.temperature, model=self.reference)
+                kl = kl_penalty(logp, ref_logp, a.kl_estimator)
+                loss = loss + a.kl_coef * (kl * w).sum() / acc.norm
+                acc.kl += float((kl.detach() * mask).sum())
+            if ent is not None:
+                loss = loss - a.entropy_coeff * (ent * w).sum() / acc.norm
+                acc.entropy += float((ent.detach() * mask).sum())
+            return loss
+
+        return loss_of
+
     def finish_step(self) -> dict[str, float]:
-        """The step's last group is in: rescale the accumulated gradients to the token mean over the
-        whole step, clip, take the optimizer step."""
+        """The step's last group is in: rescale the accumulated gradients to the token mean (or
+        response mean) over the whole step, clip, take the optimizer step (or, with PPO mini-batches
+        or epochs, make the step's updates)."""
         acc = self._acc
         if acc is None or acc.samples == 0:
             raise ValueError("finish_step needs at least one sample added since begin_step")
         self._acc = None
-        total = max(1, acc.tokens)
+        if acc.kept:
+            return self._ppo_updates(acc)
+        total = max(1, acc.tokens if self.algo.loss_agg_mode == "token-mean" else acc.samples)
         rescale = acc.norm / total
         if rescale != 1.0:  # exactly 1 on the whole-batch path: its numbers are unchanged
             for p in self.model.parameters():
                 if p.grad is not None:
                     p.grad.mul_(rescale)
-        loss = self._sum_over_ranks(acc.loss) * rescale
+        loss, kl, ent, clipped = self._sum_over_ranks(acc.loss, acc.kl, acc.entropy, acc.clipped)
         grad_norm = self._update()
         self.steps_done += 1
-        return {
-            "loss": loss,
+        tokens = max(1, acc.tokens)
+        metrics = {
+            "loss": loss * rescale,
             "reward_mean": acc.reward_sum / acc.samples,
             "adv_abs_mean": acc.adv_abs_sum / acc.samples,
             "tokens": float(acc.tokens),
             "grad_norm": grad_norm,
+            "clip_frac": clipped / tokens,  # share of tokens whose ratio was clipped (0 while on-policy)
         }
+        if self.algo.kl_coef > 0:
+            metrics["kl"] = kl / tokens  # token mean of the estimate
+        if self.algo.entropy_coeff > 0:
+            metrics["entropy"] = ent / tokens
+        return metrics
+
+    def _ppo_updates(self, acc: _StepSums) -> dict[str, float]:
+        """ppo_epochs passes over the step's samples, one optimizer update per mini-batch of
+        ppo_mini_batch_size groups; the metrics are means over the updates."""
+        a = self.algo
+        groups = sorted(acc.groups)
+        size = a.ppo_mini_batch_size or len(groups)
+        loss = kl = ent = clipped = grad_norm = 0.0
+        updates = 0
+        for _ in range(a.ppo_epochs):
+            for k in range(0, len(groups), size):
+                chunk = set(groups[k : k + size])
+                rows = [(s, adv, old) for s, adv, old in acc.kept if s.group in chunk]
+                prompts, responses = [s.prompt_ids for s, _, _ in rows], [s.response_ids for s, _, _ in rows]
+                self.optimizer.zero_grad(set_to_none=True)
+                sums = _StepSums(norm=float(max(1, agg_units([len(r) for r in responses], a.loss_agg_mode))))
+                advs = torch.tensor([adv for _, adv, _ in rows])
+                olds = [old for _, _, old in rows]
+                part = self._backward(prompts, responses, self._grpo_loss(prompts, responses, advs, sums, olds))
+                totals = self._sum_over_ranks(part, sums.kl, sums.entropy, sums.clipped)
+                loss, kl, ent, clipped = (x + y for x, y in zip((loss, kl, ent, clipped), totals, strict=True))
+                grad_norm += self._update()
+                updates += 1
+        self.steps_done += 1
+        token_updates = max(1, acc.tokens) * a.ppo_epochs  # every token is seen once per epoch
+        metrics = {
+            "loss": loss / updates,
+            "reward_mean": acc.reward_sum / acc.samples,
+            "adv_abs_mean": acc.adv_abs_sum / acc.samples,
+            "tokens": float(acc.tokens),
+            "grad_norm": grad_norm / updates,
+            "clip_frac": clipped / token_updates,
+            "updates": float(updates),
+        }
+        if a.kl_coef > 0:
+            metrics["kl"] = kl / token_updates
+        if a.entropy_coeff > 0:
+            metrics["entropy"] = ent / token_updates
+        return metrics
 
     def _accumulate(
         self, prompts: Sequence[list[int]], responses: Sequence[list[int]], coef: Tensor, temperature: float
     ) -> float:
         """Backward of -sum_i coef_i * sum_t log pi(response_it) / (all response tokens); the loss
         summed over ranks (the warm start's whole-batch path)."""
-        total = max(1, sum(len(r) for r in responses))
-        return self._sum_over_ranks(self._backward(prompts, responses, coef, temperature, float(total)))
+        norm = float(max(1, sum(len(r) for r in responses)))
+
+        def loss_of(rows: list[int]) -> Tensor:
+            logp, mask, _ = self._response_logp([prompts[i] for i in rows], [responses[i] for i in rows], temperature)
+            c = coef[rows].to(logp.device, logp.dtype)
+            return -(c[:, None] * logp * mask).sum() / norm
+
+        return self._sum_over_ranks(self._backward(prompts, responses, loss_of))[0]
 
     def _backward(
-        self,
-        prompts: Sequence[list[int]],
-        responses: Sequence[list[int]],
-        coef: Tensor,
-        temperature: float,
-        norm: float,
+        self, prompts: Sequence[list[int]], responses: Sequence[list[int]], loss_of: Callable[[list[int]], Tensor]
     ) -> float:
-        """Backward of -sum_i coef_i * sum_t log pi(response_it) / norm over this rank's share of the
-        rows, in micro-batches; returns this rank's part of that loss."""
+        """Backward of loss_of(rows) over this rank's share of the rows, in micro-batches; returns this
+        rank's part of that loss."""
         mine = list(range(self.rank, len(prompts), self.world))
         mb = self.algo.micro_batch_size or max(1, math.ceil(len(prompts) / self.world))
         # every rank runs the same number of passes (FSDP's collectives pair up across ranks)
@@ -228,24 +392,22 @@ class Learner:
         for k in range(passes):
             rows = mine[k * mb : (k + 1) * mb]
             if rows:
-                logp, mask = self._response_logp([prompts[i] for i in rows], [responses[i] for i in rows], temperature)
-                c = coef[rows].to(logp.device, logp.dtype)
-                loss = -(c[:, None] * logp * mask).sum() / norm
+                loss = loss_of(rows)
             else:  # a rank with no rows left still takes part: a zero-weight pass over a dummy row
-                logp, mask = self._response_logp([prompts[0]], [responses[0] or [0]], temperature)
+                logp, _, _ = self._response_logp([prompts[0]], [responses[0] or [0]], 1.0)
                 loss = (logp * 0.0).sum()
             (loss * scale).backward()
             loss_sum += float(loss.detach())
         return loss_sum
 
-    def _sum_over_ranks(self, x: float) -> float:
+    def _sum_over_ranks(self, *xs: float) -> list[float]:
         if self.world == 1:
-            return x
+            return list(xs)
         import torch.distributed as tdist
 
-        t = torch.tensor([x], dtype=torch.float64, device=self.device)
-        tdist.all_reduce(t)
-        return float(t.item())
+        t = torch.tensor(xs, dtype=torch.float64, device=self.device)
+        tdist.all_reduce(t)  # one collective for all of them
+        return t.tolist()
 
     def _update(self) -> float:
         if self.dist is not None and self.dist.strategy == "ddp":
@@ -259,33 +421,41 @@ class Learner:
         self.optimizer.zero_grad(set_to_none=True)
         return float(grad_norm)
 
-    def _logits(self, idx: Tensor, positions: Tensor, mask: Tensor) -> Tensor:
+    def _logits(self, model: nn.Module, idx: Tensor, positions: Tensor, mask: Tensor) -> Tensor:
         if self.hf:
             from trainer import hf_model
 
             with torch.autocast(self.device.type, dtype=self.autocast, enabled=self.autocast is not None):
-                logits, _ = hf_model.forward(self.model, idx, positions, mask)
+                logits, _ = hf_model.forward(model, idx, positions, mask)
             return logits
-        logits, _ = self.model(idx, positions, mask)
+        logits, _ = model(idx, positions, mask)
         return logits
 
     def _response_logp(
-        self, prompts: Sequence[list[int]], responses: Sequence[list[int]], temperature: float
-    ) -> tuple[Tensor, Tensor]:
-        """Log-probs of each response token given prompt + earlier tokens: ([N, L-1], mask [N, L-1]).
+        self,
+        prompts: Sequence[list[int]],
+        responses: Sequence[list[int]],
+        temperature: float,
+        model: nn.Module | None = None,
+        with_entropy: bool = False,
+    ) -> tuple[Tensor, Tensor, Tensor | None]:
+        """Log-probs of each response token given prompt + earlier tokens under `model` (default: the
+        policy): ([N, L-1], mask [N, L-1], entropy [N, L-1] of each position's distribution if asked).
 
         Rows are left padded, so row i's response occupies the last len(response_i) target columns."""
         idx, positions, mask = left_pad([[*p, *r] for p, r in zip(prompts, responses, strict=True)], self.device)
-        logits = self._logits(idx[:, :-1], positions[:, :-1], mask[:, :-1])
+        logits = self._logits(model if model is not None else self.model, idx[:, :-1], positions[:, :-1], mask[:, :-1])
         if logits.element_size() < 4:  # half precision: log-softmax in float32 (float64 stays)
             logits = logits.float()
-        logp = F.log_softmax(logits / temperature, dim=-1)
-        logp = logp.gather(2, idx[:, 1:, None]).squeeze(2)
+        log_probs = F.log_softmax(logits / temperature, dim=-1)
+        logp = log_probs.gather(2, idx[:, 1:, None]).squeeze(2)
         width = idx.shape[1] - 1
         lens = torch.tensor([len(r) for r in responses], device=self.device)
         resp_mask = torch.arange(width, device=self.device)[None, :] >= (width - lens)[:, None]
         # where(), not a product: a padding row's logits may be anything (even NaN) and must not leak
-        return torch.where(resp_mask, logp, torch.zeros_like(logp)), resp_mask
+        zeros = torch.zeros_like(logp)
+        ent = torch.where(resp_mask, entropy(log_probs), zeros) if with_entropy else None
+        return torch.where(resp_mask, logp, zeros), resp_mask, ent
 
     # ---- weights and scoring ------------------------------------------------------------------
 
@@ -294,7 +464,7 @@ class Learner:
         if not response_ids:
             return []
         with torch.no_grad():
-            logp, _ = self._response_logp([prompt_ids], [response_ids], temperature=1.0)
+            logp, _, _ = self._response_logp([prompt_ids], [response_ids], temperature=1.0)
         return logp[0, -len(response_ids) :].tolist()
 
     def state_dict(self) -> dict[str, Tensor]:
@@ -317,12 +487,14 @@ class Learner:
         publish dtype), optimizer moments, update count and RNGs. Single process or DDP (replicas
         are equal, rank 0's is saved); FSDP shards are not gathered here."""
         return {
-            "model": {k: v.detach().to("cpu").clone() for k, v in self.model.state_dict().items()},
+            "model": _cpu_copy(self.model),
             # a copy: the save runs in the background while the next step trains in place
             "optimizer": copy.deepcopy(self.optimizer.state_dict()),
             "steps_done": self.steps_done,
             "demo_rng": self._demo_rng.bit_generator.state,
             "torch_rng": torch.get_rng_state(),
+            # the KL reference is the weights at step 0, which a resumed run no longer has
+            **({"reference": _cpu_copy(self.reference)} if self.reference is not None else {}),
         }
 
     def load_checkpoint_state(self, state: Mapping) -> None:
@@ -331,6 +503,10 @@ class Learner:
         self.steps_done = int(state["steps_done"])
         self._demo_rng.bit_generator.state = state["demo_rng"]
         torch.set_rng_state(state["torch_rng"])
+        self.reference = None
+        if "reference" in state and self.algo.kl_coef > 0:
+            self.reference = self._frozen_copy()
+            self.reference.load_state_dict({k: v.to(self.device) for k, v in state["reference"].items()})
 
     def load_state_dict(self, tensors: Mapping[str, Tensor]) -> None:
         """Restore weights (e.g. from a checkpoint); optimizer state is not part of it."""
@@ -341,6 +517,10 @@ class Learner:
                     own[k].copy_(torch.as_tensor(v))
             return
         self.model.load_state_dict({k: torch.as_tensor(v) for k, v in tensors.items()})
+
+
+def _cpu_copy(model: nn.Module) -> dict[str, Tensor]:
+    return {k: v.detach().to("cpu").clone() for k, v in model.state_dict().items()}
 
 
 def make_learner(spec, dist: DistContext | None = None):

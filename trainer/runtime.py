@@ -435,6 +435,8 @@ class TrainerRuntime:
             "loss": float(metrics.get("loss", 0.0)),
             # responses a custom reward failed on so far in the job (each scored 0.0), evaluations included
             "reward_errors": self.task.custom.error_count if self.task.custom else 0,
+            # the loss terms' token means, where the learner has them (kl / entropy: only when weighted)
+            **{k: float(metrics[k]) for k in ("kl", "entropy", "clip_frac") if k in metrics},
             **{k: v for k, v in sched.items() if k not in ("step",)},
         }
 

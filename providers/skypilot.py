@@ -293,6 +293,13 @@ class SkyPilotProvider:
             raise ProviderError(f"{req.instance_id}: sky.endpoints gave no endpoint for control port {CONTROL_PORT}")
         return ep if "://" in ep else f"http://{ep}"
 
+    def cancel_node_jobs(self, instance_id: str) -> None:
+        """Cancel every SkyPilot job on the trainer node (blocking); a node that is gone or not up
+        has none."""
+        exc = self._sky.exceptions
+        with contextlib.suppress(exc.ClusterDoesNotExist, exc.ClusterNotUpError):
+            self.sdk.get(self.sdk.cancel(instance_id, all=True))
+
     def down_node(self, instance_id: str) -> None:
         """Terminate the trainer node (blocking); a node already gone is fine."""
         with contextlib.suppress(self._sky.exceptions.ClusterDoesNotExist):

@@ -513,13 +513,13 @@ def _resume(ref: str, record_rollouts: bool, detach: bool = False) -> None:
 def _resume_on_node(store: StateStore, job: JobRow, token: str, record_rollouts: bool, detach: bool) -> None:
     """A node-controlled job whose controller died: start a new one on the node, on the node's records."""
     from rlboost_cli.node_client import controller_reachable, node_run_dir, sync
-    from rlboost_cli.reconcile import take_over_node
+    from rlboost_cli.node_host import trainer_node
 
     if job.remote and controller_reachable(job):
         sync(store, job)
         if store.job_by_id(job.id).active:
             fail(f"job {job.name!r} is still running on its trainer node; watch it with `rlboost status {job.id}`")
-    take_over_node(job)  # one that hangs without answering must not race the new one
+    trainer_node(job).stop_controller()  # one that hangs without answering must not race the new one
     console.print(
         f"[bold]rlboost[/] resuming job [cyan]{escape(job.name)}[/] (id {job.id}) on its trainer node: "
         + escape(resume_message(job.step or 0, checkpointed_steps(node_run_dir(job))))

@@ -106,6 +106,10 @@ class LocalTrainerNode:
         """Stop a node controller that no longer answers, as losing the node would; whether one ran."""
         return stop_node_controller_of(self.run_dir)
 
+    def stop_controller(self) -> None:
+        """Before `--resume` starts a new controller: the old one must not race it."""
+        stop_node_controller_of(self.run_dir)
+
 
 class SkyTrainerNode:
     """A SkyPilot cluster as the job's trainer node: its head runs the job's controller
@@ -172,6 +176,12 @@ class SkyTrainerNode:
         and power off by themselves (templates/worker.sky.yaml); always True."""
         self.provider.down_node(self.instance_id)
         return True
+
+    def stop_controller(self) -> None:
+        """Before `--resume` runs the node's task again: cancel the old controller's SkyPilot job, so
+        the new one gets the node's GPUs and records (the trainer it started runs in its own session
+        and is reattached)."""
+        self.provider.cancel_node_jobs(self.instance_id)
 
 
 def trainer_node(job: JobRow) -> LocalTrainerNode | SkyTrainerNode:

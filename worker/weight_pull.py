@@ -72,6 +72,7 @@ class PullStats:
     bytes_received: int = 0  # on the wire, including bytes thrown away by re-fetches
     from_origin: int = 0
     from_peers: int = 0
+    from_peers_elsewhere: int = 0  # of from_peers: from peers the tracker placed in another region
     delta_bytes: int = 0  # compressed delta bytes received
     chunks: int = 0
     unchanged_chunks: int = 0
@@ -387,7 +388,10 @@ def _full_loop(ctx: _Ctx, plan: _Plan, m: Manifest, buf: HostBuffer, mark: Calla
                     time.sleep(0.01 + 0.02 * random.random())
                 continue
             part.sources.add(src)
-            ctx.count(n, **({"from_origin": n} if src == ORIGIN else {"from_peers": n}))
+            if src == ORIGIN:
+                ctx.count(n, from_origin=n)
+            else:
+                ctx.count(n, from_peers=n, from_peers_elsewhere=n if ctx.peer_region.get(src) != ctx.region else 0)
             mark(c)
             with ctx.lock:
                 ctx.done_bytes += info.size
@@ -633,7 +637,7 @@ async def pull_weights(
             st,
             verify,
             region=region,
-            cross_limit=RateLimit(cross_region_bps) if cross_region_bps else None,
+            cross_limit=RateLimit(cross_region_bps, burst=64 << 10) if cross_region_bps else None,
         )
         pool = cf.ThreadPoolExecutor(max_workers=max(1, parallel), thread_name_prefix="pull")
         try:

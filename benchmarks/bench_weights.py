@@ -8,6 +8,7 @@ measured in the same run, and a median of several runs: this machine's 2 cores a
     .venv/bin/python benchmarks/bench_weights.py delta-hf --layers 24 --steps 3 --runs 3 --link-mbps 0 100
     .venv/bin/python benchmarks/bench_weights.py kill --mib 32 --link-mbps 16 --runs 3 --chunk-kib 1024
     .venv/bin/python benchmarks/bench_weights.py regions --mib 16 --link-mbps 16 --cross-mbps 2 --runs 3
+    .venv/bin/python benchmarks/bench_weights.py jump --layers 2 --steps 8 --behind 1 2 4 8 --runs 3 --link-mbps 100
 
 The trainer (publisher + tracker) and every worker are separate processes, as in a job. `fanout`
 and `kill` give every node (trainer included) a token-bucket link of --link-mbps each way, which
@@ -816,6 +817,50 @@ def bench_kill(args: argparse.Namespace) -> None:
         tr.close()
 
 
+def bench_jump(args: argparse.Namespace) -> None:
+    """Issue 17 item 2: a worker k versions behind. The hf model trained by the project's learner
+    publishes v0..v(steps); a worker holding v(steps-k) pulls v(steps) as one composed delta, against
+    the two ways it had before, in the same run: the chain of k single-step deltas one after another,
+    and a full pull (what it did before this item)."""
+    extra = ["--layers", str(args.layers), "--steps", str(args.steps), "--lr", str(args.lr)]
+    link = args.link_mbps * 1e6
+    tr = Trainer(0, link, "hf", args.chunk_kib, extra=extra)
+    try:
+        last = args.steps
+        for k in args.behind:
+            rows: dict[str, list[tuple[float, int]]] = {"jump": [], "chain": [], "full": []}
+            for _ in range(args.runs):  # interleaved, so load changes hit all three alike
+                each = run_node(tr.url, versions=[last - k, last], link_bps=link)[0]["each"]
+                assert each[1]["mode"] == "delta", each[1]
+                rows["jump"].append((each[1]["seconds"], each[1]["bytes_received"]))
+                each = run_node(tr.url, versions=list(range(last - k, last + 1)), link_bps=link)[0]["each"]
+                rows["chain"].append((sum(e["seconds"] for e in each[1:]), sum(e["bytes_received"] for e in each[1:])))
+                st = run_node(tr.url, versions=[last], link_bps=link)[0]["stats"]
+                rows["full"].append((st["seconds"], st["bytes_received"]))
+            med = {n: (statistics.median(t for t, _ in r), statistics.median(b for _, b in r)) for n, r in rows.items()}
+            full_s, full_b = med["full"]
+            print(
+                json.dumps(
+                    {
+                        "bench": "jump",
+                        "behind": k,
+                        "link_MBps": args.link_mbps or None,
+                        "model_MiB": round(full_b / MiB, 1),
+                        **{f"{n}_s": round(t, 3) for n, (t, _) in med.items()},
+                        **{f"{n}_wire_MiB": round(b / MiB, 2) for n, (_, b) in med.items()},
+                        "jump_wire_ratio": round(med["jump"][1] / full_b, 4),
+                        "jump_time_ratio": round(med["jump"][0] / full_s, 4),
+                        "chain_time_ratio": round(med["chain"][0] / full_s, 4),
+                        "runs_s": {n: [round(t, 3) for t, _ in r] for n, r in rows.items()},
+                        "history": tr.stats()["delta_history"],
+                    }
+                ),
+                flush=True,
+            )
+    finally:
+        tr.close()
+
+
 REGION_NAMES = ["aws/us-east-1", "aws/us-west-2", "gcp/us-central1", "gcp/europe-west4", "aws/eu-west-1"]
 
 
@@ -938,6 +983,14 @@ def main() -> None:
     p.add_argument("--chunk-kib", type=int, default=1024)
     p.add_argument("--link-mbps", type=float, default=16)
     p.add_argument("--runs", type=int, default=3)
+    p = sub.add_parser("jump")
+    p.add_argument("--layers", type=int, default=2, help="of Qwen2.5-0.5B's 24")
+    p.add_argument("--steps", type=int, default=8)
+    p.add_argument("--behind", type=int, nargs="+", default=[1, 2, 4, 8])
+    p.add_argument("--lr", type=float, default=1e-6)
+    p.add_argument("--chunk-kib", type=int, default=4096)
+    p.add_argument("--link-mbps", type=float, default=100, help="0: loopback, no link limit")
+    p.add_argument("--runs", type=int, default=3)
     p = sub.add_parser("regions")
     p.add_argument("--mib", type=int, default=16)
     p.add_argument("--chunk-kib", type=int, default=256)
@@ -981,6 +1034,7 @@ def main() -> None:
         "delta-hf": bench_delta_hf,
         "kill": bench_kill,
         "regions": bench_regions,
+        "jump": bench_jump,
         "_serve": serve_main,
         "_node": node_main,
     }[args.cmd](args)

@@ -831,7 +831,7 @@ def bench_jump(args: argparse.Namespace) -> None:
             rows: dict[str, list[tuple[float, int]]] = {"jump": [], "chain": [], "full": []}
             for _ in range(args.runs):  # interleaved, so load changes hit all three alike
                 each = run_node(tr.url, versions=[last - k, last], link_bps=link)[0]["each"]
-                assert each[1]["mode"] == "delta", each[1]
+                assert each[1]["mode"] == "delta" and each[1]["from_origin"] == 0 == each[1]["from_peers"], each[1]
                 rows["jump"].append((each[1]["seconds"], each[1]["bytes_received"]))
                 each = run_node(tr.url, versions=list(range(last - k, last + 1)), link_bps=link)[0]["each"]
                 rows["chain"].append((sum(e["seconds"] for e in each[1:]), sum(e["bytes_received"] for e in each[1:])))

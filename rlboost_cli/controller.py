@@ -395,6 +395,9 @@ class Controller:
                     "RLBOOST_WORKER_KIND": "spot",
                     "RLBOOST_ENGINE": self.spec.rollout.engine,
                     "RLBOOST_ACCELERATOR": offer.accelerator or "",  # synthetic engines model it
+                    # the tracker groups weight pullers by region (trainer/region_fanout.py)
+                    "RLBOOST_CLOUD": offer.cloud,
+                    "RLBOOST_REGION": offer.region or "",
                     **(self.tls.worker_env if self.tls else {}),
                 },
                 command=[sys.executable, "-m", "worker"],

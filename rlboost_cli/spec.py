@@ -259,6 +259,9 @@ class TrainerSpec(Strict):
     checkpoint_dir: str | None = None
     # Relaunch a lost trainer (it resumes from its last checkpoint) this many times before failing.
     max_restarts: Annotated[int, Field(ge=0, le=1000)] = 3
+    # Host memory for past versions' weight deltas (trainer/delta_chain.py): a worker that many
+    # deltas behind gets the latest as one composed delta; further behind, it pulls in full.
+    delta_history_mib: Annotated[int, Field(ge=0, le=1 << 20)] = 512
 
     _acc = field_validator("accelerators")(classmethod(lambda cls, v: _parse_accelerator(v)))
 

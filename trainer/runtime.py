@@ -85,7 +85,7 @@ class TrainerRuntime:
             self.learner = make_learner(spec, distributed.current())
         ro = spec.rollout
         self.batcher = TailBatcher(spec.algorithm.prompts_per_step, ro.tail_over_launch) if ro.tail_batching else None
-        self.publisher = WeightPublisher()
+        self.publisher = WeightPublisher(delta_history_bytes=spec.trainer.delta_history_mib << 20)
         # validation on held-out problems (task.eval_every), beside the steps (trainer/evaluation.py)
         self.evaluator = Evaluator(spec, self.task) if spec.task.eval_every else None
         self.evals: list[dict] = []  # one per evaluated version, in order

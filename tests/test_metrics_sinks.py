@@ -86,6 +86,23 @@ def test_a_sink_that_cannot_start_is_reported_and_the_job_keeps_its_jsonl(tmp_pa
     assert json.loads((tmp_path / "metrics.jsonl").read_text())["reward"] == 0.5
 
 
+def test_a_trainer_node_installs_the_logging_extra_when_the_job_logs(tmp_path: Path) -> None:
+    from providers.skypilot import SkyPilotProvider
+    from rlboost_cli.spec import spec_to_yaml
+    from tests.sky_fake import FakeSky
+    from tests.test_skypilot_node import node_request, sky_job
+
+    pips = {}
+    for name, extra in (("plain", {}), ("logs", {"logging": {"wandb": {"project": "p"}}})):
+        run = tmp_path / name
+        run.mkdir()
+        (run / "spec.yaml").write_text(spec_to_yaml(parse_spec(sky_job(**extra), source="t")))
+        prov = SkyPilotProvider(run, sdk=FakeSky(), sync_workdir=False)
+        pips[name] = prov.node_task_config(node_request(), job_id=7, resume=False)["envs"]["RLBOOST_PIP_SPEC"]
+        prov.close()
+    assert "logging" not in pips["plain"] and "logging" in pips["logs"] and "skypilot" in pips["logs"]
+
+
 # ---- a real local job ------------------------------------------------------------------------------
 STEPS, EVERY = 4, 2
 

@@ -126,7 +126,6 @@ class WandbSink:
         )
         self.run.define_metric("step")
         self.run.define_metric("*", step_metric="step")
-        self.dir = Path(self.run.dir).parent  # offline: `wandb sync` this directory to upload it
 
     def write(self, row: Mapping[str, Any]) -> None:
         self.run.log(flat_numbers(row))

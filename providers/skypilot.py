@@ -255,11 +255,14 @@ class SkyPilotProvider:
         cfg["resources"]["ports"] = [self.port, CONTROL_PORT]
         cfg["resources"]["autostop"] = {"idle_minutes": NODE_AUTOSTOP_MIN, "down": True}
         engine = req.env.get("RLBOOST_ENGINE", "torch")
+        # the controller writes the job's metrics sinks (`logging:`), so their libraries go where it runs
+        sinks = (yaml.safe_load((self.run_dir / "spec.cloud.yaml").read_text()).get("logging")) or {}
+        extras = ("skypilot", "logging") if any(sinks.values()) else ("skypilot",)
         cfg["envs"].update(
             RLBOOST_JOB_ID=str(job_id),
             RLBOOST_CONTROL_PORT=str(CONTROL_PORT),
             RLBOOST_RESUME_FLAG="--resume" if resume else "",
-            RLBOOST_PIP_SPEC=pip_spec(engine, from_workdir=self.sync_workdir, extras=("skypilot",)),
+            RLBOOST_PIP_SPEC=pip_spec(engine, from_workdir=self.sync_workdir, extras=extras),
         )
         return cfg
 

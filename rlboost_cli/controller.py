@@ -30,6 +30,7 @@ from providers.base import (
 from rlboost_cli.job_envs import Redactor, split_envs
 from rlboost_cli.ledger import summarize
 from rlboost_cli.metrics_log import METRICS_FILE, MetricsLog
+from rlboost_cli.metrics_sinks import open_sinks
 from rlboost_cli.pricing import Offer
 from rlboost_cli.progress import JobProgress
 from rlboost_cli.spec import JobSpec
@@ -109,10 +110,17 @@ class Controller:
         )
         self.trainer_exit: str | None = None
         self.trainer_restarts = 0
-        self.metrics_log = MetricsLog(self.run_dir / METRICS_FILE)
         # the job's envs: plain ones from the job file, secret ones (`launch --env`) from the run dir
         self.user_envs, self.user_secrets = split_envs(self.spec, self.run_dir)
         self.redact = Redactor(self.user_secrets)
+        sinks = open_sinks(self.spec, self.run_dir, self.prefix, self._sink_failed)
+        self.metrics_log = MetricsLog(self.run_dir / METRICS_FILE, sinks=sinks, on_error=self._sink_failed)
+
+    def _sink_failed(self, name: str, err: Exception) -> None:
+        """A metrics sink (TensorBoard, W&B) failed: the job goes on with metrics.jsonl."""
+        why = self.redact(f"{type(err).__name__}: {err}".splitlines()[0]) or ""
+        self.store.add_event(self.job_id, "metrics-sink-failed", f"{name}: {why}; metrics.jsonl is still written")
+        self.console.print(f"{name}: {why}; the job goes on without it (metrics.jsonl is still written)", markup=False)
 
     def _node_files(self) -> dict:
         """What every node of the job gets besides rlboost's own environment."""
@@ -160,6 +168,7 @@ class Controller:
                 self.teardown()
             signal.signal(signal.SIGTERM, prev)
             signal.signal(signal.SIGHUP, prev_hup)
+            self.metrics_log.close()  # W&B: finish the run (an offline one is complete on disk)
             self.store.update_job(
                 self.job_id, status=status, ended_at=time.time(), error=self.redact(error), clock=self.provider.clock()
             )

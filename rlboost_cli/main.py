@@ -128,6 +128,16 @@ def _check_provider(spec: JobSpec, dryrun: bool = False) -> None:
         fail(str(e), 2)
 
 
+def _check_sinks(spec: JobSpec) -> None:
+    """The libraries of the job's metrics sinks, where its controller runs: here (a node installs
+    them itself, with rlboost's `logging` extra)."""
+    from rlboost_cli.metrics_sinks import sink_problems
+
+    problems = sink_problems(spec) if spec.controller == "launcher" else []
+    if problems:
+        fail("\n".join(problems), 2)
+
+
 def _spent_before(name: str) -> float:
     """Dollars already spent by earlier runs of this job name (0 without a state file)."""
     if not (rlboost_home() / "state.db").exists():
@@ -208,6 +218,7 @@ def launch(
     missing = missing_values(spec, secret_envs)
     if missing and not dryrun:  # a plan needs no secrets
         fail("\n".join(missing), 2)
+    _check_sinks(spec)
     _check_provider(spec, dryrun)
     if not dryrun:
         _check_budget(spec)

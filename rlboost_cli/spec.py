@@ -401,6 +401,24 @@ class SimulateSpec(Strict):
     poll_s: Annotated[float, Field(gt=0)] = 0.25  # controller loop period (as `rlboost launch`)
 
 
+class WandbSpec(Strict):
+    """A W&B run per job (rlboost_cli/metrics_sinks.py), written by the job's controller."""
+
+    project: Annotated[str, Field(min_length=1)]
+    entity: str | None = None  # your W&B user or team; None = your default entity
+    # None = online when WANDB_API_KEY is set where the controller runs, else offline (no network:
+    # the run is kept on disk for `wandb sync`)
+    mode: Literal["online", "offline", "disabled"] | None = None
+
+
+class LoggingSpec(Strict):
+    """Where each step's metrics go besides metrics.jsonl (`pip install 'rlboost[logging]'`)."""
+
+    # a TensorBoard log directory; relative = relative to the job's run directory
+    tensorboard: LaxPath | None = None
+    wandb: WandbSpec | None = None
+
+
 class JobSpec(Strict):
     name: str
     provider: Literal["local", "skypilot", "aws", "gcp"] = "local"
@@ -417,6 +435,7 @@ class JobSpec(Strict):
     # Performance per accelerator name (e.g. A100), for synthetic engines and `rlboost simulate`.
     perf: dict[str, PerfSpec] = Field(default_factory=dict)
     simulate: SimulateSpec = SimulateSpec()
+    logging: LoggingSpec = LoggingSpec()
     # Where the job's controller runs: `launcher`, in the `rlboost launch` process (or its background
     # child with -d) on the machine that launched it; `trainer`, on the trainer node, which is up for
     # the job's whole life anyway, reached from the launching machine through an authenticated endpoint.

@@ -63,6 +63,33 @@ class Backoff:
         self.until = 0.0
 
 
+def node_files(spec: JobSpec, user_envs: dict[str, str], user_secrets: dict[str, str]) -> dict:
+    """What every node of the job gets besides rlboost's own environment (LaunchRequest fields)."""
+    return {
+        "user_envs": user_envs,
+        "user_secrets": user_secrets,
+        "file_mounts": dict(spec.file_mounts),
+        "workdir": spec.workdir,
+    }
+
+
+def trainer_request(o: Offer, instance_id: str, job: str, env: dict[str, str], command: list[str], files: dict):
+    """The on-demand trainer's launch request at offer `o` (a controller's, or a SkyPilot trainer
+    node's, whose head runs the controller)."""
+    return LaunchRequest(
+        instance_id=instance_id,
+        job=job,
+        role=Role.TRAINER,
+        kind=InstanceKind.ON_DEMAND,
+        cloud=o.cloud,
+        region=o.region,
+        accelerator=o.accelerator,
+        hourly_price=o.hourly_price,
+        env=env,
+        command=command,
+        **files,
+    )
+
 @dataclass
 class Controller:
     spec: JobSpec
@@ -123,13 +150,7 @@ class Controller:
         self.console.print(f"{name}: {why}; the job goes on without it (metrics.jsonl is still written)", markup=False)
 
     def _node_files(self) -> dict:
-        """What every node of the job gets besides rlboost's own environment."""
-        return {
-            "user_envs": self.user_envs,
-            "user_secrets": self.user_secrets,
-            "file_mounts": dict(self.spec.file_mounts),
-            "workdir": self.spec.workdir,
-        }
+        return node_files(self.spec, self.user_envs, self.user_secrets)
 
     # ---- main --------------------------------------------------------------------------
     def run(self, resume: bool = False) -> str:
@@ -188,19 +209,7 @@ class Controller:
             env["RLBOOST_RECORD_DIR"] = str(self.run_dir / "records")
         if self.record_rollouts:
             cmd.append("--record-rollouts")
-        req = LaunchRequest(
-            instance_id=self.trainer_id,
-            job=self.spec.name,
-            role=Role.TRAINER,
-            kind=InstanceKind.ON_DEMAND,
-            cloud=o.cloud,
-            region=o.region,
-            accelerator=o.accelerator,
-            hourly_price=o.hourly_price,
-            env=env,
-            command=cmd,
-            **self._node_files(),
-        )
+        req = trainer_request(o, self.trainer_id, self.spec.name, env, cmd, self._node_files())
         self._launch(req, o.on_demand_price)
         progress.provisioning(f"trainer {self.trainer_id} ({o.describe()})")
         deadline = time.monotonic() + self.trainer_boot_timeout_s

@@ -128,33 +128,21 @@ class SkyTrainerNode:
         """Launch the node (or start its task again: `resume`), then wait for its controller to answer
         (its setup installs rlboost first: minutes). `record_rollouts` is a local-provider option."""
         from providers import price_lookup
-        from providers.base import CapacityError, InstanceKind, LaunchRequest, ProviderError, Role
+        from providers.base import CapacityError, ProviderError
+        from rlboost_cli.controller import node_files, trainer_request
         from rlboost_cli.node_client import NodeClient
         from rlboost_cli.pricing import PricingError, trainer_offer
         from rlboost_cli.spec import parse_spec
 
         spec = parse_spec(yaml.safe_load(spec_yaml), source=f"job {self.job.name}")
-        user_envs, user_secrets = split_envs(spec, job_run_dir(self.job))
+        envs = split_envs(spec, job_run_dir(self.job))
         try:
             offer = trainer_offer(spec, price_lookup(spec))
         except PricingError as e:
             raise NodeStartError(str(e)) from None
-        req = LaunchRequest(
-            instance_id=self.instance_id,
-            job=self.job.name,
-            role=Role.TRAINER,
-            kind=InstanceKind.ON_DEMAND,
-            cloud=offer.cloud,
-            region=offer.region,
-            accelerator=offer.accelerator,
-            hourly_price=offer.hourly_price,
-            env={"RLBOOST_JOB_TOKEN": token, "RLBOOST_ENGINE": spec.rollout.engine},
-            # the node's controller hands the job's variables and files on to its trainer and workers
-            user_envs=user_envs,
-            user_secrets=user_secrets,
-            file_mounts=dict(spec.file_mounts),
-            workdir=spec.workdir,
-        )
+        env = {"RLBOOST_JOB_TOKEN": token, "RLBOOST_ENGINE": spec.rollout.engine}
+        # the node's controller hands the job's variables and files on to its trainer and workers
+        req = trainer_request(offer, self.instance_id, self.job.name, env, [], node_files(spec, *envs))
         try:
             url = self.provider.start_node(req, job_id=self.job.id, resume=resume)
         except (CapacityError, ProviderError) as e:

@@ -156,7 +156,7 @@ class SkyTrainerNode:
                     f"{timeout_s / 60:.0f} min; see `sky logs {self.instance_id}`; `rlboost down {self.job.id}` "
                     "terminates it"
                 )
-            time.sleep(5.0)
+            time.sleep(min(5.0, max(0.1, deadline - time.monotonic())))
         return api.ControlAddress(url=url, pid=0)
 
     def cut_off(self) -> bool:

@@ -296,6 +296,11 @@ class SkyPilotProvider:
             raise ProviderError(f"{req.instance_id}: sky.endpoints gave no endpoint for control port {CONTROL_PORT}")
         return ep if "://" in ep else f"http://{ep}"
 
+    def node_up(self, instance_id: str) -> bool:
+        """Is the trainer node UP, per a fresh `sky.status` (blocking)?"""
+        recs = self.sdk.get(self.sdk.status(cluster_names=[instance_id], refresh=self._sky.StatusRefreshMode.FORCE))
+        return any(str(_field(r, "name")) == instance_id and _status_name(r) == "UP" for r in recs or [])
+
     def cancel_node_jobs(self, instance_id: str) -> None:
         """Cancel every SkyPilot job on the trainer node (blocking); a node that is gone or not up
         has none."""

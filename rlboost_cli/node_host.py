@@ -110,6 +110,11 @@ class LocalTrainerNode:
         """Before `--resume` starts a new controller: the old one must not race it."""
         stop_node_controller_of(self.run_dir)
 
+    def lost(self) -> bool:
+        """Is the node gone, so that `gc` may take its job over? The stand-in's controller that does
+        not answer is treated as lost (its process is killed)."""
+        return True
+
 
 class SkyTrainerNode:
     """A SkyPilot cluster as the job's trainer node: its head runs the job's controller
@@ -164,6 +169,15 @@ class SkyTrainerNode:
         and power off by themselves (templates/worker.sky.yaml); always True."""
         self.provider.down_node(self.instance_id)
         return True
+
+    def lost(self) -> bool:
+        """Is the node gone (not UP for SkyPilot)? A node that is up but does not answer (a network
+        blip, a hung controller) is not taken over by `gc`: only `down` or `--resume` act on it. A
+        status that cannot be read counts as up: nothing is terminated on a guess."""
+        try:
+            return not self.provider.node_up(self.instance_id)
+        except Exception:  # SkyPilot's own errors: the caller says the node was left alone
+            return False
 
     def stop_controller(self) -> None:
         """Before `--resume` runs the node's task again: cancel the old controller's SkyPilot job, so

@@ -126,6 +126,15 @@ def gc(store: StateStore, *, names: list[str] | None = None, wait_s: float = 600
         if job.active and controller_running(job):
             continue  # its controller is alive (or starting) and owns its instances
         if job.active and job.remote:
+            from rlboost_cli.node_host import trainer_node
+
+            if not trainer_node(job).lost():
+                why = (
+                    "its trainer node is up but its controller does not answer; left alone "
+                    f"(`rlboost launch --resume {job.id}` restarts it, `rlboost down {job.id}` terminates it)"
+                )
+                results.append(Reconciled(job.name, error=why))
+                continue
             take_over_node(job)
         if job.provider == "local" and not job.active and not store.live_instances(job.id):
             continue  # its processes were confirmed gone (a cloud job is still listed: see below)

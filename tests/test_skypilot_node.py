@@ -147,10 +147,12 @@ def test_the_launching_machine_starts_the_node_reaches_its_controller_and_cuts_i
         assert fake.live() == [f"sky-node-{job.id}-trainer"]
         (_, cfg, _, _) = next(args for what, args in fake.calls if what == "launch")
         assert cfg["resources"]["accelerators"] == "A100:8" and cfg["resources"]["region"] == "us-east-1"
+        assert not node.lost()  # up: `gc` leaves it alone even when its controller does not answer
         node.stop_controller()  # `--resume`: the old controller's job is cancelled, the node kept
         assert ("cancel", (f"sky-node-{job.id}-trainer", True)) in fake.calls
         assert fake.live() == [f"sky-node-{job.id}-trainer"]
         assert node.cut_off() and fake.live() == []  # a node that does not answer is terminated
+        assert node.lost()
         node.stop_controller()  # gone: nothing to cancel
         node.cut_off()  # already gone: fine
     finally:

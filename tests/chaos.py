@@ -70,28 +70,44 @@ class BusyWorkerKiller(threading.Thread):
         return next((w for w in (st or {}).get("workers", []) if w["worker_id"] == worker_id), None)
 
     def _kill_if_partial(self, url: str, token: str, worker_id: str) -> bool:
-        """Freeze the worker, wait until the trainer has all it sent, kill it if it holds partials."""
+        """Freeze the worker, wait until the trainer has all it sent, kill it if it holds partials.
+
+        A worker that holds responses but no tokens of an unfinished one yet is thawed for a short,
+        growing slice and frozen again, until it does (or has nothing left): on a loaded machine the
+        moment a poll happens to see partials is rare, the slices make it."""
         pids = instance_pids(worker_id)
         if not pids or not signal_groups(pids, signal.SIGSTOP):
             return False
         try:
-            last = None
-            for _ in range(50):  # at most ~1 s frozen: well inside any heartbeat timeout
-                time.sleep(0.02)
-                w = self._worker(url, token, worker_id)
-                if w is None or w["state"] != "ready":
+            for slice_no in range(12):
+                w = self._settled(url, token, worker_id)
+                if w is None:
                     return False
-                if last is not None and w["tokens"] == last:
-                    break
-                last = w["tokens"]
-            else:
-                return False
-            if w["partial"] <= 0:
-                return False
-            signal_groups(pids, signal.SIGKILL)
-            return True
+                if w["partial"] > 0:
+                    signal_groups(pids, signal.SIGKILL)
+                    return True
+                if w["active"] <= 0:
+                    return False  # finished (or moved) all it held: another worker, another moment
+                signal_groups(pids, signal.SIGCONT)
+                time.sleep(0.005 * 2 ** min(slice_no, 6))
+                signal_groups(pids, signal.SIGSTOP)
+            return False
         finally:
             signal_groups(pids, signal.SIGCONT)  # a no-op on a killed group
+
+    def _settled(self, url: str, token: str, worker_id: str) -> dict | None:
+        """The frozen worker's record once its token count stops moving (the frames it had sent
+        have arrived); None if it is not a ready worker or never settles within ~1 s."""
+        last = None
+        for _ in range(50):  # at most ~1 s frozen: well inside any heartbeat timeout
+            time.sleep(0.02)
+            w = self._worker(url, token, worker_id)
+            if w is None or w["state"] != "ready":
+                return None
+            if last is not None and w["tokens"] == last:
+                return w
+            last = w["tokens"]
+        return None
 
     def run(self) -> None:
         last = 0.0

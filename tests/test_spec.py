@@ -19,6 +19,11 @@ def test_examples_validate():
 def test_minimal_job_gets_defaults():
     spec = parse_spec({"name": "tiny", "rollout": {"max_workers": 0}})
     assert spec.algorithm.name == "grpo" and spec.provider == "local"
+    assert spec.weights.transport == "auto"
+    assert (
+        parse_spec({"name": "tiny", "rollout": {"max_workers": 0}, "weights": {"transport": "torch"}}).weights.transport
+        == "torch"
+    )
 
 
 @pytest.mark.parametrize(
@@ -45,6 +50,14 @@ def test_minimal_job_gets_defaults():
         ({"name": "x1", "rollout": {"candidates": [{"accelerator": "A100:x"}]}}, "NAME:COUNT"),
         ({"name": "x1", "rollout": {"max_workers": 0, "trainer_engine": False}}, "nothing would generate"),
         ({}, "name: Field required"),
+        (
+            {"name": "x1", "rollout": {"max_workers": 0}, "weights": {"transport": "nccl"}},
+            "weights.transport: invalid value 'nccl'; input should be 'auto', 'http' or 'torch'",
+        ),
+        (
+            {"name": "x1", "rollout": {"max_workers": 0}, "weights": {"transprt": "http"}},
+            "weights.transprt: unknown key",
+        ),
     ],
 )
 def test_bad_specs_name_the_field(raw, needle):
@@ -147,8 +160,17 @@ def test_accelerators_without_a_performance_model(raw, needle):
     with pytest.raises(SpecError) as e:
         parse_spec(raw)
     assert needle in str(e.value) and "add perf." in str(e.value)
-    raw = {**raw, "perf": {needle.split("'")[1]: {"tokens_per_s": 9, "seq_tokens_per_s": 1,
-                                                   "prefill_tokens_per_s": 9, "train_tokens_per_s": 9}}}
+    raw = {
+        **raw,
+        "perf": {
+            needle.split("'")[1]: {
+                "tokens_per_s": 9,
+                "seq_tokens_per_s": 1,
+                "prefill_tokens_per_s": 9,
+                "train_tokens_per_s": 9,
+            }
+        },
+    }
     parse_spec(raw)  # a perf entry fixes it
 
 

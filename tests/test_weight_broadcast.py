@@ -53,8 +53,8 @@ def big_model(seed: int = 0) -> dict[str, torch.Tensor]:
 class Origin:
     """A real publisher serving the version over HTTP (the fallback) on a thread of its own."""
 
-    def __init__(self, tensors: dict[str, torch.Tensor], version: int = 5) -> None:
-        self.pub = WeightPublisher(chunk_bytes=CHUNK)
+    def __init__(self, tensors: dict[str, torch.Tensor], version: int = 5, chunk_bytes: int = CHUNK) -> None:
+        self.pub = WeightPublisher(chunk_bytes=chunk_bytes)
         self.manifest = self.pub.publish(version, tensors)
         self.loop = asyncio.new_event_loop()
         ready = threading.Event()

@@ -253,4 +253,5 @@ def test_auto_transport_only_for_gpu_members_in_the_trainers_network() -> None:
     assert choose_transport("http", gpu, [gpu]) == "http"
     assert backend_for(gpu, [gpu]) == "nccl"
     assert backend_for(local_cpu, [local_cpu]) == "gloo"
+    assert backend_for(local_gpu, [local_gpu]) == "gloo"  # one machine: ranks would share a GPU
     assert backend_for(gpu, [gpu, Site("aws", "us-east-1", cuda=False)]) == "gloo"

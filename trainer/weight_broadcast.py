@@ -134,7 +134,11 @@ def choose_transport(setting: Transport, trainer: Site, members: list[Site]) -> 
 
 
 def backend_for(trainer: Site, members: list[Site]) -> Backend:
-    return "nccl" if trainer.cuda and all(m.cuda for m in members) else "gloo"
+    """NCCL between GPUs on different machines; gloo otherwise, and on one machine (the local
+    provider), where the members would share GPUs and NCCL refuses two ranks on one device."""
+    if trainer.cloud == "local" or not trainer.cuda or not all(m.cuda for m in members):
+        return "gloo"
+    return "nccl"
 
 
 # ---- process groups -----------------------------------------------------------------------------

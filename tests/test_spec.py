@@ -20,10 +20,8 @@ def test_minimal_job_gets_defaults():
     spec = parse_spec({"name": "tiny", "rollout": {"max_workers": 0}})
     assert spec.algorithm.name == "grpo" and spec.provider == "local"
     assert spec.weights.transport == "auto"
-    assert (
-        parse_spec({"name": "tiny", "rollout": {"max_workers": 0}, "weights": {"transport": "torch"}}).weights.transport
-        == "torch"
-    )
+    forced = parse_spec({"name": "tiny", "rollout": {"max_workers": 0}, "weights": {"transport": "torch"}})
+    assert forced.weights.transport == "torch"
 
 
 @pytest.mark.parametrize(
@@ -160,17 +158,8 @@ def test_accelerators_without_a_performance_model(raw, needle):
     with pytest.raises(SpecError) as e:
         parse_spec(raw)
     assert needle in str(e.value) and "add perf." in str(e.value)
-    raw = {
-        **raw,
-        "perf": {
-            needle.split("'")[1]: {
-                "tokens_per_s": 9,
-                "seq_tokens_per_s": 1,
-                "prefill_tokens_per_s": 9,
-                "train_tokens_per_s": 9,
-            }
-        },
-    }
+    raw = {**raw, "perf": {needle.split("'")[1]: {"tokens_per_s": 9, "seq_tokens_per_s": 1,
+                                                   "prefill_tokens_per_s": 9, "train_tokens_per_s": 9}}}
     parse_spec(raw)  # a perf entry fixes it
 
 

@@ -7,6 +7,8 @@ measured in the same run, and a median of several runs: this machine's 2 cores a
     .venv/bin/python benchmarks/bench_weights.py delta --runs 3
     .venv/bin/python benchmarks/bench_weights.py delta-hf --layers 24 --steps 3 --runs 3 --link-mbps 0 100
     .venv/bin/python benchmarks/bench_weights.py kill --mib 32 --link-mbps 16 --runs 3 --chunk-kib 1024
+    .venv/bin/python benchmarks/bench_weights.py regions --mib 16 --link-mbps 16 --cross-mbps 2 --runs 3
+    .venv/bin/python benchmarks/bench_weights.py jump --layers 2 --steps 8 --behind 1 2 4 8 --runs 3 --link-mbps 100
 
 The trainer (publisher + tracker) and every worker are separate processes, as in a job. `fanout`
 and `kill` give every node (trainer included) a token-bucket link of --link-mbps each way, which
@@ -267,6 +269,11 @@ def serve_main(args: argparse.Namespace) -> None:
         m0 = pub.manifest(0)
         return web.json_response({**pub.stats(), "timings": timings, "manifest0": m0.local_path if m0 else None})
 
+    async def tracker(request: web.Request) -> web.Response:  # region-aware or region-blind, fresh swarm
+        pub.tracker.by_region = request.query["by_region"] == "1"
+        pub.tracker.forget(0)
+        return web.json_response({"by_region": pub.tracker.by_region})
+
     async def link(request: web.Request) -> web.Response:  # one trained model, several link speeds
         bps = float(request.query["bps"])
         pub.limit = RateLimit(bps) if bps else None
@@ -277,6 +284,7 @@ def serve_main(args: argparse.Namespace) -> None:
         add_routes(app, pub)
         app.router.add_get("/bench/stats", stats)
         app.router.add_get("/bench/link", link)
+        app.router.add_get("/bench/tracker", tracker)
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()
         await web.TCPSite(runner, "127.0.0.1", 0).start()
@@ -307,6 +315,8 @@ def node_main(args: argparse.Namespace) -> None:
                         egress_bps=link,
                         ingress_bps=link,
                         parallel=args.parallel,
+                        region=args.region or None,
+                        cross_region_bps=args.cross_bps or None,
                     )
                     await node.start()
                 prepare_s = 0.0
@@ -400,6 +410,11 @@ class Trainer:
         import urllib.request
 
         urllib.request.urlopen(f"{self.url}/bench/link?bps={bps}").read()
+
+    def set_tracker(self, by_region: bool) -> None:
+        import urllib.request
+
+        urllib.request.urlopen(f"{self.url}/bench/tracker?by_region={int(by_region)}").read()
 
     def close(self) -> None:
         self.proc.kill()
@@ -802,6 +817,140 @@ def bench_kill(args: argparse.Namespace) -> None:
         tr.close()
 
 
+def bench_jump(args: argparse.Namespace) -> None:
+    """Issue 17 item 2: a worker k versions behind. The hf model trained by the project's learner
+    publishes v0..v(steps); a worker holding v(steps-k) pulls v(steps) as one composed delta, against
+    the two ways it had before, in the same run: the chain of k single-step deltas one after another,
+    and a full pull (what it did before this item)."""
+    extra = ["--layers", str(args.layers), "--steps", str(args.steps), "--lr", str(args.lr)]
+    link = args.link_mbps * 1e6
+    tr = Trainer(0, link, "hf", args.chunk_kib, extra=extra)
+    try:
+        last = args.steps
+        for k in args.behind:
+            rows: dict[str, list[tuple[float, int]]] = {"jump": [], "chain": [], "full": []}
+            for _ in range(args.runs):  # interleaved, so load changes hit all three alike
+                each = run_node(tr.url, versions=[last - k, last], link_bps=link)[0]["each"]
+                assert each[1]["mode"] == "delta" and each[1]["from_origin"] == 0 == each[1]["from_peers"], each[1]
+                rows["jump"].append((each[1]["seconds"], each[1]["bytes_received"]))
+                each = run_node(tr.url, versions=list(range(last - k, last + 1)), link_bps=link)[0]["each"]
+                rows["chain"].append((sum(e["seconds"] for e in each[1:]), sum(e["bytes_received"] for e in each[1:])))
+                st = run_node(tr.url, versions=[last], link_bps=link)[0]["stats"]
+                rows["full"].append((st["seconds"], st["bytes_received"]))
+            med = {n: (statistics.median(t for t, _ in r), statistics.median(b for _, b in r)) for n, r in rows.items()}
+            full_s, full_b = med["full"]
+            print(
+                json.dumps(
+                    {
+                        "bench": "jump",
+                        "behind": k,
+                        "link_MBps": args.link_mbps or None,
+                        "model_MiB": round(full_b / MiB, 1),
+                        **{f"{n}_s": round(t, 3) for n, (t, _) in med.items()},
+                        **{f"{n}_wire_MiB": round(b / MiB, 2) for n, (_, b) in med.items()},
+                        "jump_wire_ratio": round(med["jump"][1] / full_b, 4),
+                        "jump_time_ratio": round(med["jump"][0] / full_s, 4),
+                        "chain_time_ratio": round(med["chain"][0] / full_s, 4),
+                        "runs_s": {n: [round(t, 3) for t, _ in r] for n, r in rows.items()},
+                        "history": tr.stats()["delta_history"],
+                    }
+                ),
+                flush=True,
+            )
+    finally:
+        tr.close()
+
+
+REGION_NAMES = ["aws/us-east-1", "aws/us-west-2", "gcp/us-central1", "gcp/europe-west4", "aws/eu-west-1"]
+
+
+def regions_once(url: str, regions: list[str], link_bps: float, cross_bps: float, parallel: int) -> tuple[float, list]:
+    """One worker process per entry of `regions`, released at one instant; returns the time until
+    all hold the version and each worker's pull stats."""
+    procs = [
+        subprocess.Popen(
+            node_cmd(
+                url,
+                versions=[0],
+                runs=1,
+                serve=1,
+                id=f"w{i}",
+                link_bps=link_bps,
+                start_at=1,
+                hold=4,
+                parallel=parallel,
+                region=r,
+                cross_bps=cross_bps,
+            ),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for i, r in enumerate(regions)
+    ]
+    start_at = release(procs)
+    recs = []
+    for p in procs:
+        out, _ = p.communicate(timeout=600)
+        recs.append(next(json.loads(x) for x in out.splitlines() if x.startswith("{") and "ready" not in x))
+    return max(r["end"] for r in recs) - start_at, [r["stats"] for r in recs]
+
+
+def bench_regions(args: argparse.Namespace) -> None:
+    """Issue 17 item 4: workers in several regions, links fast inside a region and slow across it.
+    Every node has a --link-mbps NIC each way; bytes a worker receives from another region (the
+    trainer sits in a region of its own, so every trainer byte counts) also pass a --cross-mbps
+    bucket of that worker. The region-aware tracker against the region-blind one (the tracker before
+    this item), run by run in the same trainer process; 'single' is one worker pulling alone across
+    regions, the unit of time."""
+    nbytes, link, cross = args.mib * MiB, args.link_mbps * 1e6, args.cross_mbps * 1e6
+    names = REGION_NAMES[: args.regions]
+    workers = [r for r in names for _ in range(args.per_region)]
+    tr = Trainer(nbytes, link, chunk_kib=args.chunk_kib)
+    single: list[float] = []
+    runs: dict[str, list[dict]] = {"blind": [], "aware": []}
+    try:
+        for _ in range(args.runs):  # interleaved, so load changes hit every variant alike
+            tr.set_tracker(True)
+            single.append(regions_once(tr.url, names[:1], link, cross, args.parallel)[0])
+            for mode in runs:
+                tr.set_tracker(mode == "aware")
+                before = tr.stats()["egress_full_bytes"]
+                t, stats = regions_once(tr.url, workers, link, cross, args.parallel)
+                egress = tr.stats()["egress_full_bytes"] - before
+                elsewhere = sum(st["from_peers_elsewhere"] for st in stats)
+                runs[mode].append({"s": t, "egress": egress, "cross": egress + elsewhere})
+                print(json.dumps({"mode": mode, **runs[mode][-1]}), file=sys.stderr, flush=True)
+        one = statistics.median(single)
+        for mode, rs in runs.items():
+            t = statistics.median(r["s"] for r in rs)
+            egress = statistics.median(r["egress"] for r in rs)
+            print(
+                json.dumps(
+                    {
+                        "bench": "regions",
+                        "tracker": mode,
+                        "mib": args.mib,
+                        "link_MBps": args.link_mbps,
+                        "cross_MBps": args.cross_mbps,
+                        "workers": len(workers),
+                        "regions": len(names),
+                        "single_cross_s": round(one, 2),
+                        "all_hold_s": round(t, 2),
+                        "time_ratio": round(t / one, 2),
+                        "egress_ratio": round(egress / nbytes, 2),
+                        "egress_per_region": round(egress / nbytes / len(names), 2),
+                        "cross_region_ratio": round(statistics.median(r["cross"] for r in rs) / nbytes, 2),
+                        "runs_s": [round(r["s"], 2) for r in rs],
+                        "single_runs_s": [round(x, 2) for x in single],
+                    }
+                ),
+                flush=True,
+            )
+    finally:
+        tr.close()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -834,6 +983,23 @@ def main() -> None:
     p.add_argument("--chunk-kib", type=int, default=1024)
     p.add_argument("--link-mbps", type=float, default=16)
     p.add_argument("--runs", type=int, default=3)
+    p = sub.add_parser("jump")
+    p.add_argument("--layers", type=int, default=2, help="of Qwen2.5-0.5B's 24")
+    p.add_argument("--steps", type=int, default=8)
+    p.add_argument("--behind", type=int, nargs="+", default=[1, 2, 4, 8])
+    p.add_argument("--lr", type=float, default=1e-6)
+    p.add_argument("--chunk-kib", type=int, default=4096)
+    p.add_argument("--link-mbps", type=float, default=100, help="0: loopback, no link limit")
+    p.add_argument("--runs", type=int, default=3)
+    p = sub.add_parser("regions")
+    p.add_argument("--mib", type=int, default=16)
+    p.add_argument("--chunk-kib", type=int, default=256)
+    p.add_argument("--link-mbps", type=float, default=16, help="every node's NIC, each way (in-region speed)")
+    p.add_argument("--cross-mbps", type=float, default=2, help="a node's ingress from another region")
+    p.add_argument("--regions", type=int, default=4)
+    p.add_argument("--per-region", type=int, default=4)
+    p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--parallel", type=int, default=4)
     p = sub.add_parser("_serve")
     p.add_argument("--bytes", type=int, required=True)
     p.add_argument("--ready", required=True)
@@ -857,6 +1023,8 @@ def main() -> None:
     p.add_argument("--parallel", type=int, default=4)
     p.add_argument("--reuse", type=int, default=0)
     p.add_argument("--prepare", type=int, default=0)
+    p.add_argument("--region", default="")
+    p.add_argument("--cross-bps", type=float, default=0)
     args = ap.parse_args()
     {
         "single": bench_single,
@@ -865,6 +1033,8 @@ def main() -> None:
         "delta": bench_delta,
         "delta-hf": bench_delta_hf,
         "kill": bench_kill,
+        "regions": bench_regions,
+        "jump": bench_jump,
         "_serve": serve_main,
         "_node": node_main,
     }[args.cmd](args)

@@ -76,6 +76,9 @@ def node_env(req: LaunchRequest, *, port: int, from_workdir: bool) -> dict[str, 
     )
     # only what the worker/trainer read; never the controller's own environment
     env.update({k: v for k, v in req.env.items() if k.startswith("RLBOOST_") and k != "RLBOOST_NOTICE_FILE"})
+    # where the node is: a worker reports it so that weights are traded within its region
+    env.setdefault("RLBOOST_CLOUD", req.cloud)
+    env.setdefault("RLBOOST_REGION", req.region or "")
     if req.role is Role.WORKER and req.cloud in NOTICE_BY_CLOUD:
         env["RLBOOST_NOTICE"] = NOTICE_BY_CLOUD[req.cloud]
     return env

@@ -255,11 +255,14 @@ class SkyPilotProvider:
         cfg["resources"]["ports"] = [self.port, CONTROL_PORT]
         cfg["resources"]["autostop"] = {"idle_minutes": NODE_AUTOSTOP_MIN, "down": True}
         engine = req.env.get("RLBOOST_ENGINE", "torch")
+        # the controller writes the job's metrics sinks (`logging:`), so their libraries go where it runs
+        sinks = (yaml.safe_load((self.run_dir / "spec.cloud.yaml").read_text()).get("logging")) or {}
+        extras = ("skypilot", "logging") if any(sinks.values()) else ("skypilot",)
         cfg["envs"].update(
             RLBOOST_JOB_ID=str(job_id),
             RLBOOST_CONTROL_PORT=str(CONTROL_PORT),
             RLBOOST_RESUME_FLAG="--resume" if resume else "",
-            RLBOOST_PIP_SPEC=pip_spec(engine, from_workdir=self.sync_workdir, extras=("skypilot",)),
+            RLBOOST_PIP_SPEC=pip_spec(engine, from_workdir=self.sync_workdir, extras=extras),
         )
         return cfg
 
@@ -292,6 +295,13 @@ class SkyPilotProvider:
         if not ep:
             raise ProviderError(f"{req.instance_id}: sky.endpoints gave no endpoint for control port {CONTROL_PORT}")
         return ep if "://" in ep else f"http://{ep}"
+
+    def cancel_node_jobs(self, instance_id: str) -> None:
+        """Cancel every SkyPilot job on the trainer node (blocking); a node that is gone or not up
+        has none."""
+        exc = self._sky.exceptions
+        with contextlib.suppress(exc.ClusterDoesNotExist, exc.ClusterNotUpError):
+            self.sdk.get(self.sdk.cancel(instance_id, all=True))
 
     def down_node(self, instance_id: str) -> None:
         """Terminate the trainer node (blocking); a node already gone is fine."""

@@ -30,6 +30,7 @@ from providers.base import (
 from rlboost_cli.job_envs import Redactor, split_envs
 from rlboost_cli.ledger import summarize
 from rlboost_cli.metrics_log import METRICS_FILE, MetricsLog
+from rlboost_cli.metrics_sinks import open_sinks
 from rlboost_cli.pricing import Offer
 from rlboost_cli.progress import JobProgress
 from rlboost_cli.spec import JobSpec
@@ -61,6 +62,33 @@ class Backoff:
         self.failures = 0
         self.until = 0.0
 
+
+def node_files(spec: JobSpec, user_envs: dict[str, str], user_secrets: dict[str, str]) -> dict:
+    """What every node of the job gets besides rlboost's own environment (LaunchRequest fields)."""
+    return {
+        "user_envs": user_envs,
+        "user_secrets": user_secrets,
+        "file_mounts": dict(spec.file_mounts),
+        "workdir": spec.workdir,
+    }
+
+
+def trainer_request(o: Offer, instance_id: str, job: str, env: dict[str, str], command: list[str], files: dict):
+    """The on-demand trainer's launch request at offer `o` (a controller's, or a SkyPilot trainer
+    node's, whose head runs the controller)."""
+    return LaunchRequest(
+        instance_id=instance_id,
+        job=job,
+        role=Role.TRAINER,
+        kind=InstanceKind.ON_DEMAND,
+        cloud=o.cloud,
+        region=o.region,
+        accelerator=o.accelerator,
+        hourly_price=o.hourly_price,
+        env=env,
+        command=command,
+        **files,
+    )
 
 @dataclass
 class Controller:
@@ -109,19 +137,20 @@ class Controller:
         )
         self.trainer_exit: str | None = None
         self.trainer_restarts = 0
-        self.metrics_log = MetricsLog(self.run_dir / METRICS_FILE)
         # the job's envs: plain ones from the job file, secret ones (`launch --env`) from the run dir
         self.user_envs, self.user_secrets = split_envs(self.spec, self.run_dir)
         self.redact = Redactor(self.user_secrets)
+        sinks = open_sinks(self.spec, self.run_dir, self.prefix, self._sink_failed)
+        self.metrics_log = MetricsLog(self.run_dir / METRICS_FILE, sinks=sinks, on_error=self._sink_failed)
+
+    def _sink_failed(self, name: str, err: Exception) -> None:
+        """A metrics sink (TensorBoard, W&B) failed: the job goes on with metrics.jsonl."""
+        why = self.redact(f"{type(err).__name__}: {err}".splitlines()[0]) or ""
+        self.store.add_event(self.job_id, "metrics-sink-failed", f"{name}: {why}; metrics.jsonl is still written")
+        self.console.print(f"{name}: {why}; the job goes on without it (metrics.jsonl is still written)", markup=False)
 
     def _node_files(self) -> dict:
-        """What every node of the job gets besides rlboost's own environment."""
-        return {
-            "user_envs": self.user_envs,
-            "user_secrets": self.user_secrets,
-            "file_mounts": dict(self.spec.file_mounts),
-            "workdir": self.spec.workdir,
-        }
+        return node_files(self.spec, self.user_envs, self.user_secrets)
 
     # ---- main --------------------------------------------------------------------------
     def run(self, resume: bool = False) -> str:
@@ -160,6 +189,7 @@ class Controller:
                 self.teardown()
             signal.signal(signal.SIGTERM, prev)
             signal.signal(signal.SIGHUP, prev_hup)
+            self.metrics_log.close()  # W&B: finish the run (an offline one is complete on disk)
             self.store.update_job(
                 self.job_id, status=status, ended_at=time.time(), error=self.redact(error), clock=self.provider.clock()
             )
@@ -179,19 +209,7 @@ class Controller:
             env["RLBOOST_RECORD_DIR"] = str(self.run_dir / "records")
         if self.record_rollouts:
             cmd.append("--record-rollouts")
-        req = LaunchRequest(
-            instance_id=self.trainer_id,
-            job=self.spec.name,
-            role=Role.TRAINER,
-            kind=InstanceKind.ON_DEMAND,
-            cloud=o.cloud,
-            region=o.region,
-            accelerator=o.accelerator,
-            hourly_price=o.hourly_price,
-            env=env,
-            command=cmd,
-            **self._node_files(),
-        )
+        req = trainer_request(o, self.trainer_id, self.spec.name, env, cmd, self._node_files())
         self._launch(req, o.on_demand_price)
         progress.provisioning(f"trainer {self.trainer_id} ({o.describe()})")
         deadline = time.monotonic() + self.trainer_boot_timeout_s
@@ -395,6 +413,9 @@ class Controller:
                     "RLBOOST_WORKER_KIND": "spot",
                     "RLBOOST_ENGINE": self.spec.rollout.engine,
                     "RLBOOST_ACCELERATOR": offer.accelerator or "",  # synthetic engines model it
+                    # the tracker groups weight pullers by region (trainer/region_fanout.py)
+                    "RLBOOST_CLOUD": offer.cloud,
+                    "RLBOOST_REGION": offer.region or "",
                     **(self.tls.worker_env if self.tls else {}),
                 },
                 command=[sys.executable, "-m", "worker"],

@@ -128,6 +128,16 @@ def _check_provider(spec: JobSpec, dryrun: bool = False) -> None:
         fail(str(e), 2)
 
 
+def _check_sinks(spec: JobSpec) -> None:
+    """The libraries of the job's metrics sinks, where its controller runs: here (a node installs
+    them itself, with rlboost's `logging` extra)."""
+    from rlboost_cli.metrics_sinks import sink_problems
+
+    problems = sink_problems(spec) if spec.controller == "launcher" else []
+    if problems:
+        fail("\n".join(problems), 2)
+
+
 def _spent_before(name: str) -> float:
     """Dollars already spent by earlier runs of this job name (0 without a state file)."""
     if not (rlboost_home() / "state.db").exists():
@@ -208,6 +218,7 @@ def launch(
     missing = missing_values(spec, secret_envs)
     if missing and not dryrun:  # a plan needs no secrets
         fail("\n".join(missing), 2)
+    _check_sinks(spec)
     _check_provider(spec, dryrun)
     if not dryrun:
         _check_budget(spec)
@@ -513,13 +524,13 @@ def _resume(ref: str, record_rollouts: bool, detach: bool = False) -> None:
 def _resume_on_node(store: StateStore, job: JobRow, token: str, record_rollouts: bool, detach: bool) -> None:
     """A node-controlled job whose controller died: start a new one on the node, on the node's records."""
     from rlboost_cli.node_client import controller_reachable, node_run_dir, sync
-    from rlboost_cli.reconcile import take_over_node
+    from rlboost_cli.node_host import trainer_node
 
     if job.remote and controller_reachable(job):
         sync(store, job)
         if store.job_by_id(job.id).active:
             fail(f"job {job.name!r} is still running on its trainer node; watch it with `rlboost status {job.id}`")
-    take_over_node(job)  # one that hangs without answering must not race the new one
+    trainer_node(job).stop_controller()  # one that hangs without answering must not race the new one
     console.print(
         f"[bold]rlboost[/] resuming job [cyan]{escape(job.name)}[/] (id {job.id}) on its trainer node: "
         + escape(resume_message(job.step or 0, checkpointed_steps(node_run_dir(job))))

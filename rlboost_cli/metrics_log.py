@@ -8,6 +8,8 @@ from its checkpoint is written again (the last line of a step wins); a step re-r
 With `task.eval_every`, each evaluation adds its own line: `{"step": N, "version": N, "eval/pass@1",
 "eval/mean_reward", "eval/problems", "eval/temperature", "eval/s"}` (N = steps trained into the
 weights evaluated; 0 = before training). An eval line has no `reward` key, which tells the two apart.
+
+Each line written also goes to the job's optional sinks (TensorBoard, W&B: rlboost_cli/metrics_sinks.py).
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rlboost_cli.metrics_sinks import JsonlSink, MetricsSink, SinkError
+
 METRICS_FILE = "metrics.jsonl"
 
 
@@ -24,11 +28,39 @@ def _rate(tokens: float | None, seconds: float) -> float | None:
     return round(tokens / seconds, 1) if tokens is not None and seconds > 0 else None
 
 
+def _ignore(name: str, err: Exception) -> None:
+    pass
+
+
 @dataclass
 class MetricsLog:
     path: Path
+    # the job's optional sinks; one that fails is reported to on_error and dropped (metrics.jsonl stays)
+    sinks: list[MetricsSink] = field(default_factory=list)
+    on_error: SinkError = _ignore
     _written: dict[int, str] = field(default_factory=dict)
     _evals_written: dict[int, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self._jsonl = JsonlSink(self.path)
+
+    def _emit(self, row: dict[str, Any]) -> None:
+        self._jsonl.write(row)
+        for sink in list(self.sinks):
+            try:
+                sink.write(row)
+            except Exception as e:  # a dashboard's failure must not stop the job's own record
+                self.sinks.remove(sink)
+                self.on_error(sink.name, e)
+
+    def close(self) -> None:
+        """Flush and close the sinks (W&B: finish the run) at the job's end."""
+        for sink in self.sinks:
+            try:
+                sink.close()
+            except Exception as e:
+                self.on_error(sink.name, e)
+        self.sinks.clear()
 
     def write_eval(self, ev: dict[str, Any]) -> bool:
         """One evaluation (trainer/evaluation.py); False if this version's was already written as is."""
@@ -41,7 +73,6 @@ class MetricsLog:
             "eval/temperature": ev["temperature"],
             "eval/s": ev["seconds"],
         }
-        line = json.dumps(row, separators=(",", ":"))
         key = _eval_key(row)
         if not self._evals_written and self.path.exists():  # a resumed controller: what is already there
             for old in self.path.read_text().splitlines():
@@ -51,8 +82,7 @@ class MetricsLog:
         if self._evals_written.get(ev["version"]) == key:
             return False
         self._evals_written[ev["version"]] = key
-        with open(self.path, "a") as f:
-            f.write(line + "\n")
+        self._emit(row)
         return True
 
     def write(self, step: int, rec: dict[str, Any], *, clock: float, dollars: float, preemptions: int) -> None:
@@ -90,12 +120,10 @@ class MetricsLog:
             "dollars": round(dollars, 4),  # so far in the job
             "clock_s": round(clock, 3),  # the provider's billing clock
         }
-        line = json.dumps(row, separators=(",", ":"))
         if self._written.get(step) == _without_totals(row):
             return
         self._written[step] = _without_totals(row)
-        with open(self.path, "a") as f:
-            f.write(line + "\n")
+        self._emit(row)
 
 
 def _eval_key(row: dict[str, Any]) -> str:

@@ -106,6 +106,10 @@ class LocalTrainerNode:
         """Stop a node controller that no longer answers, as losing the node would; whether one ran."""
         return stop_node_controller_of(self.run_dir)
 
+    def stop_controller(self) -> None:
+        """Before `--resume` starts a new controller: the old one must not race it."""
+        stop_node_controller_of(self.run_dir)
+
 
 class SkyTrainerNode:
     """A SkyPilot cluster as the job's trainer node: its head runs the job's controller
@@ -124,33 +128,21 @@ class SkyTrainerNode:
         """Launch the node (or start its task again: `resume`), then wait for its controller to answer
         (its setup installs rlboost first: minutes). `record_rollouts` is a local-provider option."""
         from providers import price_lookup
-        from providers.base import CapacityError, InstanceKind, LaunchRequest, ProviderError, Role
+        from providers.base import CapacityError, ProviderError
+        from rlboost_cli.controller import node_files, trainer_request
         from rlboost_cli.node_client import NodeClient
         from rlboost_cli.pricing import PricingError, trainer_offer
         from rlboost_cli.spec import parse_spec
 
         spec = parse_spec(yaml.safe_load(spec_yaml), source=f"job {self.job.name}")
-        user_envs, user_secrets = split_envs(spec, job_run_dir(self.job))
+        envs = split_envs(spec, job_run_dir(self.job))
         try:
             offer = trainer_offer(spec, price_lookup(spec))
         except PricingError as e:
             raise NodeStartError(str(e)) from None
-        req = LaunchRequest(
-            instance_id=self.instance_id,
-            job=self.job.name,
-            role=Role.TRAINER,
-            kind=InstanceKind.ON_DEMAND,
-            cloud=offer.cloud,
-            region=offer.region,
-            accelerator=offer.accelerator,
-            hourly_price=offer.hourly_price,
-            env={"RLBOOST_JOB_TOKEN": token, "RLBOOST_ENGINE": spec.rollout.engine},
-            # the node's controller hands the job's variables and files on to its trainer and workers
-            user_envs=user_envs,
-            user_secrets=user_secrets,
-            file_mounts=dict(spec.file_mounts),
-            workdir=spec.workdir,
-        )
+        env = {"RLBOOST_JOB_TOKEN": token, "RLBOOST_ENGINE": spec.rollout.engine}
+        # the node's controller hands the job's variables and files on to its trainer and workers
+        req = trainer_request(offer, self.instance_id, self.job.name, env, [], node_files(spec, *envs))
         try:
             url = self.provider.start_node(req, job_id=self.job.id, resume=resume)
         except (CapacityError, ProviderError) as e:
@@ -164,7 +156,7 @@ class SkyTrainerNode:
                     f"{timeout_s / 60:.0f} min; see `sky logs {self.instance_id}`; `rlboost down {self.job.id}` "
                     "terminates it"
                 )
-            time.sleep(5.0)
+            time.sleep(min(5.0, max(0.1, deadline - time.monotonic())))
         return api.ControlAddress(url=url, pid=0)
 
     def cut_off(self) -> bool:
@@ -172,6 +164,12 @@ class SkyTrainerNode:
         and power off by themselves (templates/worker.sky.yaml); always True."""
         self.provider.down_node(self.instance_id)
         return True
+
+    def stop_controller(self) -> None:
+        """Before `--resume` runs the node's task again: cancel the old controller's SkyPilot job, so
+        the new one gets the node's GPUs and records (the trainer it started runs in its own session
+        and is reattached)."""
+        self.provider.cancel_node_jobs(self.instance_id)
 
 
 def trainer_node(job: JobRow) -> LocalTrainerNode | SkyTrainerNode:

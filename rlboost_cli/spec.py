@@ -161,11 +161,15 @@ class TaskSpec(Strict):
     reward: str = "exact_match"
     min_len: Annotated[int, Field(ge=1, le=64)] = 3
     max_len: Annotated[int, Field(ge=1, le=64)] = 6
-    # ---- jsonl only ----
-    path: LaxPath | None = None  # one JSON object per line; relative to the job file
+    # ---- jsonl only (the name of the dataset task, whatever the file's format) ----
+    # a .jsonl file (one JSON object per line), a .parquet file, or a Hugging Face `datasets` directory
+    # (save_to_disk; parquet and directories need `pip install 'rlboost[data]'`); relative to the job file
+    path: LaxPath | None = None
+    split: str | None = None  # a DatasetDict directory's split; None = "train"
     prompt_field: str | None = None  # None: the first of prompt, question, problem
     answer_field: str | None = None  # None: the first of answer, solution (GSM8K '#### x' or \boxed{x})
-    chat_template: bool = True  # wrap prompts in the tokenizer's chat template (when it has one)
+    # wrap prompts in the tokenizer's chat template: auto = when it has one; on = it must have one
+    chat_template: Literal["auto", "on", "off"] = "auto"
     system_prompt: str | None = None
     # appended to every prompt (the usual instruction for math_boxed)
     instruction: str | None = "Please reason step by step, and put your final answer within \\boxed{}."
@@ -173,11 +177,18 @@ class TaskSpec(Strict):
     # every this many steps (and before the first, and after the last), score one response per held-out
     # problem with the weights just published: pass@1 and mean reward; 0 = off
     eval_every: Annotated[int, Field(ge=0, le=10_000_000)] = 0
-    eval_path: LaxPath | None = None  # jsonl: a separate held-out file (relative to the job file)
+    eval_path: LaxPath | None = None  # jsonl: a separate held-out dataset (any format of `path`)
+    eval_split: str | None = None  # eval_path a DatasetDict directory: its split; None = "test"
     # jsonl: share of task.path held out (never trained on); None = 0.1 unless eval_path is set
     eval_fraction: Annotated[float, Field(gt=0, lt=1)] | None = None
     eval_size: Annotated[int, Field(ge=1, le=1_000_000)] = 64  # problems per evaluation (at most)
     eval_temperature: Annotated[float, Field(ge=0, le=10)] = 0.0  # 0 = greedy
+
+    @field_validator("chat_template", mode="before")
+    @classmethod
+    def _chat_template(cls, v: object) -> object:
+        # YAML 1.1 reads a bare `on`/`off` (and `true`/`false`) as a boolean
+        return {True: "on", False: "off"}.get(v, v) if isinstance(v, bool) else v
 
     @field_validator("reward")
     @classmethod
@@ -206,7 +217,7 @@ class TaskSpec(Strict):
         if self.name != "jsonl" and self.path is not None:
             raise ValueError(f"path applies to name: jsonl only (task {self.name!r} generates its own problems)")
         # as ModelSpec: "set" = differs from the default, so a model_dump() round trip validates
-        jsonl_only = ("prompt_field", "answer_field", "chat_template", "system_prompt", "instruction")
+        jsonl_only = ("split", "prompt_field", "answer_field", "chat_template", "system_prompt", "instruction")
         fields = type(self).model_fields
         changed = sorted(k for k in jsonl_only if getattr(self, k) != fields[k].default)
         if self.name != "jsonl" and changed:
@@ -215,6 +226,8 @@ class TaskSpec(Strict):
             raise ValueError(f"reward math_boxed scores a jsonl dataset; task {self.name!r} uses exact_match")
         if self.eval_path is not None and self.eval_fraction is not None:
             raise ValueError("eval_path and eval_fraction: give one held-out split (a file, or a share of path)")
+        if self.eval_split is not None and self.eval_path is None:
+            raise ValueError("eval_split: applies to eval_path (a datasets directory); set eval_path or remove it")
         eval_keys = ("eval_path", "eval_fraction", "eval_size", "eval_temperature")
         set_eval = sorted(k for k in eval_keys if getattr(self, k) != fields[k].default)
         if not self.eval_every and set_eval:
@@ -259,6 +272,9 @@ class TrainerSpec(Strict):
     checkpoint_dir: str | None = None
     # Relaunch a lost trainer (it resumes from its last checkpoint) this many times before failing.
     max_restarts: Annotated[int, Field(ge=0, le=1000)] = 3
+    # Host memory for past versions' weight deltas (trainer/delta_chain.py): a worker that many
+    # deltas behind gets the latest as one composed delta; further behind, it pulls in full.
+    delta_history_mib: Annotated[int, Field(ge=0, le=1 << 20)] = 512
 
     _acc = field_validator("accelerators")(classmethod(lambda cls, v: _parse_accelerator(v)))
 
@@ -398,6 +414,24 @@ class SimulateSpec(Strict):
     poll_s: Annotated[float, Field(gt=0)] = 0.25  # controller loop period (as `rlboost launch`)
 
 
+class WandbSpec(Strict):
+    """A W&B run per job (rlboost_cli/metrics_sinks.py), written by the job's controller."""
+
+    project: Annotated[str, Field(min_length=1)]
+    entity: str | None = None  # your W&B user or team; None = your default entity
+    # None = online when WANDB_API_KEY is set where the controller runs, else offline (no network:
+    # the run is kept on disk for `wandb sync`)
+    mode: Literal["online", "offline", "disabled"] | None = None
+
+
+class LoggingSpec(Strict):
+    """Where each step's metrics go besides metrics.jsonl (`pip install 'rlboost[logging]'`)."""
+
+    # a TensorBoard log directory; relative = relative to the job's run directory
+    tensorboard: LaxPath | None = None
+    wandb: WandbSpec | None = None
+
+
 class WeightsSpec(Strict):
     """How workers get each weight version (README: Weight transfer)."""
 
@@ -423,6 +457,7 @@ class JobSpec(Strict):
     # Performance per accelerator name (e.g. A100), for synthetic engines and `rlboost simulate`.
     perf: dict[str, PerfSpec] = Field(default_factory=dict)
     simulate: SimulateSpec = SimulateSpec()
+    logging: LoggingSpec = LoggingSpec()
     weights: WeightsSpec = WeightsSpec()
     # Where the job's controller runs: `launcher`, in the `rlboost launch` process (or its background
     # child with -d) on the machine that launched it; `trainer`, on the trainer node, which is up for
@@ -857,6 +892,38 @@ def _resolve_mount_sources(spec: JobSpec, base: Path) -> JobSpec:
     return spec.model_copy(update=update)
 
 
+def _check_dataset(full: Path, task: TaskSpec, held_out: bool = False) -> None:
+    """A dataset path that exists (task.path, or task.eval_path when `held_out`): a format rlboost reads,
+    its split, and the libraries reading it needs (the `data` extra), all before anything launches."""
+    from trainer import datasets
+
+    key, split_key = ("task.eval_path", "task.eval_split") if held_out else ("task.path", "task.split")
+    split = task.eval_split if held_out else task.split
+    default_split = datasets.DEFAULT_EVAL_SPLIT if held_out else datasets.DEFAULT_SPLIT
+
+    if full.is_file() and full.suffix.lower() in (".arrow", ".csv", ".tsv"):
+        raise SpecError(
+            f"{key}: {full.name}: rlboost reads JSON Lines (.jsonl), parquet (.parquet) or a Hugging Face datasets "
+            "directory (save_to_disk); convert it, e.g. pandas.read_csv(p).to_parquet(out)"
+        )
+    fmt = datasets.dataset_format(full)
+    if fmt != "hf-dir" and split is not None:
+        raise SpecError(f"{split_key}: applies to a Hugging Face datasets directory; {full.name} is {fmt} (remove it)")
+    try:
+        if fmt == "hf-dir":
+            datasets.pick_split(full, split, default_split, split_key)
+    except datasets.DatasetError as e:
+        msg = str(e)
+        raise SpecError(msg if msg.startswith(split_key) else f"{key}: {msg}") from None
+    lib = datasets.missing_library(full)
+    if lib is not None:
+        what = "a Hugging Face datasets directory" if fmt == "hf-dir" else "a parquet file"
+        raise SpecError(
+            f"{key}: {full.name} is {what}; reading it needs {lib}, which is not installed "
+            f"({datasets.INSTALL_HINT}, or give a .jsonl file)"
+        )
+
+
 def _task_path_in_mount(spec: JobSpec, on_node: bool) -> Path | None:
     """task.path written as a node path inside a file_mounts destination (`~/data/train.jsonl`): checked
     at its local source on the launching machine (a bucket cannot be checked), read on the node where
@@ -870,17 +937,20 @@ def _task_path_in_mount(spec: JobSpec, on_node: bool) -> Path | None:
     dest = hit[0]
     if on_node:
         full = node_path(raw)
-        if not full.is_file():
+        if not full.exists():
             raise SpecError(
                 f"task.path: {raw} is not on this node ({full}); file_mounts.{dest} should have put it there"
             )
+        _check_dataset(full, spec.task)
         return full
     local = source_path(raw, spec.file_mounts)
-    if local is not None and not local.is_file():
+    if local is not None and not local.exists():
         raise SpecError(
-            f"task.path: {raw} lies in file_mounts.{dest}, but {local} is not a file there; fix task.path "
+            f"task.path: {raw} lies in file_mounts.{dest}, but {local} is not there; fix task.path "
             "or the mount's source"
         )
+    if local is not None:
+        _check_dataset(local, spec.task)
     return spec.task.path
 
 
@@ -893,23 +963,15 @@ def _resolve_hf_paths(spec: JobSpec, base: Path, on_node: bool = False) -> JobSp
         spec = spec.model_copy(update={"task": task.model_copy(update={"path": mounted})})
     elif task.path is not None:
         full = task.path if task.path.is_absolute() else (base / task.path).resolve()
-        if full.is_dir():
-            raise SpecError(
-                f"task.path: {full} is a directory; rlboost reads JSON Lines files only in this version (export a "
-                "Hugging Face dataset with datasets.load_from_disk(dir)[split].to_json(out, lines=True))"
-            )
-        if not full.is_file():
+        if not full.exists():
             raise SpecError(f"task.path: file {task.path} not found (resolved to {full}); fix the path")
-        if full.suffix.lower() in (".parquet", ".arrow", ".csv"):
-            raise SpecError(
-                f"task.path: {full.name} is not JSON Lines; rlboost reads .jsonl only in this version (convert, "
-                "e.g. pandas.read_parquet(p).to_json(out, orient='records', lines=True))"
-            )
+        _check_dataset(full, task)
         spec = spec.model_copy(update={"task": task.model_copy(update={"path": full})})
     if task.eval_path is not None:
         full = task.eval_path if task.eval_path.is_absolute() else (base / task.eval_path).resolve()
-        if not full.is_file():
+        if not full.exists():
             raise SpecError(f"task.eval_path: file {task.eval_path} not found (resolved to {full}); fix the path")
+        _check_dataset(full, task, held_out=True)
         spec = spec.model_copy(update={"task": spec.task.model_copy(update={"eval_path": full})})
     if model.kind == "hf" and model.path:
         raw = Path(model.path).expanduser()

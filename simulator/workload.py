@@ -56,10 +56,11 @@ def replay_task(spec: JobSpec) -> Task | EstimatedPrompts:
     if path is not None:  # a node path inside a file mount: read its local source
         path = source_path(str(path), spec.file_mounts) or path
     texts: list[str] = []
-    if path is not None and Path(path).is_file():
+    if path is not None and Path(path).exists():
         from trainer import datasets
 
-        texts = [r.prompt for r in datasets.load_jsonl(Path(path), spec.task.prompt_field, spec.task.answer_field)]
+        fields = datasets.Fields(spec.task.prompt_field, spec.task.answer_field, require_answer=False)
+        texts = [r.prompt for r in datasets.load_records(Path(path), fields, spec.task.split)]
     if not texts:
         texts = [f"prompt {i}" for i in range(1024)]
         prompt_tokens = prompt_tokens or DEFAULT_PROMPT_TOKENS

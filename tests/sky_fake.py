@@ -213,6 +213,16 @@ class FakeSky:
 
         return self._request(run)
 
+    def cancel(self, cluster_name: str, all: bool = False, **kw: Any) -> RequestId:
+        self.calls.append(("cancel", (cluster_name, all)))
+
+        def run() -> None:
+            with self.lock:
+                if cluster_name not in self.clusters:
+                    raise sky.exceptions.ClusterDoesNotExist(f"Cluster {cluster_name!r} does not exist.")
+
+        return self._request(run)
+
     def api_cancel(self, request_ids: Any = None, silent: bool = False, **kw: Any) -> RequestId:
         ids = request_ids if isinstance(request_ids, list) else [request_ids]
         with self.lock:

@@ -65,9 +65,9 @@ def test_eval_path_and_fraction_exclude_each_other_and_paths_resolve(tmp_path: P
         load_spec(path)
     (tmp_path / "v.jsonl").write_text('{"prompt": "b", "answer": "2"}\n')
     assert load_spec(path).task.eval_path == tmp_path / "v.jsonl"
-    (tmp_path / "d.parquet").write_bytes(b"PAR1")
-    path.write_text(yaml.safe_dump(job({"name": "jsonl", "path": "d.parquet"}, model=hf)))
-    with pytest.raises(SpecError, match=r"task.path: d.parquet is not JSON Lines; .*read_parquet"):
+    (tmp_path / "v.csv").write_text("prompt,answer\nb,2\n")
+    path.write_text(yaml.safe_dump(job({**base, "eval_path": "v.csv"}, model=hf)))
+    with pytest.raises(SpecError, match=r"task\.eval_path: v\.csv: rlboost reads JSON Lines .*parquet"):
         load_spec(path)
 
 

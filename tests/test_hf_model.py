@@ -92,7 +92,7 @@ def test_jsonl_task_uses_the_chat_template_and_scores_boxed_answers(files) -> No
     right = task.tokenizer.encode(f"so \\boxed{{{p.answer}}}", add_special_tokens=False)
     assert task.reward(p, [*right, task.eos_id]) == 1.0
     assert task.reward(p, task.tokenizer.encode("\\boxed{nope}", add_special_tokens=False)) == 0.0
-    plain = make_task(task_spec.model_copy(update={"chat_template": False, "instruction": None}), model_spec)
+    plain = make_task(task_spec.model_copy(update={"chat_template": "off", "instruction": None}), model_spec)
     assert plain.decode(plain.sample(np.random.default_rng(0), 1)[0].prompt_ids) == p.text
 
 
@@ -151,3 +151,73 @@ def test_paths_resolve_next_to_the_job_file(files, tmp_path: Path) -> None:
     path.write_text(yaml.safe_dump(job(task={"name": "jsonl", "path": "missing.jsonl"})))
     with pytest.raises(SpecError, match=r"task\.path: file missing\.jsonl not found"):
         load_spec(path)
+
+
+def test_chat_template_auto_on_off(files) -> None:
+    """auto/on render `[{"role": "user", ...}]` with the generation prompt; off (or auto on a tokenizer
+    without a template) encodes the plain text; on without a template is an error naming the field."""
+    from tests.hf_fixtures import make_tokenizer
+
+    _, task_spec = specs(files[0], files[2])
+    task_spec = task_spec.model_copy(update={"instruction": None})
+    tok = make_tokenizer()
+    task = JsonlTask(task_spec, tok)
+    assert task_spec.chat_template == "auto" and task.use_chat_template
+    first = task.records[0].prompt
+    rendered = tok.apply_chat_template([{"role": "user", "content": first}], add_generation_prompt=True, tokenize=False)
+    assert rendered == f"<|im_start|>user\n{first}<|im_end|>\n<|im_start|>assistant\n"
+    ids = task._prompts[0]
+    assert ids == tok.encode(rendered, add_special_tokens=False)
+    assert ids[0] == tok.convert_tokens_to_ids("<|im_start|>") and ids.count(tok.eos_token_id) == 1
+    assert JsonlTask(task_spec.model_copy(update={"chat_template": "on"}), tok)._prompts == task._prompts
+    plain = tok.encode(first, add_special_tokens=True)
+    assert JsonlTask(task_spec.model_copy(update={"chat_template": "off"}), tok)._prompts[0] == plain
+
+    bare = make_tokenizer()
+    bare.chat_template = None
+    assert JsonlTask(task_spec, bare)._prompts[0] == plain  # auto: no template, plain text
+    with pytest.raises(ValueError, match=r"task\.chat_template: on, but the tokenizer .* has no chat template"):
+        JsonlTask(task_spec.model_copy(update={"chat_template": "on"}), bare)
+
+
+def test_the_reward_sees_the_raw_prompt_and_engines_get_the_templated_ids(files) -> None:
+    model_spec, task_spec = specs(files[0], files[2])
+    learner = Learner(model_spec, AlgorithmSpec(), task_spec, device="cpu")
+    task = learner.task
+    seen = []
+    task.custom = lambda prompt, response, row: seen.append((prompt, response, row)) or 0.0
+    p = task.sample(np.random.default_rng(3), 1)[0]
+    record = task.records[p.index]
+    assert p.prompt_text == record.prompt and p.row == record.row  # raw, not the rendered template
+    assert task.decode(p.prompt_ids).startswith("<|im_start|>user\n")
+    # the torch engine generates from exactly the ids the learner scores
+    engine = make_engine("torch", model_spec.model_dump(mode="json"), "auto", 8)
+    engine.load_weights(0, learner.state_dict())
+    ids, lps = generate(engine, [GenRequest("r0", p.prompt_ids, 6, seed=0)])
+    np.testing.assert_allclose(lps["r0"], learner.logprobs(p.prompt_ids, ids["r0"]), rtol=0, atol=1e-4)
+    task.reward(p, ids["r0"])
+    assert seen == [(record.prompt, task.decode_response(ids["r0"]), record.row)]
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "datasets-dir"])
+def test_a_task_reads_parquet_and_datasets_directories_as_it_reads_jsonl(files, tmp_path: Path, fmt: str) -> None:
+    from tests.hf_fixtures import MATH_ROWS
+    from tests.test_datasets import save_dataset, write_parquet
+
+    rows = [r for r in MATH_ROWS if "question" in r]  # one schema: the same row dicts in every format
+    model_spec, task_spec = specs(files[0], write_math_jsonl(tmp_path / "d.jsonl", rows))
+    if fmt == "parquet":
+        path = write_parquet(tmp_path / "d.parquet", rows)
+        split = None
+    else:
+        path, split = save_dataset(tmp_path / "dir", {"train": rows, "test": rows[:1]}), "train"
+    from_jsonl = make_task(task_spec, model_spec)
+    other = make_task(task_spec.model_copy(update={"path": path, "split": split}), model_spec)
+    assert [(r.prompt, r.answer, r.demonstration, r.row) for r in other.records] == [
+        (r.prompt, r.answer, r.demonstration, r.row) for r in from_jsonl.records
+    ]
+    assert other._prompts == from_jsonl._prompts
+    if fmt == "datasets-dir":  # the same directory's test split held out (task.eval_split's default)
+        spec = task_spec.model_copy(update={"path": path, "eval_every": 1, "eval_path": path})
+        held = make_task(spec, model_spec).eval_problems(0, 10)
+        assert [p.prompt_text for p in held] == [rows[0]["question"]]

@@ -42,6 +42,27 @@ def test_release_requeues_with_partial_tokens_and_counts_migration():
     assert b.migrations == 1
 
 
+def test_a_response_continued_on_many_engines_is_one_migration():
+    """`migrations` counts responses whose tokens came from more than one engine (what the records'
+    engine lists say), once each: moved twice, moved back, or handed back to the same engine."""
+    b = RolloutBook(EOS)
+    b.add([resp("a", budget=9)])
+    for step, engine in enumerate(("e1", "e2", "e1", "e3")):
+        b.take(engine, 1, 0)
+        b.accept(engine, "a", 2 * step, [7, 8], [-1.0, -1.0], 0)
+        b.release(engine)
+    assert b.responses["a"].engines == ["e1", "e2", "e1", "e3"] and b.responses["a"].migrated
+    assert b.migrations == 1
+    b = RolloutBook(EOS)
+    b.add([resp("b", budget=9)])
+    for step in range(2):  # tokens from e4, handed back, then e4 again: never another engine
+        b.take("e4", 1, 0)
+        b.accept("e4", "b", step, [7], [-1.0], 0)
+        b.release("e4")
+    assert b.responses["b"].engines == ["e4"] and not b.responses["b"].migrated
+    assert b.migrations == 0
+
+
 def test_late_frames_from_released_engine_are_dropped():
     b = RolloutBook(EOS)
     b.add([resp("a")])

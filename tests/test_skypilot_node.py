@@ -147,7 +147,11 @@ def test_the_launching_machine_starts_the_node_reaches_its_controller_and_cuts_i
         assert fake.live() == [f"sky-node-{job.id}-trainer"]
         (_, cfg, _, _) = next(args for what, args in fake.calls if what == "launch")
         assert cfg["resources"]["accelerators"] == "A100:8" and cfg["resources"]["region"] == "us-east-1"
+        node.stop_controller()  # `--resume`: the old controller's job is cancelled, the node kept
+        assert ("cancel", (f"sky-node-{job.id}-trainer", True)) in fake.calls
+        assert fake.live() == [f"sky-node-{job.id}-trainer"]
         assert node.cut_off() and fake.live() == []  # a node that does not answer is terminated
+        node.stop_controller()  # gone: nothing to cancel
         node.cut_off()  # already gone: fine
     finally:
         server.stop()

@@ -45,9 +45,27 @@ def auth() -> web.middleware:
     return check
 
 
+def hold_after_first_chunk(gate: asyncio.Event) -> web.middleware:
+    """Serve one chunk, then hold every other chunk request until `gate` is set: a pull that is
+    certainly still in flight, however fast or loaded the machine is."""
+    served = [0]
+
+    @web.middleware
+    async def hold(request: web.Request, handler):
+        if "/chunks/" in request.path:
+            served[0] += 1
+            if served[0] > 1:
+                await gate.wait()
+        return await handler(request)
+
+    return hold
+
+
 @contextlib.asynccontextmanager
-async def serve(pub: WeightPublisher, port: int = 0) -> AsyncIterator[tuple[str, web.AppRunner]]:
-    app = web.Application(middlewares=[auth()])
+async def serve(
+    pub: WeightPublisher, port: int = 0, gate: asyncio.Event | None = None
+) -> AsyncIterator[tuple[str, web.AppRunner]]:
+    app = web.Application(middlewares=[auth(), *([hold_after_first_chunk(gate)] if gate else [])])
     add_routes(app, pub)
     runner = web.AppRunner(app)
     await runner.setup()
@@ -192,13 +210,16 @@ def test_gc_never_removes_a_version_being_pulled() -> None:
     pub.publish(1, want)
 
     async def go() -> tuple[dict, list[int], list[int]]:
-        async with serve(pub) as (url, _):
-            task = asyncio.create_task(pull_weights(url, 1, token=TOKEN, peer_id="slow", ingress_bps=2e6, parallel=1))
+        gate = asyncio.Event()  # the pull of version 1 cannot finish before the gate opens
+        async with serve(pub, gate=gate) as (url, _):
+            task = asyncio.create_task(pull_weights(url, 1, token=TOKEN, peer_id="slow", parallel=1))
             while 1 not in pub.tracker.versions_in_use():
                 await asyncio.sleep(0.01)
             for v in range(2, 6):  # training races ahead while the worker still pulls version 1
                 await asyncio.to_thread(pub.publish, v, model(v, n=128 * 1024))
             during = pub.versions()
+            assert not task.done()
+            gate.set()
             got = await task
             pub.collect()
             return got, during, pub.versions()

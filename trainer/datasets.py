@@ -1,4 +1,6 @@
-"""JSONL prompt datasets: one JSON object per line, a prompt and a reference answer.
+"""Prompt datasets: rows with a prompt and a reference answer, from a JSON Lines file, a parquet file
+(pyarrow) or a Hugging Face `datasets` directory (`save_to_disk`; a DatasetDict's split by name). Every
+format gives the same thing: one row dict per example, so a custom reward sees the same `row`.
 
 Field names are the common ones, so GSM8K and MATH files load as they come:
   GSM8K: {"question": ..., "answer": "...reasoning...\\n#### 72"}  -> answer "72", demonstration kept
@@ -10,14 +12,24 @@ for the supervised warm start; a bare answer is not (warm_start_steps must then 
 
 from __future__ import annotations
 
+import importlib.util
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 from trainer.verifiers import extract_answer
 
 PROMPT_FIELDS = ("prompt", "question", "problem")
 ANSWER_FIELDS = ("answer", "solution")
+INSTALL_HINT = "pip install 'rlboost[data]'"
+DEFAULT_SPLIT = "train"  # a DatasetDict's split when task.split is not given (eval_path: "test")
+DEFAULT_EVAL_SPLIT = "test"
+
+Format = Literal["jsonl", "parquet", "hf-dir"]
+# what each format needs besides rlboost's own dependencies (the `data` extra)
+_LIBRARIES: dict[str, tuple[str, ...]] = {"jsonl": (), "parquet": ("pyarrow",), "hf-dir": ("datasets", "pyarrow")}
 
 
 @dataclass(frozen=True)
@@ -35,7 +47,7 @@ class DatasetError(ValueError):
 def _pick(obj: dict, field: str | None, candidates: tuple[str, ...], what: str, where: str) -> str:
     names = (field,) if field else candidates
     for name in names:
-        if name in obj:
+        if obj.get(name) is not None:  # a parquet column is null, not absent, in rows that lack it
             value = obj[name]
             if not isinstance(value, (str, int, float)):
                 raise DatasetError(f"{where}: field {name!r} must be a string or a number")
@@ -43,12 +55,75 @@ def _pick(obj: dict, field: str | None, candidates: tuple[str, ...], what: str, 
     raise DatasetError(f"{where}: no {what} field (looked for {', '.join(names)}; set task.{what}_field)")
 
 
-def load_jsonl(
-    path: Path, prompt_field: str | None = None, answer_field: str | None = None, require_answer: bool = True
-) -> list[Record]:
-    """Read and check a dataset; errors name the file and line. Without `require_answer` (a custom
-    reward, which reads what it needs from the row) a row may have no answer field."""
-    records = []
+def dataset_format(path: Path) -> Format:
+    """How `path` is read: a directory is a `datasets` directory, `.parquet` is parquet, else JSON Lines."""
+    if path.is_dir():
+        return "hf-dir"
+    return "parquet" if path.suffix.lower() == ".parquet" else "jsonl"
+
+
+def missing_library(path: Path) -> str | None:
+    """The first library that reading `path` needs and this environment lacks, or None."""
+    return next((m for m in _LIBRARIES[dataset_format(path)] if importlib.util.find_spec(m) is None), None)
+
+
+def hf_dir_splits(path: Path) -> list[str] | None:
+    """A `datasets` directory's splits (a DatasetDict), None for a single Dataset; read from the files
+    save_to_disk writes, so it needs no library. DatasetError when `path` is neither."""
+    listing = path / "dataset_dict.json"
+    if listing.is_file():
+        try:
+            splits = json.loads(listing.read_text(encoding="utf-8"))["splits"]
+        except (ValueError, KeyError, TypeError):
+            raise DatasetError(f"{listing}: unreadable (save_to_disk writes {{'splits': [...]}})") from None
+        return [str(x) for x in splits]
+    if (path / "state.json").is_file():
+        return None
+    raise DatasetError(
+        f"{path}: a directory, but not a Hugging Face datasets directory (no dataset_dict.json or state.json; "
+        "write one with Dataset.save_to_disk(dir) or DatasetDict.save_to_disk(dir))"
+    )
+
+
+def pick_split(path: Path, split: str | None, default: str = DEFAULT_SPLIT, key: str = "task.split") -> str | None:
+    """The split to read from a `datasets` directory (None: a single Dataset, read whole)."""
+    splits = hf_dir_splits(path)
+    if splits is None:
+        if split is not None:
+            raise DatasetError(f"{key}: {path} holds a single Dataset, which has no splits; remove {key}")
+        return None
+    name = split if split is not None else default
+    if name not in splits:
+        how = f"{key} is {name!r}" if split is not None else f"{key} is not set (default {default!r})"
+        raise DatasetError(f"{key}: {path} has no split {name!r} ({how}); its splits: {', '.join(splits)}")
+    return name
+
+
+def _rows(path: Path, split: str | None, default_split: str, split_key: str) -> Iterator[tuple[str, object]]:
+    """(where, row) for every example of `path`; `where` names the file and line or row for errors."""
+    fmt = dataset_format(path)
+    if fmt != "jsonl" and (lib := missing_library(path)) is not None:
+        raise DatasetError(f"{path}: reading it needs the {lib} package, which is not installed; {INSTALL_HINT}")
+    if fmt == "parquet":
+        import pyarrow.parquet as pq
+
+        try:
+            table = pq.read_table(path)
+        except Exception as e:  # pyarrow raises several types (ArrowInvalid, OSError) for a bad file
+            raise DatasetError(f"{path}: not a readable parquet file ({e})") from None
+        for n, row in enumerate(table.to_pylist(), 1):
+            yield f"{path}: row {n}", row
+        return
+    if fmt == "hf-dir":
+        import datasets
+
+        name = pick_split(path, split, default_split, split_key)
+        loaded = datasets.load_from_disk(str(path))
+        data = loaded[name] if name is not None else loaded
+        where = f"{path} [{name}]" if name is not None else str(path)
+        for n, row in enumerate(data, 1):
+            yield f"{where}: row {n}", row
+        return
     with open(path, encoding="utf-8") as f:
         for n, line in enumerate(f, 1):
             if not line.strip():
@@ -58,22 +133,56 @@ def load_jsonl(
                 obj = json.loads(line)
             except json.JSONDecodeError as e:
                 raise DatasetError(f"{where}: not valid JSON ({e.msg})") from None
-            if not isinstance(obj, dict):
-                raise DatasetError(f"{where}: each line must be a JSON object")
-            prompt = _pick(obj, prompt_field, PROMPT_FIELDS, "prompt", where)
-            names = (answer_field,) if answer_field else ANSWER_FIELDS
-            if not require_answer and not any(n in obj for n in names):
-                records.append(Record(prompt, "", None, obj))
-                continue
-            reference = _pick(obj, answer_field, ANSWER_FIELDS, "answer", where)
-            final = extract_answer(reference)
-            answer = (final if final is not None else reference).strip()
-            if not answer and require_answer:
-                raise DatasetError(f"{where}: empty answer")
-            records.append(Record(prompt, answer, _demonstration(reference) if final is not None else None, obj))
+            yield where, obj
+
+
+@dataclass(frozen=True)
+class Fields:
+    """Which fields of a row hold the prompt and the answer (None: the usual names), and whether every
+    row must have an answer (not for a custom reward, which reads what it needs from the row)."""
+
+    prompt: str | None = None
+    answer: str | None = None
+    require_answer: bool = True
+
+
+def load_records(
+    path: Path,
+    fields: Fields = Fields(),
+    split: str | None = None,
+    *,
+    default_split: str = DEFAULT_SPLIT,
+    split_key: str = "task.split",
+) -> list[Record]:
+    """Read and check a dataset of any supported format; errors name the file and line (or row)."""
+    records = []
+    for where, obj in _rows(path, split, default_split, split_key):
+        if not isinstance(obj, dict):
+            raise DatasetError(f"{where}: each line must be a JSON object")
+        records.append(_record(obj, fields, where))
     if not records:
         raise DatasetError(f"{path}: no records")
     return records
+
+
+def _record(obj: dict, fields: Fields, where: str) -> Record:
+    prompt = _pick(obj, fields.prompt, PROMPT_FIELDS, "prompt", where)
+    names = (fields.answer,) if fields.answer else ANSWER_FIELDS
+    if not fields.require_answer and not any(obj.get(n) is not None for n in names):
+        return Record(prompt, "", None, obj)
+    reference = _pick(obj, fields.answer, ANSWER_FIELDS, "answer", where)
+    final = extract_answer(reference)
+    answer = (final if final is not None else reference).strip()
+    if not answer and fields.require_answer:
+        raise DatasetError(f"{where}: empty answer")
+    return Record(prompt, answer, _demonstration(reference) if final is not None else None, obj)
+
+
+def load_jsonl(
+    path: Path, prompt_field: str | None = None, answer_field: str | None = None, require_answer: bool = True
+) -> list[Record]:
+    """A JSON Lines file (or any supported format: see load_records)."""
+    return load_records(path, Fields(prompt_field, answer_field, require_answer))
 
 
 def _demonstration(reference: str) -> str:

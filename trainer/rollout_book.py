@@ -88,7 +88,7 @@ class RolloutBook:
         self.responses: dict[str, Response] = {}
         self.queue: deque[str] = deque()
         self.by_engine: dict[str, set[str]] = {}
-        self.migrations = 0  # re-dispatches of responses that already had tokens
+        self.migrations = 0  # responses whose tokens came from more than one engine (Response.migrated)
         self.redispatches = 0
         self._open: dict[int, int] = {}  # step -> responses not complete yet
         self._completed: list[Response] = []  # completed since the last drain_completed()
@@ -250,8 +250,6 @@ class RolloutBook:
         r.dispatches += 1
         if r.dispatches > 1:
             self.redispatches += 1
-            if self._len[s]:
-                self.migrations += 1
         self._owner[s] = e
         self._taken_len[s] = self._len[s]
         self.by_engine.setdefault(engine, set()).add(r.rid)
@@ -552,6 +550,8 @@ class RolloutBook:
             return
         s = self._slot(r)
         if self._len[s] > self._taken_len[s] and (not r.engines or r.engines[-1] != r.engine):
+            if r.engines and r.engine not in r.engines and len(set(r.engines)) == 1:
+                self.migrations += 1  # its tokens now come from a second engine: counted once
             r.engines.append(r.engine)
         if drop_from_engine:
             self.by_engine.get(r.engine, set()).discard(r.rid)

@@ -87,7 +87,7 @@ class TrainerRuntime:
             self.learner = make_learner(spec, distributed.current())
         ro = spec.rollout
         self.batcher = TailBatcher(spec.algorithm.prompts_per_step, ro.tail_over_launch) if ro.tail_batching else None
-        self.publisher = WeightPublisher()
+        self.publisher = WeightPublisher(delta_history_bytes=spec.trainer.delta_history_mib << 20)
         # weights.transport: torch / auto on GPUs: remote workers get each version by broadcast
         self.broadcaster = BroadcastSender(
             spec.weights.transport,

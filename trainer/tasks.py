@@ -207,10 +207,22 @@ class EpochOrder:
         return self._left.pop()
 
 
+def _wants_chat_template(mode: str, tokenizer: Any) -> bool:
+    """task.chat_template: `auto` uses the tokenizer's template when it has one, `on` requires one."""
+    has = bool(getattr(tokenizer, "chat_template", None))
+    if mode == "on" and not has:
+        where = getattr(tokenizer, "name_or_path", "") or "model.path"
+        raise ValueError(
+            f"task.chat_template: on, but the tokenizer of {where} has no chat template "
+            "(set task.chat_template: auto to use one only when the tokenizer has it, or off)"
+        )
+    return mode != "off" and has
+
+
 class JsonlTask(Task):
-    """Prompts from a JSONL dataset (trainer/datasets.py), rewarded by a verifier on the decoded
-    response (trainer/verifiers.py). Prompts go through the tokenizer's chat template when it has one
-    (and task.chat_template is on); problems are drawn in a seeded shuffled order, epoch after epoch."""
+    """Prompts from a dataset (trainer/datasets.py: jsonl, parquet or a `datasets` directory), rewarded by
+    a verifier on the decoded response (trainer/verifiers.py). Prompts go through the tokenizer's chat
+    template per task.chat_template; problems are drawn in a seeded shuffled order, epoch after epoch."""
 
     name = "jsonl"
 
@@ -221,17 +233,21 @@ class JsonlTask(Task):
         self.spec, self.tokenizer = spec, tokenizer
         self.eos_id = hf_model.eos_token_id(tokenizer)
         # a custom reward may score rows that carry no reference answer
-        self.records = datasets.load_jsonl(
-            spec.path, spec.prompt_field, spec.answer_field, require_answer=not is_import_path(spec.reward)
-        )
+        fields = datasets.Fields(spec.prompt_field, spec.answer_field, require_answer=not is_import_path(spec.reward))
+        self.records = datasets.load_records(spec.path, fields, spec.split)
         self.verify = verifiers.VERIFIERS.get(spec.reward, verifiers.exact_match)
+        self.use_chat_template = _wants_chat_template(spec.chat_template, tokenizer)
         self._prompts = [self._encode_prompt(r.prompt) for r in self.records]
         self._order = EpochOrder()
-        # the held-out split: a separate file, or a fixed seeded share of this one that is never trained on
+        # the held-out split: a separate dataset, or a fixed seeded share of this one that is never trained on
         self.train_idx, self._eval = list(range(len(self.records))), []
         if spec.eval_path is not None:
-            held = datasets.load_jsonl(
-                spec.eval_path, spec.prompt_field, spec.answer_field, require_answer=not is_import_path(spec.reward)
+            held = datasets.load_records(
+                spec.eval_path,
+                fields,
+                spec.eval_split,
+                default_split=datasets.DEFAULT_EVAL_SPLIT,
+                split_key="task.eval_split",
             )
             self._eval = [(r, self._encode_prompt(r.prompt)) for r in held]
         elif spec.eval_every:
@@ -248,15 +264,16 @@ class JsonlTask(Task):
             self.train_idx = [i for i in range(n) if i not in held_idx]
 
     def _encode_prompt(self, text: str) -> list[int]:
+        """The prompt's token ids, exactly what the learner trains on and every engine is sent (engines
+        get ids, never text). The reward still sees the raw prompt (Problem.prompt_text)."""
         content = f"{text}\n{self.spec.instruction}" if self.spec.instruction else text
-        if self.spec.chat_template and getattr(self.tokenizer, "chat_template", None):
+        if self.use_chat_template:
             messages = [{"role": "user", "content": content}]
             if self.spec.system_prompt:
                 messages.insert(0, {"role": "system", "content": self.spec.system_prompt})
-            ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-            if isinstance(ids, dict) or hasattr(ids, "input_ids"):  # BatchEncoding on newer transformers
-                ids = ids["input_ids"]
-            return [int(i) for i in ids]
+            rendered = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+            # the template writes its own special tokens (a BOS too, where it has one): add none
+            return [int(i) for i in self.tokenizer.encode(rendered, add_special_tokens=False)]
         if self.spec.system_prompt:
             content = f"{self.spec.system_prompt}\n{content}"
         return [int(i) for i in self.tokenizer.encode(content, add_special_tokens=True)]

@@ -7,11 +7,14 @@ So each chunk leaves the trainer about once per version, and the rest flows betw
 
 A grant lapses when its holder stops announcing (`lease_s`), so a dead puller costs others at most
 that long; a peer reported bad (dead, or serving wrong bytes) leaves the swarm at once. Peers are
-plain workers: they are only useful where workers can reach each other (a region or a VPC).
+plain workers: they are only useful where workers can reach each other (a region or a VPC), so the
+swarm is split by the region each puller reports (trainer/region_fanout.py): a chunk is granted
+from the trainer once per region, and peers are offered only within a region.
 
     POST /v1/weights/{version}/swarm  {"peer_id", "url", "n_chunks", "have" (base64 bitmap),
-                                       "want" (grants wanted), "bad" [urls], "done" (bool)}
-        -> {"peers": [{"url", "have"}], "origin": [chunk indices granted to the caller]}
+                                       "want" (grants wanted), "bad" [urls], "done" (bool),
+                                       "region" (cloud/region, optional)}
+        -> {"peers": [{"url", "have", "region"}], "origin": [chunk indices granted to the caller]}
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ from dataclasses import dataclass, field
 
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from trainer.region_fanout import REGION_PATTERN, RegionView, group_of, may_trade, origin_grants
 
 MAX_CHUNKS = 1 << 22
 
@@ -41,6 +46,7 @@ class Announce(BaseModel):
     want: int = Field(default=0, ge=0, le=4096)
     bad: list[str] = Field(default_factory=list, max_length=256)
     done: bool = False
+    region: str | None = Field(default=None, pattern=REGION_PATTERN)  # None: the region-blind group
 
 
 def encode_bits(bits: Iterable[int], n: int) -> str:
@@ -63,21 +69,30 @@ class _Peer:
     have: set[int]
     done: bool
     seen: float
+    group: str  # the swarm group (region) it trades in
+    region: str | None  # as reported
 
 
 @dataclass
 class _Swarm:
     n_chunks: int
     peers: dict[str, _Peer] = field(default_factory=dict)
-    leases: dict[int, tuple[str, float]] = field(default_factory=dict)  # chunk -> (peer_id, expiry)
-    granted: int = 0
+    # (group, chunk) -> (peer_id, expiry): a chunk is fetched from the trainer once per region
+    leases: dict[tuple[str, int], tuple[str, float]] = field(default_factory=dict)
+    granted: dict[str, int] = field(default_factory=dict)  # origin grants per group
 
 
 class SwarmTracker:
+    """`by_region=False` is the region-blind swarm (one group for all): the benchmark's baseline."""
+
     def __init__(
-        self, lease_s: float = 3.0, peer_ttl_s: float = 8.0, clock: Callable[[], float] = time.monotonic
+        self,
+        lease_s: float = 3.0,
+        peer_ttl_s: float = 8.0,
+        clock: Callable[[], float] = time.monotonic,
+        by_region: bool = True,
     ) -> None:
-        self.lease_s, self.peer_ttl_s, self.clock = lease_s, peer_ttl_s, clock
+        self.lease_s, self.peer_ttl_s, self.clock, self.by_region = lease_s, peer_ttl_s, clock, by_region
         self._lock = threading.Lock()
         self._swarms: dict[int, _Swarm] = {}
         self._banned: dict[str, float] = {}  # url -> until; reported dead or lying
@@ -96,36 +111,33 @@ class SwarmTracker:
                         self._drop(s, pid)
             self._expire(sw, now)
             url = a.url if a.url and self._banned.get(a.url, 0) <= now else None
-            sw.peers[a.peer_id] = _Peer(url, have, a.done or len(have) == a.n_chunks, now)
-            for c in list(sw.leases):  # leases the caller now holds are done; its others are renewed
-                pid, _ = sw.leases[c]
+            group = group_of(a.region, by_region=self.by_region)
+            me = sw.peers[a.peer_id] = _Peer(url, have, a.done or len(have) == a.n_chunks, now, group, a.region)
+            for key in list(sw.leases):  # leases the caller now holds are done; its others are renewed
+                pid, _ = sw.leases[key]
                 if pid == a.peer_id:
-                    if c in have:
-                        del sw.leases[c]
+                    if key[1] in have or key[0] != group:  # (a puller that moved group keeps none)
+                        del sw.leases[key]
                     else:
-                        sw.leases[c] = (pid, now + self.lease_s)
-            held = set().union(*(p.have for p in sw.peers.values() if p.url is not None or p is sw.peers[a.peer_id]))
-            mine = [c for c, (pid, _) in sw.leases.items() if pid == a.peer_id]
-            grants = list(mine)
-            # A fair share of what the trainer still has to send: spread over the live pullers,
-            # every chunk reaches the swarm sooner and no single puller's uplink carries it all.
-            pullers = sum(1 for p in sw.peers.values() if not p.done and now - p.seen <= self.lease_s)
-            open_chunks = sum(1 for c in range(sw.n_chunks) if c not in held and c not in sw.leases)
-            share = -(-(open_chunks + len(sw.leases)) // max(1, pullers))
-            if len(grants) < min(a.want, share):
-                for c in range(sw.n_chunks):
-                    if c not in held and c not in sw.leases:
-                        sw.leases[c] = (a.peer_id, now + self.lease_s)
-                        grants.append(c)
-                        sw.granted += 1
-                        if len(grants) >= min(a.want, share):
-                            break
+                        sw.leases[key] = (pid, now + self.lease_s)
+            mates = [p for p in sw.peers.values() if p.group == group]
+            view = RegionView(
+                n_chunks=sw.n_chunks,
+                held=frozenset().union(*(p.have for p in mates if p.url is not None or p is me)),
+                leased={c: pid for (g, c), (pid, _) in sw.leases.items() if g == group},
+                pullers=sum(1 for p in mates if not p.done and now - p.seen <= self.lease_s),
+            )
+            grants = origin_grants(view, a.peer_id, a.want)
+            for c in grants:
+                if (group, c) not in sw.leases:
+                    sw.granted[group] = sw.granted.get(group, 0) + 1
+                sw.leases[(group, c)] = (a.peer_id, now + self.lease_s)
             peers = [
-                {"url": p.url, "have": encode_bits(p.have, sw.n_chunks)}
+                {"url": p.url, "have": encode_bits(p.have, sw.n_chunks), "region": p.region}
                 for pid, p in sw.peers.items()
-                if pid != a.peer_id and p.url and p.have
+                if pid != a.peer_id and p.url and p.have and may_trade(group, p.group)
             ]
-        return {"peers": peers, "origin": sorted(grants)}
+        return {"peers": peers, "origin": grants}
 
     def versions_in_use(self) -> set[int]:
         """Versions that a live worker is still pulling: garbage collection keeps them."""
@@ -148,7 +160,9 @@ class SwarmTracker:
                 str(v): {
                     "peers": sum(1 for p in sw.peers.values() if p.url),
                     "complete": sum(1 for p in sw.peers.values() if p.done),
-                    "origin_grants": sw.granted,
+                    "origin_grants": sum(sw.granted.values()),
+                    # per region: about n_chunks each when every chunk crossed into it once
+                    "origin_grants_by_region": dict(sorted(sw.granted.items())),
                 }
                 for v, sw in sorted(self._swarms.items())
             }
@@ -156,14 +170,14 @@ class SwarmTracker:
     def _expire(self, sw: _Swarm, now: float) -> None:
         for pid in [pid for pid, p in sw.peers.items() if now - p.seen > self.peer_ttl_s]:
             self._drop(sw, pid)
-        for c in [c for c, (_, until) in sw.leases.items() if until < now]:
-            del sw.leases[c]
+        for key in [key for key, (_, until) in sw.leases.items() if until < now]:
+            del sw.leases[key]
 
     @staticmethod
     def _drop(sw: _Swarm, pid: str) -> None:
         sw.peers.pop(pid, None)
-        for c in [c for c, (p, _) in sw.leases.items() if p == pid]:
-            del sw.leases[c]
+        for key in [key for key, (p, _) in sw.leases.items() if p == pid]:
+            del sw.leases[key]
 
 
 def add_swarm_route(app: web.Application, tracker: SwarmTracker, on_change: Callable[[], None] | None = None) -> None:

@@ -9,10 +9,12 @@ table.
 
 `stage` blocks only for the copy to host memory; hashing (and the optional delta from the previous
 version, trainer/weight_delta.py: per chunk the smaller of a sparse and a dense XOR encoding) run on
-a thread pool, and the manifest route waits for them.
+a thread pool, and the manifest route waits for them. A worker further behind gets one delta
+composed from the kept chain of per-version deltas (trainer/delta_chain.py), as far back as the
+history's memory budget reaches.
 
 Routes (authentication is applied by the server's middleware, not here):
-    GET  /v1/weights/latest                                -> {"version": int | null}
+    GET  /v1/weights/latest                                -> {"version": int | null, "oldest_base": int | null}
     GET  /v1/weights/{version}/manifest                    -> Manifest JSON
     GET  /v1/weights/{version}/chunks/{index}              -> octet-stream, X-Digest; Range: bytes=a-b -> 206
     GET  /v1/weights/{version}/delta/{base}/manifest       -> DeltaManifest JSON (404: pull in full)
@@ -40,6 +42,7 @@ from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from trainer import weight_delta
+from trainer.delta_chain import DeltaHistory
 from trainer.digest import DEFAULT as DEFAULT_DIGEST
 from trainer.digest import HEX_PATTERN, Algorithm, hexdigest
 from trainer.weight_tracker import SwarmTracker, add_swarm_route
@@ -106,7 +109,9 @@ class Manifest(BaseModel):
 class DeltaChunk(BaseModel):
     model_config = ConfigDict(extra="forbid")
     index: int = Field(ge=0)
-    size: int = Field(ge=0)  # compressed bytes on the wire; 0: the chunk did not change
+    # compressed bytes on the wire; 0: the chunk did not change, or (when its digest differs between
+    # the two manifests) it goes in full
+    size: int = Field(ge=0)
     digest: str | None = Field(default=None, pattern=HEX_PATTERN)  # of the compressed bytes
     shuffle: int = Field(default=1, ge=1, le=8)  # element width (dense: the shuffle; sparse: the element)
     encoding: weight_delta.Encoding = weight_delta.DENSE
@@ -286,12 +291,14 @@ class WeightPublisher:
         egress_bps: float | None = None,
         tracker: SwarmTracker | None = None,
         prepare_next: bool = True,
+        delta_history_bytes: int = 512 << 20,
     ) -> None:
         """`prepare_next`: after each version, page in a buffer for the next one in the background
         (one more model-sized buffer of host memory), so the copy that blocks training runs at
         memory speed instead of paying first-touch page faults. `sparse_delta`: offer each changed
         chunk's delta in the smaller of the sparse and the dense encoding (False: dense only, the
-        codec every worker understands; kept for comparisons)."""
+        codec every worker understands; kept for comparisons). `delta_history_bytes`: memory for past
+        versions' deltas, from which a worker several versions behind gets one composed delta."""
         if chunk_bytes < 1 or keep < 1:
             raise ValueError("chunk_bytes and keep must be >= 1")
         self.chunk_bytes = chunk_bytes
@@ -300,12 +307,16 @@ class WeightPublisher:
         self.sparse_delta = sparse_delta
         self.digest_alg = digest_alg
         self.tracker = tracker if tracker is not None else SwarmTracker()
+        self.history = DeltaHistory(delta_history_bytes)
         self.counters = ServeCounters()
         self.limit = RateLimit(egress_bps) if egress_bps else None
         self.last_copy_s = 0.0
         self._pool = cf.ThreadPoolExecutor(max_workers=hash_threads, thread_name_prefix="weights")
         # Orchestration runs apart from the leaf work it waits on, so the pool can never deadlock.
         self._jobs = cf.ThreadPoolExecutor(max_workers=1, thread_name_prefix="weights-publish")
+        # composed deltas on a thread of their own: a slow one never holds up the next publish
+        self._compose_jobs = cf.ThreadPoolExecutor(max_workers=1, thread_name_prefix="weights-compose")
+        self._composed: dict[tuple[int, int], cf.Future] = {}  # (version, base) -> Step | None
         self._lock = threading.Lock()
         self._versions: dict[int, _Published] = {}
         self._pins: Counter[int] = Counter()
@@ -342,6 +353,7 @@ class WeightPublisher:
             base = self._versions.get(version - 1)
             self._versions[version] = pub
             self._latest = version
+            self._composed.clear()  # only the newest version is asked for as a jump
             self._collect_locked()
         self._jobs.submit(self._finish, version, pub, infos, base)
         return pub.ready
@@ -427,6 +439,8 @@ class WeightPublisher:
             total_bytes=sum(d.size for d in dchunks),
             chunks=dchunks,
         )
+        if dm.base == dm.version - 1:
+            self.history.add((dm, payloads))
         return dm, payloads
 
     def pin(self, version: int) -> None:
@@ -480,14 +494,38 @@ class WeightPublisher:
         return await asyncio.wait_for(asyncio.wrap_future(pub.ready), timeout_s)
 
     async def wait_delta(self, version: int, base: int, timeout_s: float = 60.0) -> tuple | None:
+        """`version` as a delta from `base`: from the version before, the delta made at publish;
+        from further back, one composed from the history (None: pull in full)."""
         pub = self._get(version)
-        if pub is None or base not in (version - 1,):
+        if pub is None or base >= version:
             return None
-        await self.wait_manifest(version, timeout_s)
-        if pub.delta is None:
+        m = await self.wait_manifest(version, timeout_s)
+        if pub.delta is None or m is None:
             return None
         dm, payloads = await asyncio.wait_for(asyncio.wrap_future(pub.delta), timeout_s)
-        return (dm, payloads) if dm.base == base else None
+        if base == version - 1:
+            return (dm, payloads) if dm.base == base else None
+        with self._lock:
+            fut = self._composed.get((version, base))
+            if fut is None:
+                fut = self._compose_jobs.submit(self.history.compose, m, base, self.sparse_delta, self._pool.map)
+                self._composed[(version, base)] = fut
+        return await asyncio.wait_for(asyncio.wrap_future(fut), timeout_s)
+
+    def oldest_base(self) -> int | None:
+        """The oldest version a worker may hold and still get the latest as one delta."""
+        latest = self.latest
+        if latest is None:
+            return None
+        pub = self._get(latest)
+        if pub is None or pub.delta is None:  # the first version, or a new layout: no delta at all
+            return None
+        if not pub.delta.done():  # being made: it joins the history soon
+            older = self.history.oldest_base(latest - 1)
+            return latest - 1 if older is None else older
+        # the delta made at publish always serves the version before, whatever the history keeps
+        older = self.history.oldest_base(latest)
+        return latest - 1 if older is None else older
 
     def chunk_buffer(self, version: int, index: int) -> tuple[ChunkInfo, HostBuffer] | None:
         pub = self._get(version)
@@ -512,6 +550,8 @@ class WeightPublisher:
             "egress_delta_bytes": self.counters.delta_bytes,
             "chunk_requests": self.counters.requests,
             "last_copy_s": round(self.last_copy_s, 4),
+            "oldest_base": self.oldest_base(),
+            "delta_history": self.history.stats(),
             "swarm": self.tracker.stats(),
         }
 
@@ -686,7 +726,7 @@ def add_chunk_routes(
 def add_routes(app: web.Application, publisher: WeightPublisher) -> None:
     async def latest(_: web.Request) -> web.Response:
         publisher.collect()  # cheap; lets versions whose pullers went away go
-        return web.json_response({"version": publisher.latest})
+        return web.json_response({"version": publisher.latest, "oldest_base": publisher.oldest_base()})
 
     async def delta_manifest(request: web.Request) -> web.Response:
         version, base = _int_param(request, "version"), _int_param(request, "base")

@@ -10,8 +10,9 @@ Reachability: a worker advertises http://RLBOOST_PEER_HOST:port (bind host, defa
 RLBOOST_PEER_URL overrides what is advertised); in a TLS job it serves https with its own self-signed
 certificate and advertises https://host:port#sha256=<fingerprint>, which pullers pin (the URL reaches
 them from the tracker over the trainer's pinned connection). Workers dial home, so nothing else needs to reach
-them; peers do. On clouds, bind to the private address and expect peers to help only within one
-region / VPC; where they cannot connect, pullers drop them and fetch from the trainer.
+them; peers do. On clouds, bind to the private address: a worker reports its region
+(RLBOOST_CLOUD/RLBOOST_REGION, set by the controller) and the tracker offers it peers of that
+region only; where they still cannot connect, pullers drop them and fetch from the trainer.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from typing import TYPE_CHECKING
 import aiohttp
 from aiohttp import web
 
+from trainer.region_fanout import region_key
 from trainer.tls import ENV_FINGERPRINT
 from trainer.weight_broadcast import BroadcastError
 from trainer.weight_tracker import encode_bits
@@ -221,8 +223,11 @@ class WeightNode:
         seed_every_s: float = 2.0,
         tls: bool = False,
         max_uploads: int = 4,
+        region: str | None = None,
+        cross_region_bps: float | None = None,
     ) -> None:
         self.token, self.peer_id = token, peer_id
+        self.region, self.cross_region_bps = region, cross_region_bps  # the latter: benchmarks only
         self.store = WeightStore()
         self.server = PeerServer(self.store, token, egress_bps, tls=tls, max_uploads=max_uploads) if serve else None
         self.host, self.port, self.advertise = host, port, advertise
@@ -251,6 +256,7 @@ class WeightNode:
             max_uploads=int(env.get("RLBOOST_PEER_UPLOADS", "4")),
             local=env.get("RLBOOST_WEIGHTS_LOCAL", "1" if reserved else "0") == "1",
             tls=bool(env.get(ENV_FINGERPRINT)),  # a TLS job: the job token never crosses in clear
+            region=region_key(env.get("RLBOOST_CLOUD"), env.get("RLBOOST_REGION")),
         )
 
     async def __aenter__(self) -> WeightNode:
@@ -330,10 +336,10 @@ class WeightNode:
         got = await self._receive(broadcast, base_url, version, stats) if broadcast is not None else None
         bar = _ProgressBar(version) if sys.stderr.isatty() and got is None else None
         try:
-            tensors = (
-                got
-                if got is not None
-                else await pull_weights(
+            if got is not None:
+                tensors = got
+            else:
+                tensors = await pull_weights(
                     base_url,
                     version,
                     token=self.token,
@@ -345,10 +351,11 @@ class WeightNode:
                     peer_url=self.peer_url,
                     local=self.local,
                     ingress_bps=self.ingress_bps,
+                    region=self.region,
+                    cross_region_bps=self.cross_region_bps,
                     on_progress=bar.update if bar else None,
                     as_tensors=as_tensors,
                 )
-            )
         finally:
             if bar:
                 bar.close()
@@ -392,6 +399,7 @@ class WeightNode:
             "n_chunks": n,
             "have": encode_bits(range(n), n),
             "done": True,
+            "region": self.region,
         }
         url = f"{self._base_url.rstrip('/')}/v1/weights/{held.manifest.version}/swarm"
         with contextlib.suppress(aiohttp.ClientError, asyncio.TimeoutError):

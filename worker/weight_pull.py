@@ -10,7 +10,9 @@ Sources, in order of preference:
      per chunk), when offered;
   2. peers that hold the chunk (other workers; the trainer's tracker says who holds what);
   3. the trainer ("origin"), for chunks the tracker granted to this puller (so each chunk leaves the
-     trainer about once, however many workers pull), or for everything when there is no tracker.
+     trainer about once per region, however many workers pull), or for everything when there is no
+     tracker. The puller reports its region (`cloud/region`) and the tracker offers peers of that
+     region only (trainer/region_fanout.py).
 
 Failures: a broken body resumes with a `Range` request for the rest (from any source, since chunk
 bytes are fixed by their hash); a dead peer, or one that serves wrong bytes, is dropped and
@@ -71,6 +73,7 @@ class PullStats:
     bytes_received: int = 0  # on the wire, including bytes thrown away by re-fetches
     from_origin: int = 0
     from_peers: int = 0
+    from_peers_elsewhere: int = 0  # of from_peers: from peers the tracker placed in another region
     delta_bytes: int = 0  # compressed delta bytes received
     chunks: int = 0
     unchanged_chunks: int = 0
@@ -291,6 +294,16 @@ class _Rate:
             self._last = (now, total)
 
 
+class _BothLimits:
+    """Bytes that pass two emulated links (the NIC, and the slow path between regions)."""
+
+    def __init__(self, a: RateLimit, b: RateLimit) -> None:
+        self.a, self.b = a, b
+
+    def reserve(self, n: int) -> float:
+        return max(self.a.reserve(n), self.b.reserve(n))
+
+
 @dataclass
 class _Ctx:
     base: str  # origin base URL
@@ -303,6 +316,16 @@ class _Ctx:
     verify: bool
     lock: threading.Lock = field(default_factory=threading.Lock)
     done_bytes: int = 0
+    # benchmarks: bytes from another region (the trainer, or a peer the tracker says is elsewhere)
+    # also pass this slower bucket
+    region: str | None = None
+    cross_limit: RateLimit | None = None
+    peer_region: dict[str, str | None] = field(default_factory=dict)
+
+    def limit_for(self, src: str) -> Any:
+        if self.cross_limit is None or (src != ORIGIN and self.peer_region.get(src) == self.region):
+            return self.limit
+        return _BothLimits(self.limit, self.cross_limit) if self.limit else self.cross_limit
 
     def conn(self, pool: dict[str, HttpConn], src: str) -> HttpConn:
         if src not in pool:
@@ -337,7 +360,7 @@ def _full_loop(ctx: _Ctx, plan: _Plan, m: Manifest, buf: HostBuffer, mark: Calla
                     info.digest,
                     dest,
                     part,
-                    limit=ctx.limit,
+                    limit=ctx.limit_for(src),
                     stop=ctx.stop,
                     verify=ctx.verify,
                 )
@@ -370,7 +393,10 @@ def _full_loop(ctx: _Ctx, plan: _Plan, m: Manifest, buf: HostBuffer, mark: Calla
                     time.sleep(0.01 + 0.02 * random.random())
                 continue
             part.sources.add(src)
-            ctx.count(n, **({"from_origin": n} if src == ORIGIN else {"from_peers": n}))
+            if src == ORIGIN:
+                ctx.count(n, from_origin=n)
+            else:
+                ctx.count(n, from_peers=n, from_peers_elsewhere=n if ctx.peer_region.get(src) != ctx.region else 0)
             mark(c)
             with ctx.lock:
                 ctx.done_bytes += info.size
@@ -417,7 +443,7 @@ def _delta_loop(
                         d.digest or "",
                         payload,
                         part,
-                        limit=ctx.limit,
+                        limit=ctx.limit_for(ORIGIN),
                         stop=ctx.stop,
                     )
                     ctx.count(n, delta_bytes=n)
@@ -580,14 +606,18 @@ async def pull_weights(
     verify: bool = True,
     announce_s: float = 0.25,
     as_tensors: bool = True,
+    region: str | None = None,
+    cross_region_bps: float | None = None,
 ) -> dict[str, torch.Tensor]:
     """Fetch, verify and load weight `version`; returns tensors that are views into one buffer.
 
     `timeout_s` bounds each request; `retries` bounds origin attempts per chunk. With a `store`
     (worker/peer_server.py) verified chunks are served to peers as they land, and the version held
     before is the base for a delta. `swarm` asks the trainer's tracker for peers; `local` maps the
-    trainer's buffer when on the same machine. `verify=False` and `as_tensors=False` (return {}
-    and leave the bytes in the store, so torch is never imported) exist for benchmarks only."""
+    trainer's buffer when on the same machine; `region` (`cloud/region`) is this worker's, reported
+    to the tracker. `verify=False`, `as_tensors=False` (return {} and leave the bytes in the store,
+    so torch is never imported) and `cross_region_bps` (an emulated slow link for bytes from the
+    trainer or from a peer in another region) exist for benchmarks only."""
     base = base_url.rstrip("/")
     st = stats if stats is not None else PullStats()
     st.version, t0 = version, time.monotonic()
@@ -616,6 +646,8 @@ async def pull_weights(
             threading.Event(),
             st,
             verify,
+            region=region,
+            cross_limit=RateLimit(cross_region_bps, burst=64 << 10) if cross_region_bps else None,
         )
         pool = cf.ThreadPoolExecutor(max_workers=max(1, parallel), thread_name_prefix="pull")
         try:
@@ -758,6 +790,7 @@ async def _full_phase(
                     "have": encode_bits(have | (set(todo) - plan.todo), len(m.chunks)),
                     "want": want,
                     "bad": sorted(plan.new_bad),
+                    "region": ctx.region,
                 }
                 try:
                     status, view = await cl.post_json(f"{base}/v1/weights/{version}/swarm", body)
@@ -767,8 +800,10 @@ async def _full_phase(
                         failures = 0
                         plan.new_bad.clear()
                         n = len(m.chunks)
-                        peers = {p["url"]: decode_bits(p["have"], n) for p in view.get("peers", []) if p.get("url")}
+                        listed = [p for p in view.get("peers", []) if p.get("url")]
+                        peers = {p["url"]: decode_bits(p["have"], n) for p in listed}
                         peers.pop(peer_url, None)
+                        ctx.peer_region.update({p["url"]: p.get("region") for p in listed})
                         plan.update(peers, {c for c in view.get("origin", []) if isinstance(c, int) and 0 <= c < n})
                     else:
                         failures += 1
@@ -800,6 +835,6 @@ async def _full_phase(
     if swarm and failures < 3:  # done: releases this puller's grants and lets GC see it finished
         n = len(m.chunks)
         body = {"peer_id": pid, "url": peer_url, "n_chunks": n, "have": encode_bits(range(n), n), "done": True}
-        body["bad"] = sorted(plan.new_bad)
+        body["bad"], body["region"] = sorted(plan.new_bad), ctx.region
         with contextlib.suppress(aiohttp.ClientError, asyncio.TimeoutError, ValueError):
             await cl.post_json(f"{base}/v1/weights/{version}/swarm", body)

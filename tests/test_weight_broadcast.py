@@ -21,6 +21,7 @@ from pydantic import ValidationError
 
 from tests.test_weights import assert_same
 from tests.torch_threads import one_thread  # noqa: F401 - fixture
+from trainer.broadcast_sender import BroadcastSender, Receiver
 from trainer.weight_broadcast import (
     BroadcastError,
     BroadcastOptions,
@@ -255,3 +256,24 @@ def test_auto_transport_only_for_gpu_members_in_the_trainers_network() -> None:
     assert backend_for(local_cpu, [local_cpu]) == "gloo"
     assert backend_for(local_gpu, [local_gpu]) == "gloo"  # one machine: ranks would share a GPU
     assert backend_for(gpu, [gpu, Site("aws", "us-east-1", cuda=False)]) == "gloo"
+
+
+def test_the_trainer_broadcasts_to_remote_engines_only_where_auto_allows() -> None:
+    gpu_trainer = Site("aws", "us-east-1", cuda=True)
+    east = Receiver("w1", "spot", cuda=True, cloud="aws", region="us-east-1")
+    reserved = Receiver("r", "reserved", cuda=True, cloud="aws", region="us-east-1")
+    west = Receiver("w2", "spot", cuda=True, cloud="aws", region="us-west-2")
+    unknown = Receiver("w3", "spot", cuda=True)  # a worker that did not say where it runs
+    auto = BroadcastSender("auto", gpu_trainer, local=False, opts=BroadcastOptions())
+    assert auto.decide([east, reserved]) == ([east], "nccl")  # the reserved engine maps memory instead
+    assert auto.decide([east, west]) is None
+    assert auto.decide([east, unknown]) is None
+    assert auto.decide([reserved]) is None
+    forced = BroadcastSender("torch", gpu_trainer, local=False, opts=BroadcastOptions())
+    assert forced.decide([east, unknown]) == ([east, unknown], "nccl")
+    assert BroadcastSender("http", gpu_trainer, local=False, opts=BroadcastOptions()).decide([east]) is None
+    # the local provider: its workers share the trainer's machine, whatever they report; gloo
+    local = BroadcastSender("auto", Site("local", None, cuda=True), local=True, opts=BroadcastOptions())
+    assert local.decide([unknown]) == ([unknown], "gloo")
+    cpu_local = BroadcastSender("auto", Site("local", None, cuda=False), local=True, opts=BroadcastOptions())
+    assert cpu_local.decide([Receiver("w", "spot", cuda=False)]) is None

@@ -10,6 +10,7 @@ import logging
 from dataclasses import dataclass, replace
 
 from trainer.weight_broadcast import (
+    Backend,
     BroadcastOptions,
     BroadcastResult,
     Site,
@@ -30,6 +31,8 @@ class Receiver:
     id: str
     kind: str  # spot | on-demand | reserved
     cuda: bool
+    cloud: str | None = None  # as the worker reports it (None: unknown, never "in the trainer's network")
+    region: str | None = None
 
 
 class BroadcastSender:
@@ -41,22 +44,30 @@ class BroadcastSender:
         self._task: asyncio.Task | None = None
 
     def _site(self, r: Receiver) -> Site:
-        # remote workers do not report their cloud and region yet: `auto` keeps them on HTTP
-        return Site("local", None, r.cuda) if self.local else Site("unknown", None, r.cuda)
+        if self.local:  # the local provider's workers share the trainer's machine
+            return Site("local", None, r.cuda)
+        return Site(r.cloud or "unknown", r.region, r.cuda)
+
+    def decide(self, receivers: list[Receiver]) -> tuple[list[Receiver], Backend] | None:
+        """The members of a broadcast among `receivers` and its backend, or None: pull over HTTP."""
+        members = [r for r in receivers if r.kind != "reserved"]
+        sites = [self._site(r) for r in members]
+        if not members or choose_transport(self.setting, self.trainer, sites) != "torch":
+            return None
+        return members, backend_for(self.trainer, sites)
 
     async def start(self, publisher: WeightPublisher, version: int, receivers: list[Receiver]) -> dict[str, dict]:
         """Plans (worker id -> plan JSON) for the members of `version`'s broadcast, whose send is
         running when this returns; {} when the version goes over HTTP only."""
-        members = [r for r in receivers if r.kind != "reserved"]
-        sites = [self._site(r) for r in members]
-        if not members or choose_transport(self.setting, self.trainer, sites) != "torch":
+        chosen = self.decide(receivers)
+        if chosen is None:
             return {}
+        members, backend = chosen
         await self.wait()  # one broadcast at a time (each is bounded by its timeouts)
         m = await publisher.wait_manifest(version)
         got = publisher.chunk_buffer(version, 0) if m is not None else None
         if m is None or got is None:
             return {}
-        backend = backend_for(self.trainer, sites)
         opts = replace(self.opts, backend=backend, device="cuda" if backend == "nccl" else "cpu")
         transfer = Transfer(m, [r.id for r in members], opts)
         publisher.pin(version)  # its buffer must outlive the send

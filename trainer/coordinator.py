@@ -103,6 +103,8 @@ class EngineConn:
     send_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     accelerator: str | None = None
     cuda: bool = False  # its engine runs on a GPU (hello)
+    cloud: str | None = None  # where it runs, as it says in hello
+    region: str | None = None
     model: EngineModel | None = None
     meter: RateMeter = field(default_factory=RateMeter)
     busy_since: float = 0.0  # when it last went from idle to busy (rate window start)
@@ -620,6 +622,8 @@ class Coordinator:
                 ws,
                 accelerator=hello.accelerator,
                 cuda=hello.cuda,
+                cloud=hello.cloud,
+                region=hello.region,
             )
             self.engines[conn.id] = conn
             self.gone.pop(conn.id, None)

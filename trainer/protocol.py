@@ -44,6 +44,8 @@ class Hello(Msg):
     # e.g. "A100:8": lets the coordinator use the accelerator's performance model before it has measured
     accelerator: Annotated[str, Field(max_length=64, pattern=r"^[A-Za-z0-9._-]+(:[0-9]+)?$")] | None = None
     cuda: bool = False  # its engine runs on a GPU: `weights.transport: auto` may broadcast to it over NCCL
+    cloud: Annotated[str, Field(max_length=32, pattern=r"^[a-z0-9-]+$")] | None = None  # RLBOOST_CLOUD
+    region: Annotated[str, Field(max_length=64, pattern=r"^[A-Za-z0-9._-]+$")] | None = None  # RLBOOST_REGION
 
 
 class Ready(Msg):

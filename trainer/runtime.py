@@ -201,7 +201,7 @@ class TrainerRuntime:
         # (the manifest route waits for them).
         await asyncio.to_thread(self.publisher.stage, version, tensors)
         assert self.coord is not None
-        receivers = [Receiver(c.id, c.kind, c.cuda) for c in self.coord.receivers()]
+        receivers = [Receiver(c.id, c.kind, c.cuda, c.cloud, c.region) for c in self.coord.receivers()]
         plans = await self.broadcaster.start(self.publisher, version, receivers)
         await self.coord.publish(version, plans)
         await self._maybe_evaluate(version, tensors)

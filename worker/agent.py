@@ -35,6 +35,10 @@ class WorkerConfig:
     reconnect_deadline_s: float = 60.0
     flush_s: float = 0.02  # the welcome's flush_s wins once connected
     accelerator: str | None = None  # e.g. "A100:8", told to the coordinator in hello
+    # where this node runs (RLBOOST_CLOUD / RLBOOST_REGION, set by the provider), told in hello: the
+    # trainer broadcasts weights (weights.transport: auto) only within its own cloud and region
+    cloud: str | None = None
+    region: str | None = None
     # sha256 of the trainer's certificate (hex): required for an https trainer URL, checked on every
     # connection (WebSocket, weights, tracker); there is no CA
     tls_fingerprint: str | None = None
@@ -146,6 +150,8 @@ class WorkerAgent:
                     capacity=self._capacity(),
                     accelerator=self.cfg.accelerator,
                     cuda=await self._has_cuda(),
+                    cloud=self.cfg.cloud,
+                    region=self.cfg.region,
                 )
             )
             first = await asyncio.wait_for(ws.receive(), timeout=self.cfg.handshake_timeout_s)

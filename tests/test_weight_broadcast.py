@@ -35,6 +35,7 @@ from trainer.weight_broadcast import (
     receive,
 )
 from trainer.weights import HostBuffer, WeightPublisher, add_routes
+from worker.weight_pull import PullStats
 
 ROOT = Path(__file__).resolve().parents[1]
 CHUNK = 16 * 1024
@@ -277,3 +278,46 @@ def test_the_trainer_broadcasts_to_remote_engines_only_where_auto_allows() -> No
     assert local.decide([unknown]) == ([unknown], "gloo")
     cpu_local = BroadcastSender("auto", Site("local", None, cuda=False), local=True, opts=BroadcastOptions())
     assert cpu_local.decide([Receiver("w", "spot", cuda=False)]) is None
+
+
+def test_a_worker_receives_into_its_store_and_pulls_when_the_broadcast_fails(origin: Origin) -> None:
+    """WeightNode.pull (the agent's path): by broadcast into the store it serves peers from, and over
+    HTTP when the broadcast cannot happen (here: its rendezvous is gone)."""
+    import aiohttp
+
+    from worker.peer_server import WeightNode
+
+    v = origin.manifest.version
+    transfer = Transfer(origin.manifest, ["w1"], fast())
+    plan = transfer.plan.model_dump(mode="json")
+    sender, box = send_in_thread(transfer, origin.buffer())
+
+    async def by_broadcast() -> tuple[dict, PullStats]:
+        async with aiohttp.ClientSession() as s:
+            node = WeightNode("tok", "w1", serve=False)
+            got = await node.pull(origin.url, v, s, broadcast=plan)
+            held = node.store.latest_complete()
+            assert held is not None and held.manifest.version == v and node.broadcasts == 1
+            assert node.last is not None
+            await node.close()
+            return {k: t.clone() for k, t in got.items()}, node.last
+
+    got, st = asyncio.run(asyncio.wait_for(by_broadcast(), 60))
+    sender.join(60)
+    transfer.close()
+    assert_same(got, big_model())
+    assert st.mode == "broadcast"
+    assert box[0].delivered == ["w1"] and origin.pub.counters.full_bytes == 0
+
+    dead = {**plan, "timeout_s": 1.0}  # the same plan, its store closed: no rendezvous
+
+    async def fallback() -> tuple[dict, int]:
+        async with aiohttp.ClientSession() as s:
+            node = WeightNode("tok", "w1", serve=False)
+            got = await node.pull(origin.url, v, s, broadcast=dead)
+            await node.close()
+            return {k: t.clone() for k, t in got.items()}, node.broadcast_fallbacks
+
+    got, fallbacks = asyncio.run(asyncio.wait_for(fallback(), 60))
+    assert_same(got, big_model())
+    assert fallbacks == 1 and origin.pub.counters.full_bytes == origin.manifest.total_bytes

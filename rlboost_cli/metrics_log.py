@@ -112,6 +112,8 @@ class MetricsLog:
             "tail_train_s": rec.get("tail_train_s"),
             "trainer_idle_s": rec.get("trainer_idle_s"),
             "publish_s": rec.get("publish_s"),  # weight sync, on the trainer: stage + publish the version
+            # weights.transport: the last finished broadcast ({version, delivered, missed}), else null
+            "broadcast": rec.get("broadcast"),
             "migrated": rec.get("migrated"),
             "reward_errors": rec.get("reward_errors"),  # a custom reward's failures so far (each scored 0)
             "preemptions": preemptions,  # so far in the job

@@ -432,6 +432,15 @@ class LoggingSpec(Strict):
     wandb: WandbSpec | None = None
 
 
+class WeightsSpec(Strict):
+    """How workers get each weight version (README: Weight transfer)."""
+
+    # auto: a torch.distributed broadcast (trainer/weight_broadcast.py: NCCL) when every worker is on a
+    # GPU in the trainer's network (same cloud and region, or local), else the HTTP pull; http: always
+    # the pull; torch: always the broadcast (gloo without GPUs). A worker the broadcast fails pulls.
+    transport: Literal["auto", "http", "torch"] = "auto"
+
+
 class JobSpec(Strict):
     name: str
     provider: Literal["local", "skypilot", "aws", "gcp"] = "local"
@@ -449,6 +458,7 @@ class JobSpec(Strict):
     perf: dict[str, PerfSpec] = Field(default_factory=dict)
     simulate: SimulateSpec = SimulateSpec()
     logging: LoggingSpec = LoggingSpec()
+    weights: WeightsSpec = WeightsSpec()
     # Where the job's controller runs: `launcher`, in the `rlboost launch` process (or its background
     # child with -d) on the machine that launched it; `trainer`, on the trainer node, which is up for
     # the job's whole life anyway, reached from the launching machine through an authenticated endpoint.

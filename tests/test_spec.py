@@ -19,6 +19,9 @@ def test_examples_validate():
 def test_minimal_job_gets_defaults():
     spec = parse_spec({"name": "tiny", "rollout": {"max_workers": 0}})
     assert spec.algorithm.name == "grpo" and spec.provider == "local"
+    assert spec.weights.transport == "auto"
+    forced = parse_spec({"name": "tiny", "rollout": {"max_workers": 0}, "weights": {"transport": "torch"}})
+    assert forced.weights.transport == "torch"
 
 
 @pytest.mark.parametrize(
@@ -45,6 +48,14 @@ def test_minimal_job_gets_defaults():
         ({"name": "x1", "rollout": {"candidates": [{"accelerator": "A100:x"}]}}, "NAME:COUNT"),
         ({"name": "x1", "rollout": {"max_workers": 0, "trainer_engine": False}}, "nothing would generate"),
         ({}, "name: Field required"),
+        (
+            {"name": "x1", "rollout": {"max_workers": 0}, "weights": {"transport": "nccl"}},
+            "weights.transport: invalid value 'nccl'; input should be 'auto', 'http' or 'torch'",
+        ),
+        (
+            {"name": "x1", "rollout": {"max_workers": 0}, "weights": {"transprt": "http"}},
+            "weights.transprt: unknown key",
+        ),
     ],
 )
 def test_bad_specs_name_the_field(raw, needle):

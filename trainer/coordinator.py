@@ -102,6 +102,9 @@ class EngineConn:
     connected_at: float = field(default_factory=time.monotonic)
     send_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     accelerator: str | None = None
+    cuda: bool = False  # its engine runs on a GPU (hello)
+    cloud: str | None = None  # where it runs, as it says in hello
+    region: str | None = None
     model: EngineModel | None = None
     meter: RateMeter = field(default_factory=RateMeter)
     busy_since: float = 0.0  # when it last went from idle to busy (rate window start)
@@ -209,14 +212,19 @@ class Coordinator:
                 await self._send(conn, P.Shutdown(reason=reason))
                 await conn.ws.close()
 
-    async def publish(self, version: int) -> None:
-        """A new weight version exists: every connected engine pulls it before more work."""
+    def receivers(self) -> list[EngineConn]:
+        """The engines a new version goes to now."""
+        return [c for c in self.engines.values() if c.state in ("ready", "pulling")]
+
+    async def publish(self, version: int, broadcast: dict[str, dict] | None = None) -> None:
+        """A new weight version exists: every connected engine pulls it before more work; those in
+        `broadcast` (worker id -> plan) receive it over the trainer's torch.distributed broadcast."""
         self.version = version
-        msg = P.NewVersion(version=version).model_dump_json()
-        for conn in list(self.engines.values()):
-            if conn.state in ("ready", "pulling"):
-                conn.state = "pulling"
-                self._post(conn, msg)
+        plain = P.NewVersion(version=version).model_dump_json()
+        for conn in self.receivers():
+            conn.state = "pulling"
+            plan = (broadcast or {}).get(conn.id)
+            self._post(conn, plain if plan is None else P.NewVersion(version=version, broadcast=plan).model_dump_json())
 
     # ---- a step ------------------------------------------------------------------------
     async def run_step(
@@ -607,7 +615,15 @@ class Coordinator:
             if old is not None:  # a reconnect replaces the stale connection
                 await self._drop(old, "replaced by a new connection")
             conn = EngineConn(
-                hello.worker_id, hello.kind, hello.engine, hello.capacity, ws, accelerator=hello.accelerator
+                hello.worker_id,
+                hello.kind,
+                hello.engine,
+                hello.capacity,
+                ws,
+                accelerator=hello.accelerator,
+                cuda=hello.cuda,
+                cloud=hello.cloud,
+                region=hello.region,
             )
             self.engines[conn.id] = conn
             self.gone.pop(conn.id, None)

@@ -43,6 +43,9 @@ class Hello(Msg):
     capacity: Annotated[int, Field(ge=1, le=100_000)]  # concurrent sequences it will take
     # e.g. "A100:8": lets the coordinator use the accelerator's performance model before it has measured
     accelerator: Annotated[str, Field(max_length=64, pattern=r"^[A-Za-z0-9._-]+(:[0-9]+)?$")] | None = None
+    cuda: bool = False  # its engine runs on a GPU: `weights.transport: auto` may broadcast to it over NCCL
+    cloud: Annotated[str, Field(max_length=32, pattern=r"^[a-z0-9-]+$")] | None = None  # RLBOOST_CLOUD
+    region: Annotated[str, Field(max_length=64, pattern=r"^[A-Za-z0-9._-]+$")] | None = None  # RLBOOST_REGION
 
 
 class Ready(Msg):
@@ -139,6 +142,9 @@ class Abort(Msg):
 class NewVersion(Msg):
     type: Literal["version"] = "version"
     version: int
+    # receive it over the trainer's torch.distributed broadcast: a BroadcastPlan's JSON, validated by
+    # the worker with trainer/weight_broadcast.py (this module imports nothing of ours); None: pull it
+    broadcast: Annotated[dict[str, Any], Field(max_length=32)] | None = None
 
 
 class Shutdown(Msg):

@@ -24,6 +24,7 @@ from aiohttp import web
 
 from rlboost_cli.spec import JobSpec
 from trainer import checkpoint, distributed, scheduling, tls
+from trainer.broadcast_sender import BroadcastSender, Receiver
 from trainer.coordinator import Coordinator, CoordinatorConfig, RolloutRequest
 from trainer.evaluation import Evaluator, describe
 from trainer.learner import Sample, make_learner
@@ -32,6 +33,7 @@ from trainer.server import build_app
 from trainer.streaming import GroupFeeder
 from trainer.synthetic_learner import SyntheticLearner
 from trainer.tasks import make_task
+from trainer.weight_broadcast import BroadcastOptions, Site
 from trainer.weights import WeightPublisher
 
 log = logging.getLogger("rlboost.trainer")
@@ -86,6 +88,13 @@ class TrainerRuntime:
         ro = spec.rollout
         self.batcher = TailBatcher(spec.algorithm.prompts_per_step, ro.tail_over_launch) if ro.tail_batching else None
         self.publisher = WeightPublisher(delta_history_bytes=spec.trainer.delta_history_mib << 20)
+        # weights.transport: torch / auto on GPUs: remote workers get each version by broadcast
+        self.broadcaster = BroadcastSender(
+            spec.weights.transport,
+            Site(spec.trainer.cloud, spec.trainer.region, torch.cuda.is_available()),
+            local=spec.provider == "local",
+            opts=BroadcastOptions(bind_host="0.0.0.0"),
+        )
         # validation on held-out problems (task.eval_every), beside the steps (trainer/evaluation.py)
         self.evaluator = Evaluator(spec, self.task) if spec.task.eval_every else None
         self.evals: list[dict] = []  # one per evaluated version, in order
@@ -116,7 +125,7 @@ class TrainerRuntime:
             "offloads": c.offloads if c else 0,
             "tail_migrations": c.tail_migrations if c else 0,
             "workers": c.workers_snapshot() if c else [],
-            "weights": self.publisher.stats(),  # egress bytes (really sent), held versions, swarm
+            "weights": {**self.publisher.stats(), "broadcast": self.broadcaster.stats()},
             "history": self.history,
             "evals": self.evals,
             "eval": self.evals[-1] if self.evals else None,  # the last one
@@ -192,7 +201,9 @@ class TrainerRuntime:
         # (the manifest route waits for them).
         await asyncio.to_thread(self.publisher.stage, version, tensors)
         assert self.coord is not None
-        await self.coord.publish(version)
+        receivers = [Receiver(c.id, c.kind, c.cuda, c.cloud, c.region) for c in self.coord.receivers()]
+        plans = await self.broadcaster.start(self.publisher, version, receivers)
+        await self.coord.publish(version, plans)
         await self._maybe_evaluate(version, tensors)
 
     async def _maybe_evaluate(self, version: int, tensors: dict) -> None:
@@ -374,6 +385,7 @@ class TrainerRuntime:
             await self.publish(step + 1)
             rec = self._step_record(step, responses, samples, metrics, migrated0, t0, t_gen, feeder)
             rec["publish_s"] = round(time.monotonic() - t_pub, 3)  # the weight sync's share on the trainer
+            rec["broadcast"] = self.broadcaster.last  # the last finished broadcast (weights.transport)
             self.history.append(rec)
             recorder.write(responses)
             self.step = step + 1

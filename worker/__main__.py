@@ -36,6 +36,8 @@ def main() -> int:
         kind=os.environ.get("RLBOOST_WORKER_KIND", "spot"),
         engine=os.environ.get("RLBOOST_ENGINE", "torch"),
         accelerator=os.environ.get("RLBOOST_ACCELERATOR") or None,
+        cloud=os.environ.get("RLBOOST_CLOUD") or None,
+        region=os.environ.get("RLBOOST_REGION") or None,
     )
     fp = os.environ.get("RLBOOST_TLS_FINGERPRINT") or None
     if fp:

@@ -35,6 +35,10 @@ class WorkerConfig:
     reconnect_deadline_s: float = 60.0
     flush_s: float = 0.02  # the welcome's flush_s wins once connected
     accelerator: str | None = None  # e.g. "A100:8", told to the coordinator in hello
+    # where this node runs (RLBOOST_CLOUD / RLBOOST_REGION, set by the provider), told in hello: the
+    # trainer broadcasts weights (weights.transport: auto) only within its own cloud and region
+    cloud: str | None = None
+    region: str | None = None
     # sha256 of the trainer's certificate (hex): required for an https trainer URL, checked on every
     # connection (WebSocket, weights, tracker); there is no CA
     tls_fingerprint: str | None = None
@@ -66,6 +70,8 @@ class WorkerAgent:
         self.idle.set()
         self.draining = False
         self.want_version: int | None = None
+        self.want_plan: dict | None = None  # the trainer's broadcast plan for want_version, if any
+        self._cuda: bool | None = None
         self.version_event = asyncio.Event()
         self.tokens_window: deque[tuple[float, int]] = deque()
         self.exit_reason = ""
@@ -143,6 +149,9 @@ class WorkerAgent:
                     engine=self.cfg.engine,  # type: ignore[arg-type]
                     capacity=self._capacity(),
                     accelerator=self.cfg.accelerator,
+                    cuda=await self._has_cuda(),
+                    cloud=self.cfg.cloud,
+                    region=self.cfg.region,
                 )
             )
             first = await asyncio.wait_for(ws.receive(), timeout=self.cfg.handshake_timeout_s)
@@ -199,7 +208,7 @@ class WorkerAgent:
             elif isinstance(msg, P.Abort):
                 self.aborted.update(msg.rids)
             elif isinstance(msg, P.NewVersion):
-                self._request_version(msg.version)
+                self._request_version(msg.version, msg.broadcast)
             elif isinstance(msg, P.Shutdown):
                 log.info("shutdown: %s", msg.reason)
                 self.exit_reason = "shutdown"
@@ -209,21 +218,37 @@ class WorkerAgent:
         raise Disconnected(f"connection closed ({ws.close_code})")
 
     # ---- weights -----------------------------------------------------------------------
-    def _request_version(self, version: int) -> None:
-        self.want_version = version
+    def _request_version(self, version: int, plan: dict | None = None) -> None:
+        self.want_version, self.want_plan = version, plan
         self.version_event.set()
+
+    async def _has_cuda(self) -> bool:
+        """Whether the engine will run on a GPU (the torch and vLLM engines import torch anyway)."""
+        if self._cuda is None:
+            if self.cfg.engine == "synthetic":
+                self._cuda = False
+            else:
+
+                def probe() -> bool:
+                    import torch
+
+                    return torch.cuda.is_available()
+
+                self._cuda = await asyncio.to_thread(probe)
+        return self._cuda
 
     async def _versions(self) -> None:
         while True:
             await self.version_event.wait()
             self.version_event.clear()
-            v = self.want_version
+            v, plan = self.want_version, self.want_plan
+            self.want_plan = None  # a retry pulls over HTTP: the broadcast is over by then
             assert self.engine is not None and self.welcome is not None and v is not None
             if self.engine.version != v:
                 await self.idle.wait()  # never swap weights under a running batch
                 t0 = time.monotonic()
                 try:
-                    tensors = await self.weights.pull(self._weights_base(), v, self.session)
+                    tensors = await self.weights.pull(self._weights_base(), v, self.session, broadcast=plan)
                 except WeightPullError as e:  # e.g. the trainer restarting: try again, don't hang
                     log.warning("weight pull of version %d failed: %s; retrying", v, e)
                     await asyncio.sleep(1.0)

@@ -25,6 +25,7 @@ import os
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,8 +36,10 @@ from aiohttp import web
 
 from trainer.region_fanout import region_key
 from trainer.tls import ENV_FINGERPRINT
+from trainer.weight_broadcast import BroadcastError
 from trainer.weight_tracker import encode_bits
 from trainer.weights import ChunkInfo, HostBuffer, Manifest, RateLimit, ServeCounters, add_chunk_routes
+from worker.weight_broadcast import receive_to_store
 from worker.weight_pull import PullStats, WeightPullError, get_manifest, pull_weights
 
 if TYPE_CHECKING:
@@ -235,6 +238,8 @@ class WeightNode:
         self._seeder: asyncio.Task | None = None
         self._reserving: asyncio.Future | None = None
         self._preparing: asyncio.Future | None = None
+        self.broadcasts = 0  # versions received over the trainer's torch.distributed broadcast
+        self.broadcast_fallbacks = 0  # broadcasts that failed here (then pulled over HTTP)
 
     @classmethod
     def from_env(cls, token: str, peer_id: str, kind: str) -> WeightNode:
@@ -306,10 +311,17 @@ class WeightNode:
             self._preparing = asyncio.ensure_future(self.prepare(base_url, version, session))
 
     async def pull(
-        self, base_url: str, version: int, session: aiohttp.ClientSession, as_tensors: bool = True
+        self,
+        base_url: str,
+        version: int,
+        session: aiohttp.ClientSession,
+        as_tensors: bool = True,
+        broadcast: dict | None = None,
     ) -> dict[str, torch.Tensor]:
         """Pull `version`; the tensors are views into the store's buffer, valid until the pull after
-        next reuses it (the engine copies them at once)."""
+        next reuses it (the engine copies them at once). `broadcast`: the trainer's plan for a
+        torch.distributed broadcast of it (trainer/weight_broadcast.py), tried first; when it fails
+        the version is pulled as usual."""
         if self._preparing is not None:
             with contextlib.suppress(Exception):
                 await self._preparing
@@ -321,25 +333,29 @@ class WeightNode:
         await self.start()
         self._base_url = base_url
         stats = PullStats()
-        bar = _ProgressBar(version) if sys.stderr.isatty() else None
+        got = await self._receive(broadcast, base_url, version, stats) if broadcast is not None else None
+        bar = _ProgressBar(version) if sys.stderr.isatty() and got is None else None
         try:
-            tensors = await pull_weights(
-                base_url,
-                version,
-                token=self.token,
-                session=session,
-                parallel=self.parallel,
-                stats=stats,
-                store=self.store,
-                peer_id=self.peer_id,
-                peer_url=self.peer_url,
-                local=self.local,
-                ingress_bps=self.ingress_bps,
-                region=self.region,
-                cross_region_bps=self.cross_region_bps,
-                on_progress=bar.update if bar else None,
-                as_tensors=as_tensors,
-            )
+            if got is not None:
+                tensors = got
+            else:
+                tensors = await pull_weights(
+                    base_url,
+                    version,
+                    token=self.token,
+                    session=session,
+                    parallel=self.parallel,
+                    stats=stats,
+                    store=self.store,
+                    peer_id=self.peer_id,
+                    peer_url=self.peer_url,
+                    local=self.local,
+                    ingress_bps=self.ingress_bps,
+                    region=self.region,
+                    cross_region_bps=self.cross_region_bps,
+                    on_progress=bar.update if bar else None,
+                    as_tensors=as_tensors,
+                )
         finally:
             if bar:
                 bar.close()
@@ -353,6 +369,23 @@ class WeightNode:
             await self._announce(session)
             if self._seeder is None or self._seeder.done():
                 self._seeder = asyncio.create_task(self._seed(session))
+        return tensors
+
+    async def _receive(
+        self, plan: dict, base_url: str, version: int, stats: PullStats
+    ) -> dict[str, torch.Tensor] | None:
+        """`version` over the trainer's broadcast, or None (then pull it) when that fails."""
+        t0 = time.monotonic()
+        try:
+            tensors = await receive_to_store(plan, self.peer_id, self.store, base_url, version)
+        except BroadcastError as e:
+            self.broadcast_fallbacks += 1
+            log.warning("weights v%d: broadcast failed (%s); pulling over HTTP", version, e)
+            return None
+        self.broadcasts += 1
+        held = self.store.latest_complete()
+        stats.version, stats.mode, stats.seconds = version, "broadcast", time.monotonic() - t0
+        stats.total_bytes = stats.bytes_received = held.manifest.total_bytes if held else 0
         return tensors
 
     async def _announce(self, session: aiohttp.ClientSession) -> None:
@@ -389,6 +422,8 @@ class WeightNode:
         return {
             "peer_url": self.peer_url,
             "served_bytes": self.server.counters.total if self.server else 0,
+            "broadcasts": self.broadcasts,
+            "broadcast_fallbacks": self.broadcast_fallbacks,
             "last_pull": None if s is None else {k: getattr(s, k) for k in s.__dataclass_fields__},
         }
 

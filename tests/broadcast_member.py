@@ -1,0 +1,53 @@
+"""One broadcast member as its own process, for tests/test_weight_broadcast.py and the benchmark:
+
+    python -m tests.broadcast_member PLAN.json MEMBER BASE_URL OUT.pt [--stall-after BUCKET MARKER]
+
+receives the version the plan names (falling back to HTTP at BASE_URL), saves the tensors and how
+they came to OUT.pt. `--stall-after` is the test's hook for a kill mid-broadcast: once bucket BUCKET
+is in, it touches MARKER and waits to be killed (it never falls back)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import threading
+from pathlib import Path
+
+import torch
+
+from trainer.weight_broadcast import BroadcastPlan, receive
+from trainer.weights import HostBuffer
+from worker.weight_broadcast import BroadcastStats, receive_or_pull
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("plan", type=Path)
+    ap.add_argument("member")
+    ap.add_argument("base_url")
+    ap.add_argument("out", type=Path)
+    ap.add_argument("--stall-after", nargs=2, metavar=("BUCKET", "MARKER"))
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    plan = BroadcastPlan.model_validate_json(args.plan.read_text())
+    if args.stall_after:
+        bucket, marker = int(args.stall_after[0]), Path(args.stall_after[1])
+
+        def stall(b: int) -> None:
+            if b == bucket:
+                marker.touch()
+                threading.Event().wait()  # until the test kills this process
+
+        receive(plan, args.member, HostBuffer(plan.manifest.total_bytes, shareable=False), on_bucket=stall)
+        return 1  # not reached when the test kills it
+    st = BroadcastStats()
+    tensors = asyncio.run(receive_or_pull(plan, args.member, args.base_url, stats=st))
+    torch.save(
+        {"mode": st.mode, "reason": st.fallback_reason, "tensors": {k: v.clone() for k, v in tensors.items()}}, args.out
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

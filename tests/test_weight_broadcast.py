@@ -1,0 +1,323 @@
+"""The torch.distributed weight broadcast (trainer/weight_broadcast.py, worker/weight_broadcast.py):
+the trainer side in this process, each member a real process (tests/broadcast_member.py), gloo over
+loopback, the HTTP fallback against a real publisher server."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+from aiohttp import web
+from pydantic import ValidationError
+
+from tests.test_weights import assert_same
+from tests.torch_threads import one_thread  # noqa: F401 - fixture
+from trainer.broadcast_sender import BroadcastSender, Receiver
+from trainer.weight_broadcast import (
+    BroadcastError,
+    BroadcastOptions,
+    BroadcastPlan,
+    BroadcastResult,
+    Site,
+    Transfer,
+    backend_for,
+    buckets,
+    choose_transport,
+    receive,
+)
+from trainer.weights import HostBuffer, WeightPublisher, add_routes
+from worker.weight_pull import PullStats
+
+ROOT = Path(__file__).resolve().parents[1]
+CHUNK = 16 * 1024
+
+
+def big_model(seed: int = 0) -> dict[str, torch.Tensor]:
+    """~200 KB in several dtypes: many chunks, so a kill can land between buckets."""
+    g = torch.Generator().manual_seed(seed)
+    return {
+        "embed.weight": torch.randn(256, 96, generator=g),
+        "layer.0.w": torch.randn(128, 128, generator=g).to(torch.bfloat16),
+        "layer.0.b": torch.randn(128, generator=g, dtype=torch.float64),
+        "steps": torch.tensor([seed, 7, -3], dtype=torch.int64),
+    }
+
+
+class Origin:
+    """A real publisher serving the version over HTTP (the fallback) on a thread of its own."""
+
+    def __init__(self, tensors: dict[str, torch.Tensor], version: int = 5, chunk_bytes: int = CHUNK) -> None:
+        self.pub = WeightPublisher(chunk_bytes=chunk_bytes)
+        self.manifest = self.pub.publish(version, tensors)
+        self.loop = asyncio.new_event_loop()
+        ready = threading.Event()
+        self.url = ""
+
+        async def start() -> None:
+            app = web.Application()
+            add_routes(app, self.pub)
+            self.runner = web.AppRunner(app)
+            await self.runner.setup()
+            await web.TCPSite(self.runner, "127.0.0.1", 0).start()
+            host, port = self.runner.addresses[0][:2]
+            self.url = f"http://{host}:{port}"
+            ready.set()
+
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+        asyncio.run_coroutine_threadsafe(start(), self.loop)
+        assert ready.wait(30)
+
+    def buffer(self) -> HostBuffer:
+        got = self.pub.chunk_buffer(self.manifest.version, 0)
+        assert got is not None
+        return got[1]
+
+    def close(self) -> None:
+        asyncio.run_coroutine_threadsafe(self.runner.cleanup(), self.loop).result(30)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(30)
+
+
+@pytest.fixture
+def origin() -> Iterator[Origin]:
+    o = Origin(big_model())
+    yield o
+    o.close()
+
+
+def start_member(plan_file: Path, member: str, origin: Origin, out: Path, *extra: str) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "tests.broadcast_member", str(plan_file), member, origin.url, str(out), *extra]
+    return subprocess.Popen(cmd, cwd=ROOT, env=env)
+
+
+def send_in_thread(transfer: Transfer, buf: HostBuffer) -> tuple[threading.Thread, list[BroadcastResult]]:
+    box: list[BroadcastResult] = []
+    t = threading.Thread(target=lambda: box.append(transfer.send(buf)), daemon=True)
+    t.start()
+    return t, box
+
+
+def wait_for(path: Path, proc: subprocess.Popen, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        assert proc.poll() is None, "the stalling member exited before its stall"
+        assert time.monotonic() < deadline, f"{path} never appeared"
+        time.sleep(0.02)
+
+
+def run_transfer(
+    origin: Origin, tmp_path: Path, opts: BroadcastOptions, *, kill: str | None = None
+) -> tuple[BroadcastResult, dict[str, dict], float]:
+    """Members w1..w3 (`kill` stalls after its first bucket and is SIGKILLed there); returns the
+    trainer's result, each surviving member's output, and the seconds `send` took."""
+    members = ["w1", "w2", "w3"]
+    transfer = Transfer(origin.manifest, members, opts)
+    plan_file = tmp_path / "plan.json"
+    plan_file.write_text(transfer.plan.model_dump_json())
+    marker = tmp_path / "stalled"
+    procs = {
+        m: start_member(
+            plan_file, m, origin, tmp_path / f"{m}.pt", *(["--stall-after", "0", str(marker)] if m == kill else [])
+        )
+        for m in members
+    }
+    try:
+        t0 = time.monotonic()
+        thread, box = send_in_thread(transfer, origin.buffer())
+        if kill:
+            wait_for(marker, procs[kill])
+            procs[kill].send_signal(signal.SIGKILL)  # mid-broadcast: it holds bucket 0 of several
+        thread.join(120)
+        assert box, "the trainer's send did not return"
+        took = time.monotonic() - t0
+        outs = {}
+        for m, p in procs.items():
+            rc = p.wait(120)
+            if m == kill:
+                assert rc == -signal.SIGKILL
+                continue
+            assert rc == 0, f"member {m} exited {rc}"
+            outs[m] = torch.load(tmp_path / f"{m}.pt")
+        return box[0], outs, took
+    finally:
+        for p in procs.values():
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        transfer.close()
+
+
+def fast(**kw: object) -> BroadcastOptions:
+    base: dict = {"bucket_bytes": 2 * CHUNK, "timeout_s": 30.0, "regroup_s": 6.0}
+    return BroadcastOptions(**{**base, **kw})
+
+
+@pytest.mark.integration
+def test_three_members_get_the_version_bit_exact_over_gloo_without_http(origin: Origin, tmp_path: Path) -> None:
+    assert len(buckets(origin.manifest, 2 * CHUNK)) >= 4
+    res, outs, _ = run_transfer(origin, tmp_path, fast())
+    assert sorted(res.delivered) == ["w1", "w2", "w3"] and res.missed == [] and res.rounds == 1
+    for m, out in outs.items():
+        assert out["mode"] == "broadcast", (m, out["reason"])
+        assert_same(out["tensors"], big_model())
+    assert origin.pub.counters.full_bytes == 0  # nothing went over HTTP
+
+
+@pytest.mark.integration
+def test_member_killed_mid_broadcast_the_rest_finish_in_a_second_round(origin: Origin, tmp_path: Path) -> None:
+    res, outs, took = run_transfer(origin, tmp_path, fast(), kill="w2")
+    assert res.rounds == 2 and sorted(res.delivered) == ["w1", "w3"] and res.missed == ["w2"]
+    assert sorted(outs) == ["w1", "w3"]
+    for m, out in outs.items():
+        assert out["mode"] == "broadcast", (m, out["reason"])
+        assert_same(out["tensors"], big_model())
+    assert origin.pub.counters.full_bytes == 0
+    assert took < 2 * (30 + 6)  # bounded: the trainer never waits on the dead member for long
+
+
+@pytest.mark.integration
+def test_member_killed_mid_broadcast_survivors_fall_back_to_http(origin: Origin, tmp_path: Path) -> None:
+    res, outs, _ = run_transfer(origin, tmp_path, fast(max_rounds=1), kill="w2")
+    assert res.delivered == [] and res.missed == ["w1", "w2", "w3"] and res.rounds == 1
+    assert sorted(outs) == ["w1", "w3"]
+    for m, out in outs.items():
+        assert out["mode"] == "http", m
+        assert "broadcast failed" in out["reason"]
+        assert_same(out["tensors"], big_model())  # verified chunk by chunk against the same manifest
+    assert origin.pub.counters.full_bytes >= 2 * origin.manifest.total_bytes
+
+
+def test_receive_refuses_what_it_cannot_do(origin: Origin) -> None:
+    transfer = Transfer(origin.manifest, ["w1"], fast())
+    try:
+        plan = transfer.plan
+        with pytest.raises(BroadcastError, match="not in the broadcast"):
+            receive(plan, "w9", HostBuffer(plan.manifest.total_bytes, shareable=False))
+        with pytest.raises(BroadcastError, match="receive buffer"):
+            receive(plan, "w1", HostBuffer(10, shareable=False))
+    finally:
+        transfer.close()
+    dead = plan.model_copy(update={"port": plan.port, "timeout_s": 0.5})
+    with pytest.raises(BroadcastError):  # the store is gone: no rendezvous, within the timeout
+        receive(dead, "w1", HostBuffer(plan.manifest.total_bytes, shareable=False))
+
+
+def test_plan_is_validated(origin: Origin) -> None:
+    good = {
+        "version": origin.manifest.version,
+        "manifest": origin.manifest.model_dump(),
+        "backend": "gloo",
+        "host": "127.0.0.1",
+        "port": 1234,
+        "members": ["a", "b"],
+        "bucket_bytes": 1,
+        "timeout_s": 1.0,
+        "regroup_s": 1.0,
+    }
+    assert BroadcastPlan.model_validate(good).rendezvous == "tcp://127.0.0.1:1234"
+    for bad in ({"version": 99}, {"members": ["a", "a"]}, {"backend": "mpi"}, {"extra": 1}, {"members": []}):
+        with pytest.raises(ValidationError):
+            BroadcastPlan.model_validate({**good, **bad})
+
+
+def test_buckets_are_whole_chunks_covering_the_buffer(origin: Origin) -> None:
+    m = origin.manifest
+    for size in (1, CHUNK, 3 * CHUNK, 10**9):
+        bs = buckets(m, size)
+        assert [c for b in bs for c in b.chunks] == m.chunks
+        assert all(b.size <= max(size, CHUNK) for b in bs)
+        assert sum(b.size for b in bs) == m.total_bytes
+
+
+def test_auto_transport_only_for_gpu_members_in_the_trainers_network() -> None:
+    gpu = Site("aws", "us-east-1", cuda=True)
+    assert choose_transport("auto", gpu, [gpu, gpu]) == "torch"
+    assert choose_transport("auto", gpu, [gpu, Site("aws", "us-west-2", cuda=True)]) == "http"
+    assert choose_transport("auto", gpu, [gpu, Site("gcp", "us-east-1", cuda=True)]) == "http"
+    assert choose_transport("auto", gpu, [gpu, Site("aws", "us-east-1", cuda=False)]) == "http"
+    assert choose_transport("auto", gpu, []) == "http"
+    local_cpu = Site("local", None, cuda=False)
+    assert choose_transport("auto", local_cpu, [local_cpu]) == "http"  # CPU CI stays on HTTP
+    local_gpu = Site("local", None, cuda=True)
+    assert choose_transport("auto", local_gpu, [local_gpu]) == "torch"
+    assert choose_transport("torch", local_cpu, [local_cpu]) == "torch"
+    assert choose_transport("http", gpu, [gpu]) == "http"
+    assert backend_for(gpu, [gpu]) == "nccl"
+    assert backend_for(local_cpu, [local_cpu]) == "gloo"
+    assert backend_for(local_gpu, [local_gpu]) == "gloo"  # one machine: ranks would share a GPU
+    assert backend_for(gpu, [gpu, Site("aws", "us-east-1", cuda=False)]) == "gloo"
+
+
+def test_the_trainer_broadcasts_to_remote_engines_only_where_auto_allows() -> None:
+    gpu_trainer = Site("aws", "us-east-1", cuda=True)
+    east = Receiver("w1", "spot", cuda=True, cloud="aws", region="us-east-1")
+    reserved = Receiver("r", "reserved", cuda=True, cloud="aws", region="us-east-1")
+    west = Receiver("w2", "spot", cuda=True, cloud="aws", region="us-west-2")
+    unknown = Receiver("w3", "spot", cuda=True)  # a worker that did not say where it runs
+    auto = BroadcastSender("auto", gpu_trainer, local=False, opts=BroadcastOptions())
+    assert auto.decide([east, reserved]) == ([east], "nccl")  # the reserved engine maps memory instead
+    assert auto.decide([east, west]) is None
+    assert auto.decide([east, unknown]) is None
+    assert auto.decide([reserved]) is None
+    forced = BroadcastSender("torch", gpu_trainer, local=False, opts=BroadcastOptions())
+    assert forced.decide([east, unknown]) == ([east, unknown], "nccl")
+    assert BroadcastSender("http", gpu_trainer, local=False, opts=BroadcastOptions()).decide([east]) is None
+    # the local provider: its workers share the trainer's machine, whatever they report; gloo
+    local = BroadcastSender("auto", Site("local", None, cuda=True), local=True, opts=BroadcastOptions())
+    assert local.decide([unknown]) == ([unknown], "gloo")
+    cpu_local = BroadcastSender("auto", Site("local", None, cuda=False), local=True, opts=BroadcastOptions())
+    assert cpu_local.decide([Receiver("w", "spot", cuda=False)]) is None
+
+
+def test_a_worker_receives_into_its_store_and_pulls_when_the_broadcast_fails(origin: Origin) -> None:
+    """WeightNode.pull (the agent's path): by broadcast into the store it serves peers from, and over
+    HTTP when the broadcast cannot happen (here: its rendezvous is gone)."""
+    import aiohttp
+
+    from worker.peer_server import WeightNode
+
+    v = origin.manifest.version
+    transfer = Transfer(origin.manifest, ["w1"], fast())
+    plan = transfer.plan.model_dump(mode="json")
+    sender, box = send_in_thread(transfer, origin.buffer())
+
+    async def by_broadcast() -> tuple[dict, PullStats]:
+        async with aiohttp.ClientSession() as s:
+            node = WeightNode("tok", "w1", serve=False)
+            got = await node.pull(origin.url, v, s, broadcast=plan)
+            held = node.store.latest_complete()
+            assert held is not None and held.manifest.version == v and node.broadcasts == 1
+            assert node.last is not None
+            await node.close()
+            return {k: t.clone() for k, t in got.items()}, node.last
+
+    got, st = asyncio.run(asyncio.wait_for(by_broadcast(), 60))
+    sender.join(60)
+    transfer.close()
+    assert_same(got, big_model())
+    assert st.mode == "broadcast"
+    assert box[0].delivered == ["w1"] and origin.pub.counters.full_bytes == 0
+
+    dead = {**plan, "timeout_s": 1.0}  # the same plan, its store closed: no rendezvous
+
+    async def fallback() -> tuple[dict, int]:
+        async with aiohttp.ClientSession() as s:
+            node = WeightNode("tok", "w1", serve=False)
+            got = await node.pull(origin.url, v, s, broadcast=dead)
+            await node.close()
+            return {k: t.clone() for k, t in got.items()}, node.broadcast_fallbacks
+
+    got, fallbacks = asyncio.run(asyncio.wait_for(fallback(), 60))
+    assert_same(got, big_model())
+    assert fallbacks == 1 and origin.pub.counters.full_bytes == origin.manifest.total_bytes

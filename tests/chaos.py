@@ -99,7 +99,7 @@ class BusyWorkerKiller(threading.Thread):
         """The frozen worker's record once its token count stops moving (the frames it had sent
         have arrived); None if it is not a ready worker or never settles within ~1 s."""
         last = None
-        for _ in range(50):  # at most ~1 s frozen: well inside any heartbeat timeout
+        for _ in range(50):  # ~1 s frozen on a quiet machine (longer when the trainer answers slowly)
             time.sleep(0.02)
             w = self._worker(url, token, worker_id)
             if w is None or w["state"] != "ready":
@@ -121,11 +121,11 @@ class BusyWorkerKiller(threading.Thread):
             st = self._status(url, token)
             if st is None or st.get("step", 0) < self.start_step or time.monotonic() - last < self.min_gap_s:
                 continue
-            for w in st.get("workers", []):
-                if w["kind"] == "spot" and w["state"] == "ready" and w["active"] > 0:
-                    if self._kill_if_partial(url, token, w["worker_id"]):
-                        self.killed.append(w["worker_id"])
-                        last = time.monotonic()
+            candidates = [w for w in st.get("workers", []) if w["kind"] == "spot" and w["state"] == "ready"]
+            for w in candidates:  # every candidate of this moment, until one is killed
+                if w["active"] > 0 and self._kill_if_partial(url, token, w["worker_id"]):
+                    self.killed.append(w["worker_id"])
+                    last = time.monotonic()
                     break
 
 

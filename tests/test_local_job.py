@@ -43,7 +43,10 @@ def write_job(tmp: Path, name: str, max_workers: int) -> Path:
             "min_workers": max_workers,  # a fixed fleet: these runs are about faults, not fleet size
             "engine_dtype": "float64",
             "engine_batch": 96,
-            "heartbeat_timeout_s": 3,
+            # BusyWorkerKiller freezes a worker while it reads the trainer's status, seconds on a loaded
+            # machine: a frozen worker must not be dropped for missed heartbeats meanwhile (a killed
+            # one is seen at once: its connection closes)
+            "heartbeat_timeout_s": 20,
             "candidates": [{"accelerator": "A100", "clouds": ["local"], "spot_price": 1.5, "on_demand_price": 3.5}],
             # These runs compare final weights bit for bit with a trainer-alone run. An offload makes
             # the streamed update add groups in completion order (the same update up to float

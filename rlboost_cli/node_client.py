@@ -17,6 +17,7 @@ from rlboost_cli import control_api as api
 from rlboost_cli.metrics_log import METRICS_FILE
 from rlboost_cli.pids import controller_alive
 from rlboost_cli.state import JobRow, StateStore, job_run_dir
+from trainer.retry import Backoff, retry
 
 
 class NodeUnreachable(Exception):
@@ -93,12 +94,26 @@ def sync(store: StateStore, job: JobRow, timeout_s: float = 3.0) -> bool:
         return False
     store.copy_from_node(job.id, got.job, got.instances, got.events, got.steps)
     if not got.job.active:  # final: keep its logs here too, then let the node go
-        with contextlib.suppress(NodeUnreachable, NodeLogMissing, OSError, httpx.HTTPError):
-            client = NodeClient.for_job(job, timeout_s)
-            if not (node_logs_dir(job) / "index.json").exists():  # copied whole by an earlier command
-                copy_logs(client, job, [i.instance_id for i in got.instances])
-            client.release()
+        release_ended(job, [i.instance_id for i in got.instances])
     return True
+
+
+def release_ended(job: JobRow, instance_ids: list[str], timeout_s: float = 30.0) -> bool:
+    """Copy an ended job's logs here (once), then release its node controller, which exits. A bulk
+    copy, so a longer timeout than a status call's, and tried again: until it has succeeded the
+    node keeps serving (up to its linger), and the next command tries anew."""
+
+    def copy_then_release() -> None:
+        client = NodeClient.for_job(job, timeout_s)
+        if not (node_logs_dir(job) / "index.json").exists():  # copied whole by an earlier command
+            copy_logs(client, job, instance_ids)
+        client.release()
+
+    failures = (NodeUnreachable, NodeLogMissing, OSError, httpx.HTTPError)
+    with contextlib.suppress(*failures):
+        retry(copy_then_release, tries=3, backoff=Backoff(base_s=0.5, cap_s=2.0), on=failures)
+        return True
+    return False
 
 
 def copy_logs(client: NodeClient, job: JobRow, instance_ids: list[str]) -> None:

@@ -92,8 +92,11 @@ def take_over_node(job: JobRow) -> None:
     stand-in's controller process is killed)."""
     from rlboost_cli.node_host import trainer_node
 
-    if trainer_node(job).cut_off():
-        log.warning("job %s: cut off its unresponsive controller on the trainer node", job.name)
+    try:
+        if trainer_node(job).cut_off():
+            log.warning("job %s: cut off its unresponsive controller on the trainer node", job.name)
+    except Exception as e:  # a cloud's error: what it still runs is reconciled from here all the same
+        log.warning("job %s: could not cut off its trainer node (%s: %s)", job.name, type(e).__name__, e)
 
 
 def _just_created(job: JobRow) -> bool:

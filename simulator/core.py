@@ -53,6 +53,7 @@ INF = float("inf")
 _LENGTHS_SEEN: dict[tuple, np.ndarray] = {}
 _LENGTHS_SEEN_MAX = 8192
 _NONE = np.zeros(0)
+_any = np.logical_or.reduce  # ndarray.any() without its Python-level wrapper (small arrays, often)
 
 
 @dataclass(frozen=True)
@@ -239,7 +240,7 @@ class _Engine:
         self.noticed = False
         self.kill_at = INF  # when the market kills it (notice lead over)
         self.killed_at = INF  # the poll that killed it; the next poll reaps it and billing ends
-        self.views: dict[tuple[int, bool], _MemoView] = {}  # (load, accepting) -> its view
+        self.views: dict[tuple[int, bool], tuple] = {}  # (load, accepting) -> Simulation._view_info
 
     def advance(self, t: float) -> None:
         start = max(self.last, self.stall)
@@ -723,12 +724,25 @@ class Simulation:
             s.queue.appendleft(i)
 
     def _view(self, e: _Engine) -> EngineView:
+        return self._view_info(e)[0]
+
+    def _view_info(self, e: _Engine) -> tuple[EngineView, bool, float, float, float]:
+        """An engine's view, whether it is a migration target (accepting, a slot free), the view's
+        seq_time one sequence more and prefill_s(1) (as a target), and its seq_time now (as a source)."""
         n = len(e.live)
         key = (n, self._accepting(e))
-        v = e.views.get(key)
-        if v is None:  # an engine's view depends on its load and whether it accepts, nothing else
-            v = e.views[key] = _MemoView(e.id, e.kind, e.cap, n, e.model.rate(n) if n else 0.0, e.model, key[1])
-        return v
+        info = e.views.get(key)
+        if info is None:  # an engine's view depends on its load and whether it accepts, nothing else
+            v = _MemoView(e.id, e.kind, e.cap, n, e.model.rate(n) if n else 0.0, e.model, key[1])
+            target = v.accepting and v.free > 0
+            info = e.views[key] = (
+                v,
+                target,
+                v.seq_time(v.active + 1) if target else INF,
+                v.prefill_s(1) if target else INF,
+                v.seq_time(v.active),
+            )
+        return info
 
     def _progress_now(self) -> np.ndarray:
         key = (self.now, self.seq)
@@ -745,7 +759,7 @@ class Simulation:
         eng = s.eng[idx]
         held = s.held[idx].astype(np.float64)
         on = eng >= 0
-        if np.count_nonzero(on):
+        if _any(on):
             pnow = self._progress_now()
             gen = s.pos0[idx] + np.floor(pnow[np.where(on, eng, 0)] - s.p0[idx] + 1e-9)
             held = np.where(on, np.minimum(gen, s.end[idx]), held)
@@ -804,34 +818,54 @@ class Simulation:
             self._generation_done(s)
 
     def _migrate(self, s: _Step) -> None:
-        views = [self._view(e) for e in self.alive]
-        targets = [v for v in views if v.accepting and v.free > 0]
-        if not targets:
+        # one pass over the fleet: every view, and the fastest target's seq_time and prefill
+        infos = [self._view_info(e) for e in self.alive]
+        views: list[EngineView] = [x[0] for x in infos]
+        best = min_prefill = INF
+        has_target = False
+        for _, target, st_next, prefill1, _ in infos:
+            if target:
+                has_target = True
+                best = min(best, st_next)
+                min_prefill = min(min_prefill, prefill1)  # seconds per token, the fastest target
+        if not has_target:
             return
-        best = min(v.seq_time(v.active + 1) for v in targets)
-        min_prefill = min(v.prefill_s(1) for v in targets)  # seconds per token, the fastest target
         cfg = self.migration
-        running: dict[str, list[ReqView]] = {}
-        for v, e in zip(views, self.alive):
-            st = v.seq_time(v.active)
+        now, max_new = self.now, self.spec.algorithm.max_new_tokens
+        asked = False
+        sources = []  # (view, seq_time, responses, seconds on the engine, generated, budget left)
+        for (v, _, _, _, st), e in zip(infos, self.alive):
             if v.active == 0 or st <= best * (1 + cfg.min_gain_frac):
                 continue
+            asked = True
             live = np.fromiter(e.live, np.int64, len(e.live))
-            on_engine_s = self.now - s.admit_t[live]
+            on_engine_s = now - s.admit_t[live]
             # worth_a_look passes none that has not settled (min_on_engine_s): predict only the others
             settled = on_engine_s >= cfg.min_on_engine_s
-            if not np.count_nonzero(settled):
-                # still ask, with nothing: when LengthStats re-sorts its window depends on when it is asked
-                self.stats.expected_remaining(_NONE, _NONE)
+            if not _any(settled):
                 continue
             live, on_engine_s = live[settled], on_engine_s[settled]
             gen = self._generated(s, live)
-            left = self.spec.algorithm.max_new_tokens - gen
-            exp = self.stats.expected_remaining(gen, left)
+            sources.append((v, st, live, on_engine_s, gen, max_new - gen))
+        if not sources:
+            if asked:  # still ask, with nothing: when LengthStats re-sorts its window depends on when it is asked
+                self.stats.expected_remaining(_NONE, _NONE)
+            return
+        # one prediction for every source's responses (elementwise: the same numbers as one per source)
+        if len(sources) == 1:
+            exps = [self.stats.expected_remaining(sources[0][4], sources[0][5])]
+        else:
+            cuts = np.cumsum([len(x[2]) for x in sources])[:-1]
+            exp_all = self.stats.expected_remaining(
+                np.concatenate([x[4] for x in sources]), np.concatenate([x[5] for x in sources])
+            )
+            exps = np.split(exp_all, cuts)
+        running: dict[str, list[ReqView]] = {}
+        for (v, st, live, on_engine_s, gen, left), exp in zip(sources, exps):
             keep = worth_a_look(exp, st, on_engine_s, cfg) & may_gain(
                 exp, s.prompt_len[live] + gen, st, best, min_prefill, cfg
             )
-            if np.count_nonzero(keep):  # the kept ones' views from the same (elementwise) numbers
+            if _any(keep):  # the kept ones' views from the same (elementwise) numbers
                 running[v.id] = self._req_views_of(s, live[keep], gen[keep], left[keep], exp[keep])
         if not running:
             return

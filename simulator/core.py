@@ -48,6 +48,12 @@ from trainer.sampling import request_seed
 from trainer.scheduling import FleetClock, fleet_goal
 
 INF = float("inf")
+# (length model, seed, step, group size, prompt keys) -> the step's full response lengths, shared by
+# the replays of one process (a sweep's points replay the same steps); bounded, ~16 kB a step
+_LENGTHS_SEEN: dict[tuple, np.ndarray] = {}
+_LENGTHS_SEEN_MAX = 8192
+_NONE = np.zeros(0)
+_any = np.logical_or.reduce  # ndarray.any() without its Python-level wrapper (small arrays, often)
 
 
 @dataclass(frozen=True)
@@ -171,6 +177,23 @@ class SimResult:
         return area / self.job_s
 
 
+class _MemoView(EngineView):
+    """An EngineView that remembers its seq_time answers: the policies ask the same view for the same
+    load many times per plan, and a view never changes (the simulator makes a new one per load)."""
+
+    def __init__(self, *args) -> None:
+        super().__init__(*args)
+        self._st: dict[int, float] = {}
+
+    def seq_time(self, n: int, default: EngineModel | None = None) -> float:
+        if default is not None:
+            return super().seq_time(n, default)
+        st = self._st.get(n)
+        if st is None:
+            st = self._st[n] = super().seq_time(n)
+        return st
+
+
 class _Engine:
     """A modelled engine: continuous batching at step_time(n), decode paused during prefill."""
 
@@ -196,6 +219,7 @@ class _Engine:
         "state",
         "version",
         "victim",
+        "views",
     )
 
     def __init__(self, idx: int, eid: str, kind: str, model: EngineModel, offer: Offer | None, t: float) -> None:
@@ -216,6 +240,7 @@ class _Engine:
         self.noticed = False
         self.kill_at = INF  # when the market kills it (notice lead over)
         self.killed_at = INF  # the poll that killed it; the next poll reaps it and billing ends
+        self.views: dict[tuple[int, bool], tuple] = {}  # (load, accepting) -> Simulation._view_info
 
     def advance(self, t: float) -> None:
         start = max(self.last, self.stall)
@@ -337,13 +362,16 @@ class Simulation:
         tb = self.sim.trainer_boot_s
         self.push(self.sim.boot_s if tb is None else tb, "trainer_up")
         self.push(0.0, "poll")
-        while self.events and not self.done:
-            t, _, kind, payload = heapq.heappop(self.events)
-            if t > self.horizon and kind != "end":
-                self._finish(self.horizon)
+        # bound handlers looked up once: the loop runs once per event, hundreds of thousands of times
+        on = {k[4:]: getattr(self, k) for k in dir(type(self)) if k.startswith("_on_")}
+        events, horizon, pop = self.events, self.horizon, heapq.heappop
+        while events and not self.done:
+            t, _, kind, payload = pop(events)
+            if t > horizon and kind != "end":
+                self._finish(horizon)
                 break
             self.now = t
-            getattr(self, "_on_" + kind)(payload)
+            on[kind](payload)
         if not self.done:
             self._finish(self.now)
         return self._result()
@@ -409,14 +437,13 @@ class Simulation:
         G = algo.group_size
         n = len(problems) * G
         s = _Step(k, self.now, n, G, rnd, problems)
-        full, prompt_len = [], []  # response j = prompt j // G, sample j % G
-        for i, prob in enumerate(problems):
-            seeds = [request_seed(algo.seed, f"s{k}-p{i}-g{g}") for g in range(G)]
-            full.extend(self.lengths.lengths_from_key(prompt_key(prob.prompt_ids), seeds))
+        prompt_len = []  # response j = prompt j // G, sample j % G
+        for prob in problems:
             prompt_len.extend([spec.rollout.synthetic.prompt_tokens or len(prob.prompt_ids)] * G)
         if n:
-            full_arr = np.asarray(full, np.int64)
+            full_arr = self._full_lengths(k, problems, G)
             s.end[:] = np.minimum(full_arr, algo.max_new_tokens)
+            s.end_l = s.end.tolist()
             s.eos[:] = full_arr <= algo.max_new_tokens
             s.prompt_len[:] = prompt_len
         s.queue.extend(range(n))
@@ -439,6 +466,26 @@ class Simulation:
         s.tick = max(0.1, s.prev_step_s * 0.02)
         self.push(self.now, "tick", k)
         self._dispatch()
+
+    def _full_lengths(self, k: int, problems, G: int) -> np.ndarray:
+        """Every response's full length this step (response j = prompt j // G, sample j % G). Each
+        replay of a sweep draws the same prompts at the same step: the lengths are computed once per
+        process (a sha256 per response) and looked up after."""
+        seed = self.spec.algorithm.seed
+        keys = tuple(prompt_key(prob.prompt_ids) for prob in problems)
+        ck = (self.lengths, seed, k, G, keys)
+        full = _LENGTHS_SEEN.get(ck)
+        if full is None:
+            out: list[int] = []
+            for i, pkey in enumerate(keys):
+                seeds = [request_seed(seed, f"s{k}-p{i}-g{g}") for g in range(G)]
+                out.extend(self.lengths.lengths_from_key(pkey, seeds))
+            full = np.asarray(out, np.int64)
+            full.flags.writeable = False
+            if len(_LENGTHS_SEEN) >= _LENGTHS_SEEN_MAX:
+                _LENGTHS_SEEN.clear()
+            _LENGTHS_SEEN[ck] = full
+        return full
 
     def _on_tick(self, k: int) -> None:
         s = self._step
@@ -477,7 +524,10 @@ class Simulation:
         s = self._step
         if s is None or not s.queue or s.gen_end is not None:
             return
-        open_e = [e for e in self.alive if self._accepting(e) and len(e.live) < e.cap]
+        v = self.published  # self._accepting(e), inlined: this scan runs on every refill
+        open_e = [
+            e for e in self.alive if e.state == "ready" and e.version == v and not e.offloaded and len(e.live) < e.cap
+        ]
         if not open_e:
             return
         if s.share is not None and self._dispatch_shares(s, open_e):
@@ -544,20 +594,37 @@ class Simulation:
             self._pnow_key = None  # cached progress of this instant no longer holds
         else:
             e.advance(self.now)
-        # one array operation per field (items are distinct: dispatch places each response once)
-        idx = np.asarray(items, dtype=np.int64)
-        held = s.held[idx]
-        tgt = e.P + (s.end[idx] - held)
-        s.eng[idx] = e.idx
-        s.pos0[idx] = held
-        s.p0[idx] = e.P
-        s.admit_t[idx] = self.now
-        for i, t in zip(items, tgt.tolist()):
-            s.tgt[i] = t
-            s.left_from.pop(i, None)
-            heapq.heappush(e.heap, (t, i))
+        P, now, heap, tgts, left_from = e.P, self.now, e.heap, s.tgt, s.left_from
+        if len(items) <= 4:
+            # a few responses (the usual refill, a migrated one): numpy's per-call cost would dominate;
+            # the same arithmetic on Python scalars gives the same floats
+            ctx = 0
+            for i in items:
+                held_i = int(s.held[i])
+                t = P + (s.end_l[i] - held_i)
+                s.eng[i] = e.idx
+                s.pos0[i] = held_i
+                s.p0[i] = P
+                s.admit_t[i] = now
+                tgts[i] = t
+                left_from.pop(i, None)
+                heapq.heappush(heap, (t, i))
+                ctx += int(s.prompt_len[i]) + held_i
+        else:
+            # one array operation per field (items are distinct: dispatch places each response once)
+            idx = np.asarray(items, dtype=np.int64)
+            held = s.held[idx]
+            tgt = P + (s.end[idx] - held)
+            s.eng[idx] = e.idx
+            s.pos0[idx] = held
+            s.p0[idx] = P
+            s.admit_t[idx] = now
+            for i, t in zip(items, tgt.tolist()):
+                tgts[i] = t
+                left_from.pop(i, None)
+                heapq.heappush(heap, (t, i))
+            ctx = int((s.prompt_len[idx] + held).sum())
         e.live.update(items)
-        ctx = int((s.prompt_len[idx] + held).sum())
         e.stall = max(e.stall, self.now) + e.model.prefill_time(ctx)
         e.set_load()
         self._schedule(e)
@@ -576,12 +643,14 @@ class Simulation:
             return
         start = max(self.now, e.stall, e.last)
         p = e.progress_at(start)
-        t = start + max(0.0, heap[0][0] - p) * e.st
-        if t <= start and heap[0][0] > p + 1e-9:
+        first = heap[0][0]
+        t = start + max(0.0, first - p) * e.st
+        if t <= start and first > p + 1e-9:
             # the rest is below the clock's float spacing (late in a long replay): one tick later
             # makes progress, where the same instant would be scheduled again and again
             t = math.nextafter(start, INF)
-        self.push(t, "engine", (e.idx, e.epoch))
+        self.seq += 1  # self.push, inlined: once per engine event
+        heapq.heappush(self.events, (t, self.seq, "engine", (e.idx, e.epoch)))
 
     def _on_engine(self, payload) -> None:
         idx, epoch = payload
@@ -591,26 +660,26 @@ class Simulation:
         s = self._step
         e.advance(self.now)
         finished = []
-        heap, live, done_at = e.heap, e.live, e.P + 1e-9
+        heap, live, done_at, tgts, pop = e.heap, e.live, e.P + 1e-9, s.tgt, heapq.heappop
         while heap and heap[0][0] <= done_at:
-            tgt, i = heapq.heappop(heap)
+            tgt, i = pop(heap)
             # discard at once: a response that left and came back to this engine can have two heap
             # entries with the same target (its progress counter moved by exactly what it generated)
-            if i in live and s.tgt[i] == tgt:
+            if i in live and tgts[i] == tgt:
                 live.discard(i)
                 finished.append(i)
         for i in finished:
             self._complete(s, i)
         if finished:
             s.changed = True
-        e.set_load()
+        e.st = e.model.step_time(max(1, len(live)))  # e.set_load()
         self._schedule(e)
         if finished:
             self._after_completions(s)
 
     def _complete(self, s: _Step, i: int) -> None:
         assert not s.done[i], f"response {i} of step {s.k} completed twice"  # would end the replay early
-        end = int(s.end[i])
+        end = s.end_l[i]
         s.done[i] = True
         s.eng[i] = -1
         s.held[i] = end
@@ -633,11 +702,13 @@ class Simulation:
 
     # ---- offload, migration, preemption: requeue with tokens held -------------------------
     def _requeue(self, s: _Step, i: int, keep_tokens: bool = True) -> None:
-        if s.done[i] or s.eng[i] < 0:  # completed in the meantime (a plan made at the same instant)
+        eng = int(s.eng[i])
+        if eng < 0 or s.done[i]:  # completed in the meantime (a plan made at the same instant)
             return
-        e = self.engines[s.eng[i]]
+        e = self.engines[eng]
         e.advance(self.now)
-        gen = min(int(s.end[i]), int(s.pos0[i] + math.floor(e.P - s.p0[i] + 1e-9)))
+        end = s.end_l[i]
+        gen = min(end, int(s.pos0[i]) + math.floor(e.P - float(s.p0[i]) + 1e-9))
         e.live.discard(i)
         s.eng[i] = -1
         if keep_tokens:
@@ -647,19 +718,40 @@ class Simulation:
         else:
             self.restarted_tokens += gen
             s.held[i] = 0
-        if gen >= s.end[i]:
+        if gen >= end:
             self._complete(s, i)
         else:
             s.queue.appendleft(i)
 
     def _view(self, e: _Engine) -> EngineView:
+        return self._view_info(e)[0]
+
+    def _view_info(self, e: _Engine) -> tuple[EngineView, bool, float, float, float]:
+        """An engine's view, whether it is a migration target (accepting, a slot free), the view's
+        seq_time one sequence more and prefill_s(1) (as a target), and its seq_time now (as a source)."""
         n = len(e.live)
-        return EngineView(e.id, e.kind, e.cap, n, e.model.rate(n) if n else 0.0, e.model, self._accepting(e))
+        key = (n, self._accepting(e))
+        info = e.views.get(key)
+        if info is None:  # an engine's view depends on its load and whether it accepts, nothing else
+            v = _MemoView(e.id, e.kind, e.cap, n, e.model.rate(n) if n else 0.0, e.model, key[1])
+            target = v.accepting and v.free > 0
+            info = e.views[key] = (
+                v,
+                target,
+                v.seq_time(v.active + 1) if target else INF,
+                v.prefill_s(1) if target else INF,
+                v.seq_time(v.active),
+            )
+        return info
 
     def _progress_now(self) -> np.ndarray:
         key = (self.now, self.seq)
         if self._pnow_key != key:
-            self._pnow = np.array([e.progress_at(self.now) for e in self.engines])
+            # responses are held by engines not gone: the hundreds gone over a long replay are skipped
+            now, pnow = self.now, [0.0] * len(self.engines)
+            for e in self.alive:
+                pnow[e.idx] = e.progress_at(now)
+            self._pnow = np.array(pnow)
             self._pnow_key = key
         return self._pnow
 
@@ -667,7 +759,7 @@ class Simulation:
         eng = s.eng[idx]
         held = s.held[idx].astype(np.float64)
         on = eng >= 0
-        if on.any():
+        if _any(on):
             pnow = self._progress_now()
             gen = s.pos0[idx] + np.floor(pnow[np.where(on, eng, 0)] - s.p0[idx] + 1e-9)
             held = np.where(on, np.minimum(gen, s.end[idx]), held)
@@ -677,10 +769,22 @@ class Simulation:
         idx = np.asarray(items, dtype=np.int64)
         gen = self._generated(s, idx)
         left = self.spec.algorithm.max_new_tokens - gen
-        exp = self.stats.expected_remaining(gen, left)
+        return self._req_views_of(s, idx, gen, left, self.stats.expected_remaining(gen, left))
+
+    def _req_views_of(
+        self, s: _Step, idx: np.ndarray, gen: np.ndarray, left: np.ndarray, exp: np.ndarray
+    ) -> list[ReqView]:
+        """ReqViews of responses idx whose generated tokens, budget left and expected rest are known."""
         since = self.now - s.admit_t[idx]
-        cols = (gen.tolist(), left.tolist(), s.prompt_len[idx].tolist(), exp.tolist(), since.tolist())
-        return [ReqView(str(i), int(g), int(b), p, x, None, d) for i, g, b, p, x, d in zip(items, *cols)]
+        # whole numbers held as floats: the int64 cast truncates as int() did
+        cols = (
+            gen.astype(np.int64).tolist(),
+            left.astype(np.int64).tolist(),
+            s.prompt_len[idx].tolist(),
+            exp.tolist(),
+            since.tolist(),
+        )
+        return [ReqView(str(i), g, b, p, x, None, d) for i, g, b, p, x, d in zip(idx.tolist(), *cols)]
 
     def _progress(self, s: _Step, reserved: list[_Engine]) -> StepProgress:
         """What the offload policy sees (the coordinator's `progress`, from modelled engines)."""
@@ -714,26 +818,55 @@ class Simulation:
             self._generation_done(s)
 
     def _migrate(self, s: _Step) -> None:
-        views = [self._view(e) for e in self.alive]
-        targets = [v for v in views if v.accepting and v.free > 0]
-        if not targets:
+        # one pass over the fleet: every view, and the fastest target's seq_time and prefill
+        infos = [self._view_info(e) for e in self.alive]
+        views: list[EngineView] = [x[0] for x in infos]
+        best = min_prefill = INF
+        has_target = False
+        for _, target, st_next, prefill1, _ in infos:
+            if target:
+                has_target = True
+                best = min(best, st_next)
+                min_prefill = min(min_prefill, prefill1)  # seconds per token, the fastest target
+        if not has_target:
             return
-        best = min(v.seq_time(v.active + 1) for v in targets)
-        min_prefill = min(v.prefill_s(1) for v in targets)  # seconds per token, the fastest target
         cfg = self.migration
-        running: dict[str, list[ReqView]] = {}
-        for v, e in zip(views, self.alive):
-            st = v.seq_time(v.active)
+        now, max_new = self.now, self.spec.algorithm.max_new_tokens
+        asked = False
+        sources = []  # (view, seq_time, responses, seconds on the engine, generated, budget left)
+        for (v, _, _, _, st), e in zip(infos, self.alive):
             if v.active == 0 or st <= best * (1 + cfg.min_gain_frac):
                 continue
+            asked = True
             live = np.fromiter(e.live, np.int64, len(e.live))
+            on_engine_s = now - s.admit_t[live]
+            # worth_a_look passes none that has not settled (min_on_engine_s): predict only the others
+            settled = on_engine_s >= cfg.min_on_engine_s
+            if not _any(settled):
+                continue
+            live, on_engine_s = live[settled], on_engine_s[settled]
             gen = self._generated(s, live)
-            exp = self.stats.expected_remaining(gen, self.spec.algorithm.max_new_tokens - gen)
-            keep = worth_a_look(exp, st, self.now - s.admit_t[live], cfg) & may_gain(
+            sources.append((v, st, live, on_engine_s, gen, max_new - gen))
+        if not sources:
+            if asked:  # still ask, with nothing: when LengthStats re-sorts its window depends on when it is asked
+                self.stats.expected_remaining(_NONE, _NONE)
+            return
+        # one prediction for every source's responses (elementwise: the same numbers as one per source)
+        if len(sources) == 1:
+            exps = [self.stats.expected_remaining(sources[0][4], sources[0][5])]
+        else:
+            cuts = np.cumsum([len(x[2]) for x in sources])[:-1]
+            exp_all = self.stats.expected_remaining(
+                np.concatenate([x[4] for x in sources]), np.concatenate([x[5] for x in sources])
+            )
+            exps = np.split(exp_all, cuts)
+        running: dict[str, list[ReqView]] = {}
+        for (v, st, live, on_engine_s, gen, left), exp in zip(sources, exps):
+            keep = worth_a_look(exp, st, on_engine_s, cfg) & may_gain(
                 exp, s.prompt_len[live] + gen, st, best, min_prefill, cfg
             )
-            if keep.any():
-                running[v.id] = self._req_views(s, live[keep].tolist())
+            if _any(keep):  # the kept ones' views from the same (elementwise) numbers
+                running[v.id] = self._req_views_of(s, live[keep], gen[keep], left[keep], exp[keep])
         if not running:
             return
         moves = plan_migrations(views, running, len(s.queue), cfg)
@@ -1049,6 +1182,7 @@ class _Step:
     def __init__(self, k: int, t0: float, n: int, G: int, rnd, problems) -> None:
         self.k, self.t0, self.G, self.rnd, self.problems = k, t0, G, rnd, problems
         self.end = np.zeros(n, np.int64)
+        self.end_l: list[int] = [0] * n  # the same, read per response where numpy's element read is slow
         self.eos = np.zeros(n, bool)
         self.prompt_len = np.zeros(n, np.int64)
         self.eng = np.full(n, -1, np.int64)

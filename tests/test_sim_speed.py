@@ -70,3 +70,58 @@ def test_lengths_from_key_is_length_from_key_per_seed() -> None:
     for model in (LengthModel(450, 0.8, 0.6), LengthModel(100, 1.2, 0.0), LengthModel(recorded=(3, 9, 400, 4096))):
         for pkey in (0, 12345, 2**64 - 1):
             assert model.lengths_from_key(pkey, seeds) == [model.length_from_key(pkey, s) for s in seeds]
+
+
+def test_memo_view_answers_as_engine_view() -> None:
+    from simulator.core import _MemoView
+
+    rng = random.Random(3)
+    for _ in range(200):
+        model = rng.choice(MODELS)
+        active = rng.randint(0, model.capacity)
+        args = ("e", "spot", model.capacity, active, model.rate(active), model, True)
+        plain, memo = EngineView(*args), _MemoView(*args)
+        for n in [rng.randint(0, model.capacity + 1) for _ in range(5)] * 2:  # each load asked twice
+            assert memo.seq_time(n) == plain.seq_time(n)
+            assert memo.seq_time(n, MODELS[0]) == plain.seq_time(n, MODELS[0])
+
+
+def test_step_lengths_are_drawn_once_per_process_and_unchanged() -> None:
+    """A sweep's replays look a step's lengths up instead of hashing every request again: the cached
+    lengths are the drawn ones, and a replay gives the same result with the cache empty or full."""
+    from providers.spot_market import AvailabilityTrace
+    from rlboost_cli.pricing import spot_offers, trainer_offer
+    from rlboost_cli.spec import parse_spec
+    from simulator import core
+    from tests.test_simulator import job
+    from trainer.policies.lengths import prompt_key
+    from trainer.sampling import request_seed
+
+    spec = parse_spec(job())
+    trace = AvailabilityTrace([0.0, 60.0, 75.0, 3600.0], [4, 1, 4, 4], "t")
+
+    def replay() -> core.SimResult:
+        sim = core.Simulation(spec, trace, core.PRESETS["rlboost-fixed"], trainer_offer(spec), spot_offers(spec))
+        return sim.run()
+
+    core._LENGTHS_SEEN.clear()
+    cold = replay()
+    assert core._LENGTHS_SEEN  # the replay filled it
+    warm = replay()
+    assert (cold.trained_tokens, cold.dollars, cold.run_s, cold.migrations, cold.step_log) == (
+        warm.trained_tokens,
+        warm.dollars,
+        warm.run_s,
+        warm.migrations,
+        warm.step_log,
+    )
+    sim = core.Simulation(spec, trace, core.PRESETS["rlboost-fixed"], trainer_offer(spec), spot_offers(spec))
+    problems = sim.task.sample(sim.prompt_rng, 4)
+    G, seed = 3, spec.algorithm.seed
+    want = [
+        sim.lengths.length_from_key(prompt_key(p.prompt_ids), request_seed(seed, f"s7-p{i}-g{g}"))
+        for i, p in enumerate(problems)
+        for g in range(G)
+    ]
+    assert sim._full_lengths(7, problems, G).tolist() == want  # drawn
+    assert sim._full_lengths(7, problems, G).tolist() == want  # looked up

@@ -174,8 +174,9 @@ def hf_learner_versions(pub: object, layers: int, steps: int, lr: float, tmp: Pa
 
 
 def sparse_values_bytes(old: memoryview, new: memoryview, width: int) -> dict[str, int]:
-    """The sparse encoding's values section sent as XOR with the old value (what it sends) and as
-    the new value (the alternative), compressed the same way."""
+    """The sparse encoding's values section as zigzagged differences (what it sends), and as the
+    XOR with the old value (what it sent before) or the new value (the alternatives), compressed the
+    same way."""
     import numpy as np
     import zstandard
 
@@ -185,11 +186,19 @@ def sparse_values_bytes(old: memoryview, new: memoryview, width: int) -> dict[st
     w = wd.element_width(len(a), width)
     x = np.bitwise_xor(a, b)
     idx = wd._changed(x, w)
+    if not len(idx):
+        return {"diff": 0, "xor": 0, "new": 0}
     cz = zstandard.ZstdCompressor(level=wd.LEVEL)
-    return {
-        k: len(cz.compress(wd._shuffle(v.reshape(-1, w)[idx].reshape(-1), w).tobytes())) if len(idx) else 0
+    sizes = {
+        k: len(cz.compress(wd._shuffle(v.reshape(-1, w)[idx].reshape(-1), w).tobytes()))
         for k, v in (("xor", x), ("new", b))
     }
+    if w in wd._ZIGZAG:
+        ea, eb = wd._elements(a, w)[idx], wd._elements(b, w)[idx]
+        sizes["diff"] = len(cz.compress(wd._shuffle(wd._zigzag(eb, ea, w).view(np.uint8), w).tobytes()))
+    else:
+        sizes["diff"] = sizes["xor"]
+    return sizes
 
 
 def delta_report(pub: object, version: int) -> dict:
@@ -213,7 +222,7 @@ def delta_report(pub: object, version: int) -> dict:
         changed += int(np.count_nonzero(a != b))
         elems += len(a)
     widths = weight_delta.shuffle_widths(m.tensors, m.chunks)
-    dense, values = 0, {"xor": 0, "new": 0}
+    dense, values = 0, {"diff": 0, "xor": 0, "new": 0}
     for c, w in zip(m.chunks, widths):
         sl = slice(c.offset, c.offset + c.size)
         p = weight_delta.encode(old_p.buf.view[sl], new_p.buf.view[sl], w)
@@ -227,6 +236,7 @@ def delta_report(pub: object, version: int) -> dict:
         "unchanged_chunks": sum(d.size == 0 for d in dm.chunks),
         "delta_bytes": dm.total_bytes,
         "dense_only_bytes": dense,
+        "values_as_diff_bytes": values["diff"],
         "values_as_xor_bytes": values["xor"],
         "values_as_new_bytes": values["new"],
         "model_bytes": m.total_bytes,

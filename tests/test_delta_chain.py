@@ -44,7 +44,7 @@ def test_a_composed_chunk_delta_rebuilds_the_last_version_bit_exactly(
         e = weight_delta.encode_best(memoryview(old), memoryview(new), width)
         if e is not None:
             parts.append((e[1], e[0]))
-    got = compose_chunk(parts, size, width, sparse)
+    got = compose_chunk(parts, memoryview(versions[-1].tobytes()), width, sparse)
     if got is None:
         assert np.array_equal(versions[0], versions[-1])
         return

@@ -1,5 +1,5 @@
-"""Sparse deltas: only the changed elements (positions + XOR values), the dense XOR encoding as the
-per-chunk fallback; bit-exact rebuilds, malformed payloads rejected with ValueError."""
+"""Sparse deltas: only the changed elements (positions + differences), the dense XOR encoding as the
+per-chunk fallback; bit-exact rebuilds both ways, malformed payloads rejected with ValueError."""
 
 from __future__ import annotations
 
@@ -89,6 +89,9 @@ def test_sparse_and_best_round_trips_are_bit_exact(dtypes, sizes, chunk_bytes, d
         out = bytearray(c.size)
         wd.decode_chunk(o, best[1], memoryview(out), w, best[0])
         assert bytes(out) == bytes(n)
+        back = bytearray(c.size)  # undone: the old chunk from the new one (how chains compose)
+        wd.decode_chunk(n, best[1], memoryview(back), w, best[0], undo=True)
+        assert bytes(back) == bytes(o)
 
 
 @pytest.mark.parametrize("width", range(1, 9))
@@ -122,16 +125,58 @@ def test_small_steps_choose_sparse_and_rebuild_exactly(dtype, density) -> None:
     assert bytes(out) == bytes(n)
 
 
-def test_dense_fallback_when_most_elements_change() -> None:
+def values_section(payload: bytes) -> tuple[int, int, int]:
+    """(values kind, changed elements, values section bytes) of a sparse payload."""
+    _, _, _, vkind, count, _, val_len = wd._HEADER.unpack_from(payload)
+    return vkind, count, val_len
+
+
+@pytest.mark.parametrize("dtype", sorted(DTYPES))
+def test_one_ulp_moves_cost_about_a_bit_each(dtype) -> None:
+    """Values are differences of bit patterns, zigzagged: +-1 ulp is 2 or 1 in the low byte and zero
+    above it, so a changed element's value costs about one bit; its XOR with the old value keeps
+    the carries of every rounding and costs several."""
+    rng = np.random.default_rng(4)
+    old = torch.randn(1 << 20).to(DTYPES[dtype]) * 0.02
+    bits = old.view(torch.int16 if old.element_size() == 2 else torch.int32).clone()
+    hit = torch.from_numpy(rng.random(old.numel()) < 0.05)
+    bits[hit] += torch.from_numpy(rng.choice(np.array([-1, 1], dtype=np.int64), int(hit.sum()))).to(bits.dtype)
+    new = bits.view(old.dtype)
+    o, n = memoryview(old.view(torch.uint8).numpy()), memoryview(new.view(torch.uint8).numpy())
+    payload = wd.encode_sparse(o, n, old.element_size())
+    assert payload is not None
+    vkind, count, val_len = values_section(payload)
+    assert vkind == wd._DIFF and count == int(hit.sum())
+    assert val_len / count < 0.2  # bytes per changed element: ~1 bit of sign, plus zstd's framing
+    x = np.bitwise_xor(np.frombuffer(o, np.uint8), np.frombuffer(n, np.uint8))
+    w = old.element_size()
+    xor_vals = wd._elements(x, w)[np.flatnonzero(wd._elements(x, w))].view(np.uint8)
+    as_xor = len(zstandard.ZstdCompressor(level=1).compress(wd._shuffle(xor_vals, w).tobytes()))
+    assert val_len < 0.6 * as_xor
+    out = bytearray(len(o))
+    wd.decode_sparse_into(o, payload, memoryview(out), w)
+    assert bytes(out) == bytes(n)
+
+
+def test_the_smaller_encoding_wins_when_every_element_changes() -> None:
     rng = np.random.default_rng(2)
     old = torch.randn(50_000, dtype=torch.float32)
-    new = old * (1 + 1e-3 * torch.randn(50_000))  # an fp32 Adam step: nearly every element moves
-    o, n = memoryview(old.view(torch.uint8).numpy()), memoryview(new.view(torch.uint8).numpy())
+    # random bit patterns: the positions are all ones and the values incompressible, so sparse gains
+    # nothing, and the dense XOR is chosen (it decodes without a scatter)
+    n = memoryview(perturb(old, rng, 1.0).view(torch.uint8).numpy())
+    o = memoryview(old.view(torch.uint8).numpy())
     kind, payload = wd.encode_best(o, n, 4)
     assert kind == wd.DENSE and payload == wd.encode(o, n, 4)
-    new = perturb(old, rng, 1.0)
+    # an fp32 Adam step moves nearly every element by a few ulps: the differences compress better
+    # than the XORs (no carry bits), by more than the margin, so sparse is chosen even here
+    new = old * (1 + 1e-3 * torch.randn(50_000))
     n = memoryview(new.view(torch.uint8).numpy())
-    assert wd.encode_best(o, n, 4)[0] == wd.DENSE
+    dense, sparse = wd.encode(o, n, 4), wd.encode_sparse(o, n, 4)
+    assert dense is not None and sparse is not None
+    kind, payload = wd.encode_best(o, n, 4)
+    assert (kind, payload) == (
+        (wd.SPARSE, sparse) if len(sparse) < wd.SPARSE_MARGIN * len(dense) else (wd.DENSE, dense)
+    )
 
 
 def test_positions_take_the_smaller_of_gaps_and_bitmap() -> None:
@@ -161,7 +206,7 @@ def _payload(
     positions: bytes | None = None,
     values: bytes | None = None,
     magic: bytes = wd._MAGIC,
-    reserved: int = 0,
+    vkind: int = 0,
     gaps: list[int] | None = None,
 ) -> bytes:
     """A sparse payload built by hand (changes at elements 3, 10 and 1000 unless told otherwise)."""
@@ -175,7 +220,22 @@ def _payload(
             positions = _frame(wd._shuffle(np.array(gaps, "<u4").view(np.uint8), 4).tobytes())
     count = len(gaps) if count is None else count
     values = _frame(b"\x01\x00" * count) if values is None else values
-    return wd._HEADER.pack(magic, kind, width, reserved, count, len(positions), len(values)) + positions + values
+    return wd._HEADER.pack(magic, kind, width, vkind, count, len(positions), len(values)) + positions + values
+
+
+def test_hand_built_difference_payload_adds_and_undoes_modulo_the_width() -> None:
+    """Zigzagged differences 1, 2, 3 are -1, +1, -2; at element 3 (bytes 6, 7) the -1 borrows into
+    the high byte, at 1000 (0xD0, 0xD1) the +1 stays in the low one; undo takes them back."""
+    zz = np.array([1, 2, 3], "<u2").view(np.uint8)
+    payload = _payload(vkind=wd._DIFF, values=_frame(wd._shuffle(zz, 2).tobytes()))
+    old = np.frombuffer((bytes(range(256)) * 8)[: N_ELEMS * WIDTH], "<u2")
+    got = np.frombuffer(_decode(payload), "<u2")
+    want = old.copy()
+    want[[3, 10, 1000]] += np.array([-1, 1, -2], np.int64).astype(np.uint16)
+    assert np.array_equal(got, want)
+    back = bytearray(len(got) * 2)
+    wd.decode_sparse_into(memoryview(got.tobytes()), payload, memoryview(back), WIDTH, undo=True)
+    assert bytes(back) == old.tobytes()
 
 
 def _decode(payload: bytes) -> bytes:
@@ -196,7 +256,8 @@ def test_hand_built_payload_decodes(kind) -> None:
 
 BAD = {
     "bad magic": lambda: _payload(magic=b"XXXX"),
-    "reserved set": lambda: _payload(reserved=1),
+    "unknown values kind": lambda: _payload(vkind=7),
+    "difference values of a width with no integer": lambda: _payload(vkind=wd._DIFF, width=3),
     "width differs": lambda: _payload(width=4),
     "unknown positions kind": lambda: _payload(kind=7),
     "zero count": lambda: _payload(count=0, values=_frame(b"")),
@@ -310,7 +371,7 @@ def test_manifest_codec_and_encodings() -> None:
 
 def model_versions() -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
     """bf16/fp16/fp32 tensors whose sizes put chunk edges inside tensors; ~1 % of elements move one ulp,
-    and one fp32 tensor changes everywhere (its chunks take the dense encoding)."""
+    and one fp32 tensor is redrawn at random (its chunks take the dense encoding)."""
     rng = np.random.default_rng(4)
     v0 = {
         "embed": torch.randn(70_001).to(torch.bfloat16) * 0.02,
@@ -321,7 +382,7 @@ def model_versions() -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
     }
     v1 = {k: small_change(v, rng, 0.01) for k, v in v0.items()}
     v1["norm"] = v0["norm"].clone()  # unchanged
-    v1["scale"] = v0["scale"] * (1 + 1e-3 * torch.randn(30_000))
+    v1["scale"] = perturb(v0["scale"], rng, 1.0)
     return v0, v1
 
 

@@ -1,9 +1,10 @@
 """Chains and jumps: a worker several versions behind pulls version v as one composed delta.
 
-XOR deltas compose: (b ^ x1) ^ x2 == b ^ (x1 ^ x2). So the trainer keeps each version's delta from
-the one before (small after a real step: the changed elements only) instead of whole old versions,
-and for a worker holding base b it XORs the chain b+1..v chunk by chunk into one difference and
-encodes that once (trainer/weight_delta.py, the smaller of sparse and dense). Each chunk goes the
+The trainer keeps each version's delta from the one before (small after a real step: the changed
+elements only) instead of whole old versions. Every delta can be taken back (a dense XOR is its own
+inverse, a sparse difference is subtracted), so for a worker holding base b the trainer rebuilds
+b's chunk from v's by undoing the chain v..b+1, and encodes v against it once
+(trainer/weight_delta.py, the smaller of sparse and dense). Each chunk goes the
 cheaper way: a chunk whose composed delta is no smaller than the chunk itself goes in full
 (DeltaChunk size 0 while its digest differs between the two manifests, so the worker fetches it in
 full, from peers or the trainer), and one with no net change is not sent at all.
@@ -30,18 +31,18 @@ MapFn = Callable[[Callable[[Any], Any], Iterable[Any]], Iterable[Any]]
 
 
 def compose_chunk(
-    steps: list[tuple[bytes, weight_delta.Encoding]], size: int, width: int, sparse: bool
+    steps: list[tuple[bytes, weight_delta.Encoding]], newest: memoryview, width: int, sparse: bool
 ) -> tuple[weight_delta.Encoding, bytes] | None:
-    """One chunk's composed delta from its per-step deltas (oldest first). None: no net change.
-    Raises ValueError when a step's payload is malformed (the caller offers no delta then)."""
-    x = bytearray(size)
-    view = memoryview(x)
-    for payload, encoding in steps:
-        weight_delta.decode_chunk(view, payload, view, width, encoding)  # x ^= that step's difference
-    zero = memoryview(bytes(size))
+    """One chunk's delta from the chain's base to `newest` (that chunk in the chain's last version),
+    given the chain's per-step deltas, oldest first. None: no net change. Raises ValueError when a
+    step's payload is malformed (the caller offers no delta then)."""
+    base = bytearray(newest)
+    view = memoryview(base)
+    for payload, encoding in reversed(steps):
+        weight_delta.decode_chunk(view, payload, view, width, encoding, undo=True)
     if sparse:
-        return weight_delta.encode_best(zero, view, width)
-    p = weight_delta.encode(zero, view, width)
+        return weight_delta.encode_best(view, newest, width)
+    p = weight_delta.encode(view, newest, width)
     return (weight_delta.DENSE, p) if p is not None else None
 
 
@@ -80,9 +81,9 @@ class DeltaHistory:
                 "budget_bytes": self.budget_bytes,
             }
 
-    def compose(self, m: Manifest, base: int, sparse: bool, map_fn: MapFn = map) -> Step | None:
-        """Version m.version as one delta from `base`, or None when the chain does not reach back
-        to `base` (the worker then pulls in full)."""
+    def compose(self, m: Manifest, data: memoryview, base: int, sparse: bool, map_fn: MapFn = map) -> Step | None:
+        """Version m.version (its bytes: `data`) as one delta from `base`, or None when the chain does
+        not reach back to `base` (the worker then pulls in full)."""
         from trainer.weights import DeltaChunk, DeltaManifest
 
         with self._lock:
@@ -94,7 +95,8 @@ class DeltaHistory:
         def one(i: int) -> tuple[weight_delta.Encoding, bytes] | None:
             parts = [(p[i], dm.chunks[i].encoding) for dm, p in steps if p[i] is not None]
             c = m.chunks[i]
-            return compose_chunk(parts, c.size, steps[-1][0].chunks[i].shuffle, sparse) if parts else None
+            newest = data[c.offset : c.offset + c.size]
+            return compose_chunk(parts, newest, steps[-1][0].chunks[i].shuffle, sparse) if parts else None
 
         try:
             encoded = list(map_fn(one, range(len(m.chunks))))

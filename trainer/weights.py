@@ -508,7 +508,9 @@ class WeightPublisher:
         with self._lock:
             fut = self._composed.get((version, base))
             if fut is None:
-                fut = self._compose_jobs.submit(self.history.compose, m, base, self.sparse_delta, self._pool.map)
+                fut = self._compose_jobs.submit(
+                    self.history.compose, m, pub.buf.view, base, self.sparse_delta, self._pool.map
+                )
                 self._composed[(version, base)] = fut
         return await asyncio.wait_for(asyncio.wrap_future(fut), timeout_s)
 

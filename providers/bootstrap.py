@@ -24,6 +24,10 @@ SKY_WORKDIR = "~/sky_workdir"  # where SkyPilot syncs a task's workdir on its no
 CONTROL_PORT = 8788  # a controller on the trainer node (`controller: trainer`) answers the CLI here
 SOURCE_ROOT = Path(__file__).resolve().parents[1]
 
+# The pip extras a job's node needs besides its engine's, comma-separated (rlboost_cli/node_extras.py
+# decides them from the job file, which providers do not read): e.g. "hf,data".
+EXTRAS_ENV = "RLBOOST_EXTRAS"
+
 # Which metadata service a worker watches for preemption notices (worker/notice.py).
 NOTICE_BY_CLOUD = {"aws": "aws", "gcp": "gcp"}
 
@@ -50,7 +54,7 @@ def pip_spec(engine: str, *, from_workdir: bool, extras: tuple[str, ...] = ()) -
     workdir), else the released package of this version (`extras`: more than the engine needs)."""
     if os.environ.get("RLBOOST_PIP_SPEC"):
         return os.environ["RLBOOST_PIP_SPEC"]
-    extra = ",".join(("vllm" if engine == "vllm" else "local", *extras))
+    extra = ",".join(dict.fromkeys(("vllm" if engine == "vllm" else "local", *extras)))
     if from_workdir:
         return f".[{extra}]"
     try:
@@ -58,6 +62,11 @@ def pip_spec(engine: str, *, from_workdir: bool, extras: tuple[str, ...] = ()) -
     except PackageNotFoundError:
         ver = "0.1.0"
     return f"rlboost[{extra}]=={ver}"
+
+
+def job_extras(req: LaunchRequest) -> tuple[str, ...]:
+    """The extras the job needs on this request's node (EXTRAS_ENV), in order."""
+    return tuple(x for x in (e.strip() for e in req.env.get(EXTRAS_ENV, "").split(",")) if x)
 
 
 def node_env(req: LaunchRequest, *, port: int, from_workdir: bool) -> dict[str, str]:
@@ -71,7 +80,9 @@ def node_env(req: LaunchRequest, *, port: int, from_workdir: bool) -> dict[str, 
             "RLBOOST_INSTANCE_ID": req.instance_id,
             "RLBOOST_JOB": req.job,
             "RLBOOST_TRAINER_PORT": str(port),
-            "RLBOOST_PIP_SPEC": pip_spec(req.env.get("RLBOOST_ENGINE", "torch"), from_workdir=from_workdir),
+            "RLBOOST_PIP_SPEC": pip_spec(
+                req.env.get("RLBOOST_ENGINE", "torch"), from_workdir=from_workdir, extras=job_extras(req)
+            ),
         }
     )
     # only what the worker/trainer read; never the controller's own environment

@@ -83,6 +83,22 @@ def node_path(path: str) -> Path:
     return Path(path).expanduser()
 
 
+def mounted_name(path: str, mounts: Mapping[str, str]) -> str | None:
+    """The node path (`~/models/qwen`, as a job file writes it) of `path`, a path where this node
+    finds a file of a mount (what `node_path` made of it), or None when it lies in none of `mounts`.
+    Another node finds its own copy with `node_path` of that name."""
+    full = Path(path)
+    best: tuple[int, str] | None = None
+    for dest in mounts:
+        top = node_path(dest)
+        if full == top or top in full.parents:
+            rest = full.relative_to(top).as_posix()
+            name = dest.rstrip("/") + ("" if rest == "." else "/" + rest)
+            if best is None or len(top.parts) > best[0]:
+                best = (len(top.parts), name)
+    return best[1] if best else None
+
+
 def copy_mounts(root: Path, mounts: Mapping[str, str], workdir: str | None) -> None:
     """The local provider's file_mounts and workdir: copies of local files and directories under `root`."""
     for dest, source in mounts.items():

@@ -36,6 +36,7 @@ from providers.bootstrap import (
     cloud_spec_yaml,
     instance_name_re,
     is_source_checkout,
+    job_extras,
     node_env,
     pip_spec,
     template,
@@ -257,7 +258,8 @@ class SkyPilotProvider:
         engine = req.env.get("RLBOOST_ENGINE", "torch")
         # the controller writes the job's metrics sinks (`logging:`), so their libraries go where it runs
         sinks = (yaml.safe_load((self.run_dir / "spec.cloud.yaml").read_text()).get("logging")) or {}
-        extras = ("skypilot", "logging") if any(sinks.values()) else ("skypilot",)
+        # and its trainer runs there too: the job's own extras (`hf`, `data`) as well
+        extras = (*job_extras(req), "skypilot", *(("logging",) if any(sinks.values()) else ()))
         cfg["envs"].update(
             RLBOOST_JOB_ID=str(job_id),
             RLBOOST_CONTROL_PORT=str(CONTROL_PORT),

@@ -27,10 +27,12 @@ from providers.base import (
     ProviderError,
     Role,
 )
+from providers.bootstrap import EXTRAS_ENV
 from rlboost_cli.job_envs import Redactor, split_envs
 from rlboost_cli.ledger import summarize
 from rlboost_cli.metrics_log import METRICS_FILE, MetricsLog
 from rlboost_cli.metrics_sinks import open_sinks
+from rlboost_cli.node_extras import node_extras
 from rlboost_cli.pricing import Offer
 from rlboost_cli.progress import JobProgress
 from rlboost_cli.spec import JobSpec
@@ -202,6 +204,7 @@ class Controller:
         env = {
             "RLBOOST_JOB_TOKEN": self.token,
             "RLBOOST_ENGINE": self.spec.rollout.engine,
+            EXTRAS_ENV: ",".join(node_extras(self.spec, Role.TRAINER)),
             **(self.tls.trainer_env if self.tls else {}),
         }
         if self.provider.name == "local":  # checkpoints outlive the trainer process (clouds: trainer.checkpoint_dir)
@@ -412,6 +415,7 @@ class Controller:
                     "RLBOOST_WORKER_ID": iid,
                     "RLBOOST_WORKER_KIND": "spot",
                     "RLBOOST_ENGINE": self.spec.rollout.engine,
+                    EXTRAS_ENV: ",".join(node_extras(self.spec, Role.WORKER)),
                     "RLBOOST_ACCELERATOR": offer.accelerator or "",  # synthetic engines model it
                     # the tracker groups weight pullers by region (trainer/region_fanout.py)
                     "RLBOOST_CLOUD": offer.cloud,

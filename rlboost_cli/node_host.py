@@ -133,9 +133,11 @@ class SkyTrainerNode:
         """Launch the node (or start its task again: `resume`), then wait for its controller to answer
         (its setup installs rlboost first: minutes). `record_rollouts` is a local-provider option."""
         from providers import price_lookup
-        from providers.base import CapacityError, ProviderError
+        from providers.base import CapacityError, ProviderError, Role
+        from providers.bootstrap import EXTRAS_ENV
         from rlboost_cli.controller import node_files, trainer_request
         from rlboost_cli.node_client import NodeClient
+        from rlboost_cli.node_extras import node_extras
         from rlboost_cli.pricing import PricingError, trainer_offer
         from rlboost_cli.spec import parse_spec
 
@@ -145,7 +147,11 @@ class SkyTrainerNode:
             offer = trainer_offer(spec, price_lookup(spec))
         except PricingError as e:
             raise NodeStartError(str(e)) from None
-        env = {"RLBOOST_JOB_TOKEN": token, "RLBOOST_ENGINE": spec.rollout.engine}
+        env = {
+            "RLBOOST_JOB_TOKEN": token,
+            "RLBOOST_ENGINE": spec.rollout.engine,
+            EXTRAS_ENV: ",".join(node_extras(spec, Role.TRAINER)),  # the trainer runs on this node
+        }
         # the node's controller hands the job's variables and files on to its trainer and workers
         req = trainer_request(offer, self.instance_id, self.job.name, env, [], node_files(spec, *envs))
         try:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -924,13 +925,13 @@ def _check_dataset(full: Path, task: TaskSpec, held_out: bool = False) -> None:
         )
 
 
-def _task_path_in_mount(spec: JobSpec, on_node: bool) -> Path | None:
-    """task.path written as a node path inside a file_mounts destination (`~/data/train.jsonl`): checked
-    at its local source on the launching machine (a bucket cannot be checked), read on the node where
-    the mount put it. None when task.path is an ordinary local path."""
+def _path_in_mount(key: str, raw: str, spec: JobSpec, on_node: bool, check: Callable[[Path], None]) -> Path | None:
+    """`key` (task.path, task.eval_path, model.path) written as a node path inside a file_mounts
+    destination (`~/data/train.jsonl`): checked with `check` at its local source on the launching
+    machine (a bucket cannot be checked), read on the node where the mount put it (the path returned
+    there). None when it is an ordinary local path."""
     from providers.mounts import find_mount, node_path, source_path
 
-    raw = str(spec.task.path)
     hit = find_mount(raw, spec.file_mounts)
     if hit is None:
         return None
@@ -938,48 +939,56 @@ def _task_path_in_mount(spec: JobSpec, on_node: bool) -> Path | None:
     if on_node:
         full = node_path(raw)
         if not full.exists():
-            raise SpecError(
-                f"task.path: {raw} is not on this node ({full}); file_mounts.{dest} should have put it there"
-            )
-        _check_dataset(full, spec.task)
+            raise SpecError(f"{key}: {raw} is not on this node ({full}); file_mounts.{dest} should have put it there")
+        check(full)
         return full
     local = source_path(raw, spec.file_mounts)
     if local is not None and not local.exists():
         raise SpecError(
-            f"task.path: {raw} lies in file_mounts.{dest}, but {local} is not there; fix task.path "
-            "or the mount's source"
+            f"{key}: {raw} lies in file_mounts.{dest}, but {local} is not there; fix {key} or the mount's source"
         )
     if local is not None:
-        _check_dataset(local, spec.task)
-    return spec.task.path
+        check(local)
+    return Path(raw)  # kept as the node path: the node resolves it again
+
+
+def _check_model_dir(full: Path) -> None:
+    if not (full / "config.json").is_file():
+        raise SpecError(f"model.path: {full} has no config.json (a Hugging Face model directory is needed)")
+
+
+def _resolve_dataset(spec: JobSpec, base: Path, on_node: bool, held_out: bool) -> JobSpec:
+    """task.path (or task.eval_path when `held_out`) must exist, here or in a mount, in a format rlboost reads."""
+    task = spec.task
+    key, path = ("task.eval_path", task.eval_path) if held_out else ("task.path", task.path)
+    if path is None:
+        return spec
+    full = _path_in_mount(key, str(path), spec, on_node, lambda p: _check_dataset(p, task, held_out))
+    if full is None:
+        full = path if path.is_absolute() else (base / path).resolve()
+        if not full.exists():
+            raise SpecError(f"{key}: file {path} not found (resolved to {full}); fix the path")
+        _check_dataset(full, task, held_out)
+    field = "eval_path" if held_out else "path"
+    return spec.model_copy(update={"task": task.model_copy(update={field: full})})
 
 
 def _resolve_hf_paths(spec: JobSpec, base: Path, on_node: bool = False) -> JobSpec:
-    """task.path must exist; model.path is a local directory when it looks like a path or exists
-    next to the job file, else a hub id (`org/name`, fetched by the trainer and the workers)."""
-    task, model = spec.task, spec.model
-    mounted = _task_path_in_mount(spec, on_node) if task.path is not None else None
-    if mounted is not None:
-        spec = spec.model_copy(update={"task": task.model_copy(update={"path": mounted})})
-    elif task.path is not None:
-        full = task.path if task.path.is_absolute() else (base / task.path).resolve()
-        if not full.exists():
-            raise SpecError(f"task.path: file {task.path} not found (resolved to {full}); fix the path")
-        _check_dataset(full, task)
-        spec = spec.model_copy(update={"task": task.model_copy(update={"path": full})})
-    if task.eval_path is not None:
-        full = task.eval_path if task.eval_path.is_absolute() else (base / task.eval_path).resolve()
-        if not full.exists():
-            raise SpecError(f"task.eval_path: file {task.eval_path} not found (resolved to {full}); fix the path")
-        _check_dataset(full, task, held_out=True)
-        spec = spec.model_copy(update={"task": spec.task.model_copy(update={"eval_path": full})})
+    """task.path and task.eval_path must exist; model.path is a local directory when it looks like a
+    path or exists next to the job file, else a hub id (`org/name`, fetched by the trainer and the
+    workers). Any of them may lie in a file_mounts destination (`_path_in_mount`)."""
+    spec = _resolve_dataset(spec, base, on_node, held_out=False)
+    spec = _resolve_dataset(spec, base, on_node, held_out=True)
+    model = spec.model
     if model.kind == "hf" and model.path:
+        mounted = _path_in_mount("model.path", model.path, spec, on_node, _check_model_dir)
+        if mounted is not None:
+            return spec.model_copy(update={"model": model.model_copy(update={"path": str(mounted)})})
         raw = Path(model.path).expanduser()
         full = raw if raw.is_absolute() else (base / raw).resolve()
         looks_local = model.path.startswith(("/", "./", "../", "~")) or model.path.count("/") != 1
         if full.is_dir():
-            if not (full / "config.json").is_file():
-                raise SpecError(f"model.path: {full} has no config.json (a Hugging Face model directory is needed)")
+            _check_model_dir(full)
             spec = spec.model_copy(update={"model": model.model_copy(update={"path": str(full)})})
         elif looks_local:
             raise SpecError(

@@ -18,7 +18,7 @@ import yaml
 import tests.sky_fake  # noqa: F401  (offline SkyPilot first)
 from providers.base import InstanceKind, InstanceState, LaunchRequest, Role
 from providers.local import LocalProvider
-from providers.mounts import MOUNT_ROOT_ENV, find_mount, node_path
+from providers.mounts import MOUNT_ROOT_ENV, find_mount, mounted_name, node_path
 from providers.skypilot import SkyPilotProvider
 from rlboost_cli.job_envs import (
     SECRET_ENVS_FILE,
@@ -31,7 +31,7 @@ from rlboost_cli.job_envs import (
 )
 from rlboost_cli.spec import SpecError, load_spec, parse_spec, spec_to_yaml
 from tests.cloud_worlds import ScriptedMarket, write_spec
-from tests.conftest import run_cli
+from tests.conftest import run_cli, run_json
 from tests.sky_fake import FakeSky, sky
 
 SECRET = "hf_0123456789abcdefSECRET"
@@ -131,6 +131,127 @@ def test_task_path_may_live_in_a_mount(tmp_path, monkeypatch):
     assert load_spec(saved, on_node=True).task.path == node / "data" / "train.jsonl"
 
 
+def hf_model_job(tmp_path: Path, mounts: dict, model_path: str = "~/models/qwen", **extra) -> dict:
+    (tmp_path / "d.jsonl").write_text('{"prompt": "1+1", "answer": "2"}\n')
+    return {
+        "model": {"kind": "hf", "path": model_path},
+        "task": {"name": "jsonl", "path": "d.jsonl"},
+        "file_mounts": mounts,
+        **extra,
+    }
+
+
+def test_model_path_may_live_in_a_mount_and_each_node_reads_its_own_copy(tmp_path, monkeypatch):
+    from trainer.scheduling import welcome_model
+    from worker.engines import model_on_this_node
+
+    monkeypatch.delenv(MOUNT_ROOT_ENV, raising=False)
+    (tmp_path / "my-model").mkdir()
+    extra = hf_model_job(tmp_path, {"~/models/qwen": "my-model"})
+    assert "model.path: " + str(tmp_path / "my-model") + " has no config.json" in spec_error(tmp_path, **extra)
+    (tmp_path / "my-model" / "config.json").write_text("{}")
+    spec = load_spec(job_file(tmp_path, **extra))
+    assert spec.model.path == "~/models/qwen"  # a node path: the launcher checked its source
+    wrong = hf_model_job(tmp_path, {"~/models": "."}, "~/models/other")
+    said = spec_error(tmp_path, **wrong)
+    assert f"model.path: ~/models/other lies in file_mounts.~/models, but {tmp_path / 'other'} is not there" in said
+    assert "fix model.path or the mount's source" in said
+    # on the trainer node (the local provider: its instance directory) the mount is where it was copied
+    saved = tmp_path / "saved.yaml"
+    saved.write_text(spec_to_yaml(spec))
+    trainer_dir, worker_dir = tmp_path / "trainer", tmp_path / "worker"
+    monkeypatch.setenv(MOUNT_ROOT_ENV, str(trainer_dir))
+    with pytest.raises(SpecError, match=r"model.path: ~/models/qwen is not on this node .*file_mounts.~/models/qwen"):
+        load_spec(saved, on_node=True)
+    (trainer_dir / "models" / "qwen").mkdir(parents=True)
+    with pytest.raises(SpecError, match=r"has no config\.json"):
+        load_spec(saved, on_node=True)
+    (trainer_dir / "models" / "qwen" / "config.json").write_text("{}")
+    node_spec = load_spec(saved, on_node=True)
+    assert node_spec.model.path == str(trainer_dir / "models" / "qwen")
+    # workers are told the node path, and read it where their own node has the mount
+    welcome = welcome_model(node_spec)
+    assert welcome["path"] == "~/models/qwen" and welcome["path_in_mount"] is True
+    monkeypatch.setenv(MOUNT_ROOT_ENV, str(worker_dir))
+    with pytest.raises(ValueError, match=r"model.path: ~/models/qwen is not on this node"):
+        model_on_this_node(welcome)
+    (worker_dir / "models" / "qwen").mkdir(parents=True)
+    want = {**spec.model.model_dump(mode="json"), "path": str(worker_dir / "models" / "qwen")}
+    assert model_on_this_node(welcome) == want
+    # a model path outside every mount goes to workers as it is
+    plain = node_spec.model_copy(update={"model": node_spec.model.model_copy(update={"path": "org/model"})})
+    assert model_on_this_node(welcome_model(plain))["path"] == "org/model"
+
+
+def test_model_and_eval_paths_in_a_bucket_are_not_checked_here(tmp_path):
+    extra = hf_model_job(
+        tmp_path,
+        {"~/models/qwen": "s3://bucket/qwen", "~/evals": "gs://bucket/evals"},
+        provider="skypilot",
+        trainer={"cloud": "aws", "accelerators": "A100:1"},
+    )
+    extra["task"].update(eval_path="~/evals/test.parquet", eval_every=5)
+    spec = load_spec(job_file(tmp_path, **extra))
+    assert spec.model.path == "~/models/qwen" and str(spec.task.eval_path) == "~/evals/test.parquet"
+    # outside every mount, a node-style path is a path on this machine, as before
+    extra["file_mounts"] = {"~/evals": "gs://bucket/evals"}
+    assert "model.path: directory ~/models/qwen not found" in spec_error(tmp_path, **extra)
+
+
+def test_eval_path_may_live_in_a_mount(tmp_path, monkeypatch):
+    monkeypatch.delenv(MOUNT_ROOT_ENV, raising=False)
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "test.jsonl").write_text('{"prompt": "2+2", "answer": "4"}\n')
+    extra = hf_model_job(tmp_path, {"~/data": "data"}, "org/model")
+    extra["task"].update(eval_path="~/data/test.jsonl", eval_every=5)
+    spec = load_spec(job_file(tmp_path, **extra))
+    assert str(spec.task.eval_path) == "~/data/test.jsonl"
+    extra["task"]["eval_path"] = "~/data/nope.jsonl"
+    assert "task.eval_path: ~/data/nope.jsonl lies in file_mounts.~/data" in spec_error(tmp_path, **extra)
+    saved = tmp_path / "saved.yaml"
+    saved.write_text(spec_to_yaml(spec))
+    monkeypatch.setenv(MOUNT_ROOT_ENV, str(tmp_path / "node"))
+    with pytest.raises(SpecError, match=r"task\.eval_path: ~/data/test\.jsonl is not on this node"):
+        load_spec(saved, on_node=True)
+
+
+@pytest.mark.integration
+def test_a_local_hf_job_reads_its_model_from_a_mount_on_every_node(tmp_path, monkeypatch):
+    """model.path as a node path in file_mounts: the trainer and a spot worker each load their own
+    instance's copy of the mount (the local provider copies it into each instance directory)."""
+    from tests.hf_fixtures import make_tiny_model
+
+    make_tiny_model(tmp_path / "my-model")
+    (tmp_path / "trace.json").write_text(json.dumps({"metadata": {"gap_seconds": 1}, "data": [3] * 900}))
+    job = hf_model_job(
+        tmp_path,
+        {"~/models/qwen": "my-model"},
+        name="mounted",
+        algorithm={"prompts_per_step": 2, "group_size": 2, "max_new_tokens": 4, "steps": 2, "warm_start_steps": 0},
+        rollout={
+            "max_workers": 1,
+            "min_workers": 1,
+            "trainer_engine": False,  # the spot worker generates everything
+            "candidates": [{"accelerator": "A100", "clouds": ["local"], "spot_price": 1.5, "on_demand_price": 3.5}],
+        },
+        local={"trace": "trace.json"},
+    )
+    job["model"]["dtype"] = "float32"
+    job["task"]["instruction"] = None
+    monkeypatch.setenv("RLBOOST_WAIT_ENGINES", "1")  # every step waits for the worker (inherited)
+    home = tmp_path / "home"
+    proc = run_cli("launch", str(job_file(tmp_path, **job)), home=home, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    [j] = run_json("status", "mounted", home=home)["jobs"]
+    assert j["status"] == "succeeded" and j["step"] == 2
+    instances = Path(j["metrics_file"]).parent / "instances"
+    [worker] = [d for d in instances.iterdir() if d.name.startswith("mounted-1-w")]
+    log = (worker / "log").read_text()
+    assert f"model.path ~/models/qwen: this node's copy at {worker / 'models' / 'qwen'}" in log, log
+    for node in (worker, instances / "mounted-1-trainer"):
+        assert (node / "models" / "qwen" / "config.json").is_file()
+
+
 def test_find_mount_and_node_path(monkeypatch):
     mounts = {"~/data": "a", "~/data/big": "b", "/data": "c"}
     assert find_mount("~/data/big/x.jsonl", mounts) == ("~/data/big", Path("x.jsonl"))
@@ -142,6 +263,10 @@ def test_find_mount_and_node_path(monkeypatch):
     assert node_path("~/data/x") == Path.home() / "data" / "x"
     monkeypatch.setenv(MOUNT_ROOT_ENV, "/r")
     assert node_path("~/data/x") == node_path("/data/x") == Path("/r/data/x")
+    # and back: the name a job file gives a path that this node has in a mount (the deepest wins)
+    assert mounted_name("/r/data/big/x", mounts) == "~/data/big/x"
+    assert mounted_name("/r/data/big", mounts) == "~/data/big"
+    assert mounted_name("/r/database/x", mounts) is None and mounted_name("/elsewhere", mounts) is None
 
 
 # ---- --env and the secret file ----------------------------------------------------------------

@@ -347,3 +347,49 @@ def test_a_worker_draining_on_its_notice_is_marked_notice_so_a_replacement_start
     assert store.instance("drain-1-w001").state == "notice"
     assert ctl._live_workers() and all(i.state == "notice" for i in ctl._live_workers())  # not counted as live
     provider.close()
+
+
+def test_the_controller_asks_each_node_for_the_extras_the_job_needs(tmp_path, fake, monkeypatch):
+    """An hf job on parquet: the trainer's node installs `hf` and `data`, a spot worker's `hf` only."""
+    from rich.console import Console
+
+    from providers.prices import CloudPrices
+    from rlboost_cli.controller import Controller
+    from rlboost_cli.pricing import spot_offers, trainer_offer
+    from rlboost_cli.spec import parse_spec, spec_to_yaml
+    from rlboost_cli.state import StateStore
+
+    monkeypatch.delenv("RLBOOST_PIP_SPEC", raising=False)
+    spec = parse_spec(
+        {
+            "name": "sky-hf",
+            "provider": "skypilot",
+            "model": {"kind": "hf", "path": "org/model"},
+            "task": {"name": "jsonl", "path": "train.parquet"},
+            "trainer": {"cloud": "aws", "region": "us-east-1", "accelerators": "A100:8", "tls": "off"},
+            "rollout": {"max_workers": 1, "candidates": [{"accelerator": "V100", "clouds": ["aws"]}]},
+        }
+    )
+    stub = TrainerStub(run_s=1.0)
+    fake.endpoint = stub.addr
+    store = StateStore(tmp_path / "state.db")
+    job_id = store.create_job(spec.name, spec_to_yaml(spec), spec.provider)
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "spec.yaml").write_text(spec_to_yaml(spec))
+    provider = SkyPilotProvider(run_dir, sdk=fake, status_every_s=0.1, redown_after_s=0.1, sync_workdir=True)
+    prices = CloudPrices()
+    ctl = Controller(
+        spec=spec, store=store, job_id=job_id, run_dir=run_dir, provider=provider, token="tok",
+        trainer_offer=trainer_offer(spec, prices), spot_offers=spot_offers(spec, prices),
+        console=Console(file=io.StringIO()), poll_s=0.05, teardown_wait_s=10.0,
+    )  # fmt: skip
+    try:
+        assert ctl.run() == "succeeded", store.job_by_id(job_id).error
+    finally:
+        stub.close()
+        provider.close()
+    pips = {name: cfg["envs"]["RLBOOST_PIP_SPEC"] for what, (name, cfg, *_) in fake.calls if what == "launch"}
+    assert pips[f"sky-hf-{job_id}-trainer"] == ".[local,hf,data]"
+    workers = [p for name, p in pips.items() if "-w" in name]
+    assert workers and set(workers) == {".[local,hf]"}

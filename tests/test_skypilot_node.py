@@ -169,6 +169,29 @@ def test_a_node_whose_controller_never_answers_is_a_clear_error(laptop_job):
         node.start(job.spec_yaml, "tok", resume=False, record_rollouts=False, timeout_s=0.5)
 
 
+def test_the_node_installs_what_its_trainer_needs_besides_skypilot(home, monkeypatch):
+    """An hf job on parquet: the node's controller launches workers (`skypilot`) and its trainer runs
+    there too (`hf`, `data`)."""
+    monkeypatch.delenv("RLBOOST_PIP_SPEC", raising=False)
+    store = StateStore()
+    spec = sky_job("sky-hf", model={"kind": "hf", "path": "org/model"}, task={"name": "jsonl", "path": "t.parquet"})
+    spec_yaml = spec_to_yaml(parse_spec(spec, source="t"))
+    job = store.job_by_id(store.create_job("sky-hf", spec_yaml, "skypilot"))
+    run_dir = home / "jobs" / f"sky-hf-{job.id}"
+    run_dir.mkdir(parents=True)
+    (run_dir / "spec.yaml").write_text(spec_yaml)
+    with socket.socket() as s:  # no controller answers: the launch is what this test reads
+        s.bind(("127.0.0.1", 0))
+        dead = f"127.0.0.1:{s.getsockname()[1]}"
+    fake = FakeSky(endpoint=dead)
+    node = SkyTrainerNode(job, SkyPilotProvider(run_dir, sdk=fake, sync_workdir=True))
+    with pytest.raises(NodeStartError):
+        node.start(spec_yaml, "tok", resume=False, record_rollouts=False, timeout_s=0.2)
+    (_, cfg, _, _) = next(args for what, args in fake.calls if what == "launch")
+    assert cfg["envs"]["RLBOOST_PIP_SPEC"] == ".[local,hf,data,skypilot]"
+    store.close()
+
+
 # ---- the node's public address ----------------------------------------------------------------
 class Metadata(BaseHTTPRequestHandler):
     """EC2 IMDSv2 (token PUT, then GET with it) and GCE metadata (Metadata-Flavor header)."""

@@ -100,6 +100,11 @@ worker_msg = TypeAdapter(WorkerMsg)
 # ---- coordinator -> worker -------------------------------------------------------------
 
 
+# in Welcome.model: true when model.path is a node path in a file_mounts destination (`~/models/x`),
+# which each worker finds where its own node has the mount (providers.mounts.node_path)
+MOUNTED_PATH_KEY = "path_in_mount"
+
+
 class Welcome(Msg):
     type: Literal["welcome"] = "welcome"
     worker_id: str
@@ -109,7 +114,7 @@ class Welcome(Msg):
     heartbeat_s: float
     seed: int
     temperature: float
-    model: dict[str, Any]  # ModelSpec as JSON: what engine to build
+    model: dict[str, Any]  # ModelSpec as JSON (+ MOUNTED_PATH_KEY): what engine to build
     engine_dtype: str
     engine_batch: int
     # send tokens as binary frames (trainer/token_frames.py) using GenSpec.handle; JSON otherwise

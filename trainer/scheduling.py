@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from providers.mounts import mounted_name
 from rlboost_cli.spec import JobSpec
 from trainer.policies.fleet import FleetGoal, FleetPolicy, Objective
 from trainer.policies.lengths import LengthModel
@@ -15,6 +16,7 @@ from trainer.policies.migration import MigrationConfig
 from trainer.policies.offload import OffloadPolicy, make_offload
 from trainer.policies.perf import AcceleratorPerf, EngineModel, engine_model, split_accelerator, train_rate
 from trainer.policies.placement import PlacementTracker
+from trainer.protocol import MOUNTED_PATH_KEY
 
 
 def perf_table(spec: JobSpec) -> dict[str, AcceleratorPerf]:
@@ -84,6 +86,11 @@ def welcome_model(spec: JobSpec) -> dict:
     """The `model` dict workers get in `welcome`: the ModelSpec, plus, for synthetic engines, the
     performance table and the length model (the node picks its own accelerator's entry)."""
     out = spec.model.model_dump(mode="json")
+    if spec.model.kind == "hf" and spec.model.path:
+        # model.path in a file_mounts destination: a worker reads its own node's copy, not this node's
+        named = mounted_name(spec.model.path, spec.file_mounts)
+        if named is not None:
+            out["path"], out[MOUNTED_PATH_KEY] = named, True
     if spec.rollout.engine == "synthetic":
         lm = length_model(spec)
         out["synthetic"] = {

@@ -2,14 +2,37 @@
 
 from __future__ import annotations
 
+import logging
+
 from worker.engines.base import Engine, GenRequest
+
+log = logging.getLogger(__name__)
+
+
+def model_on_this_node(model: dict) -> dict:
+    """The welcome's model with model.path where this node has it: a path in a file_mounts destination
+    is this node's own copy of the mount."""
+    from providers.mounts import node_path
+    from trainer.protocol import MOUNTED_PATH_KEY
+
+    out = dict(model)
+    if not out.pop(MOUNTED_PATH_KEY, False):
+        return out
+    full = node_path(out["path"])
+    if not full.is_dir():
+        raise ValueError(
+            f"model.path: {out['path']} is not on this node ({full}); its file_mounts entry should put it there"
+        )
+    log.info("model.path %s: this node's copy at %s", out["path"], full)
+    out["path"] = str(full)
+    return out
 
 
 def make_engine(name: str, model: dict, dtype: str, max_batch: int) -> Engine:
     if name in ("torch", "vllm"):
         from rlboost_cli.spec import ModelSpec
 
-        spec = ModelSpec.model_validate(model)
+        spec = ModelSpec.model_validate(model_on_this_node(model))
         if dtype == "auto":  # an hf model runs in its own dtype, tiny-gpt in float32
             dtype = spec.dtype if spec.kind == "hf" else "float32"
         if name == "vllm":

@@ -174,9 +174,9 @@ def hf_learner_versions(pub: object, layers: int, steps: int, lr: float, tmp: Pa
 
 
 def sparse_values_bytes(old: memoryview, new: memoryview, width: int) -> dict[str, int]:
-    """The sparse encoding's values section as zigzagged differences (what it sends), and as the
-    XOR with the old value (what it sent before) or the new value (the alternatives), compressed the
-    same way."""
+    """The sparse encoding's values section as sent (zigzagged differences in the old elements'
+    magnitude order), and the alternatives compressed the same way: the differences in position
+    order, the XOR with the old value, the new value."""
     import numpy as np
     import zstandard
 
@@ -186,19 +186,18 @@ def sparse_values_bytes(old: memoryview, new: memoryview, width: int) -> dict[st
     w = wd.element_width(len(a), width)
     x = np.bitwise_xor(a, b)
     idx = wd._changed(x, w)
-    if not len(idx):
-        return {"diff": 0, "xor": 0, "new": 0}
+    if not len(idx) or w not in wd._ZIGZAG or w == 1:
+        return {}
     cz = zstandard.ZstdCompressor(level=wd.LEVEL)
-    sizes = {
-        k: len(cz.compress(wd._shuffle(v.reshape(-1, w)[idx].reshape(-1), w).tobytes()))
-        for k, v in (("xor", x), ("new", b))
-    }
-    if w in wd._ZIGZAG:
-        ea, eb = wd._elements(a, w)[idx], wd._elements(b, w)[idx]
-        sizes["diff"] = len(cz.compress(wd._shuffle(wd._zigzag(eb, ea, w).view(np.uint8), w).tobytes()))
-    else:
-        sizes["diff"] = sizes["xor"]
-    return sizes
+
+    def size(v: np.ndarray) -> int:
+        return len(cz.compress(wd._shuffle(v.view(np.uint8).reshape(-1), w).tobytes()))
+
+    ea, eb = wd._elements(a, w)[idx], wd._elements(b, w)[idx]
+    diff = wd._zigzag(eb, ea, w)
+    apart = np.flatnonzero(wd._magnitude(ea, w) != wd._magnitude(eb, w))
+    order = wd._size_order(wd._magnitude(ea, w), apart)
+    return {"by_size": size(diff[order]), "diff": size(diff), "xor": size(ea ^ eb), "new": size(eb)}
 
 
 def delta_report(pub: object, version: int) -> dict:
@@ -222,7 +221,7 @@ def delta_report(pub: object, version: int) -> dict:
         changed += int(np.count_nonzero(a != b))
         elems += len(a)
     widths = weight_delta.shuffle_widths(m.tensors, m.chunks)
-    dense, values = 0, {"diff": 0, "xor": 0, "new": 0}
+    dense, values = 0, {"by_size": 0, "diff": 0, "xor": 0, "new": 0}
     for c, w in zip(m.chunks, widths):
         sl = slice(c.offset, c.offset + c.size)
         p = weight_delta.encode(old_p.buf.view[sl], new_p.buf.view[sl], w)
@@ -236,6 +235,7 @@ def delta_report(pub: object, version: int) -> dict:
         "unchanged_chunks": sum(d.size == 0 for d in dm.chunks),
         "delta_bytes": dm.total_bytes,
         "dense_only_bytes": dense,
+        "values_bytes": values["by_size"],  # as sent
         "values_as_diff_bytes": values["diff"],
         "values_as_xor_bytes": values["xor"],
         "values_as_new_bytes": values["new"],

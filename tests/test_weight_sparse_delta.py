@@ -127,7 +127,7 @@ def test_small_steps_choose_sparse_and_rebuild_exactly(dtype, density) -> None:
 
 def values_section(payload: bytes) -> tuple[int, int, int]:
     """(values kind, changed elements, values section bytes) of a sparse payload."""
-    _, _, _, vkind, count, _, val_len = wd._HEADER.unpack_from(payload)
+    _, _, _, vkind, count, _, _, _, val_len = wd._HEADER.unpack_from(payload)
     return vkind, count, val_len
 
 
@@ -146,7 +146,7 @@ def test_one_ulp_moves_cost_about_a_bit_each(dtype) -> None:
     payload = wd.encode_sparse(o, n, old.element_size())
     assert payload is not None
     vkind, count, val_len = values_section(payload)
-    assert vkind == wd._DIFF and count == int(hit.sum())
+    assert vkind == wd._BY_SIZE and count == int(hit.sum())
     assert val_len / count < 0.2  # bytes per changed element: ~1 bit of sign, plus zstd's framing
     x = np.bitwise_xor(np.frombuffer(o, np.uint8), np.frombuffer(n, np.uint8))
     w = old.element_size()
@@ -206,8 +206,10 @@ def _payload(
     positions: bytes | None = None,
     values: bytes | None = None,
     magic: bytes = wd._MAGIC,
-    vkind: int = 0,
+    vkind: int = wd._BY_SIZE,
     gaps: list[int] | None = None,
+    apart: bytes = b"",
+    n_apart: int = 0,
 ) -> bytes:
     """A sparse payload built by hand (changes at elements 3, 10 and 1000 unless told otherwise)."""
     gaps = [3, 6, 989] if gaps is None else gaps
@@ -220,14 +222,15 @@ def _payload(
             positions = _frame(wd._shuffle(np.array(gaps, "<u4").view(np.uint8), 4).tobytes())
     count = len(gaps) if count is None else count
     values = _frame(b"\x01\x00" * count) if values is None else values
-    return wd._HEADER.pack(magic, kind, width, vkind, count, len(positions), len(values)) + positions + values
+    head = wd._HEADER.pack(magic, kind, width, vkind, count, len(positions), n_apart, len(apart), len(values))
+    return head + positions + apart + values
 
 
 def test_hand_built_difference_payload_adds_and_undoes_modulo_the_width() -> None:
     """Zigzagged differences 1, 2, 3 are -1, +1, -2; at element 3 (bytes 6, 7) the -1 borrows into
     the high byte, at 1000 (0xD0, 0xD1) the +1 stays in the low one; undo takes them back."""
     zz = np.array([1, 2, 3], "<u2").view(np.uint8)
-    payload = _payload(vkind=wd._DIFF, values=_frame(wd._shuffle(zz, 2).tobytes()))
+    payload = _payload(values=_frame(wd._shuffle(zz, 2).tobytes()))
     old = np.frombuffer((bytes(range(256)) * 8)[: N_ELEMS * WIDTH], "<u2")
     got = np.frombuffer(_decode(payload), "<u2")
     want = old.copy()
@@ -236,6 +239,28 @@ def test_hand_built_difference_payload_adds_and_undoes_modulo_the_width() -> Non
     back = bytearray(len(got) * 2)
     wd.decode_sparse_into(memoryview(got.tobytes()), payload, memoryview(back), WIDTH, undo=True)
     assert bytes(back) == old.tobytes()
+
+
+def test_differences_go_by_magnitude_and_moves_across_an_exponent_are_listed_apart() -> None:
+    """bf16: element 0 is large, 1 tiny, 2 mid-sized, 3 sits one ulp below 1.0 (0x3F7F) and moves up
+    into the next exponent (0x3F80). The values go tiny, mid, large, then element 3 apart; applied
+    to the old chunk or taken back from the new one, the order comes out the same."""
+    old = np.array([0x4100, 0x2000, 0x3C10, 0x3F7F] * 64, "<u2")
+    new = old + np.array([1, 5, 0xFFFF, 1] * 64, "<u2")  # the third moves down one ulp
+    o, n = memoryview(old.view(np.uint8)), memoryview(new.view(np.uint8))
+    payload = wd.encode_sparse(o, n, 2)
+    assert payload is not None
+    _, _, _, vkind, count, pos_len, n_apart, apart_len, _ = wd._HEADER.unpack_from(payload)
+    assert (vkind, count, n_apart) == (wd._BY_SIZE, 256, 64)
+    body = payload[wd._HEADER.size :]
+    vals = np.frombuffer(zstandard.ZstdDecompressor().decompress(body[pos_len + apart_len :]), np.uint8)
+    zz = wd._unshuffle(vals, 2).view("<u2")
+    # zigzag: +5 is 10 (the tiny ones), -1 is 1 (the mid ones), +1 is 2 (large, then the ones apart)
+    assert zz.tolist() == [10] * 64 + [1] * 64 + [2] * 64 + [2] * 64
+    out, back = bytearray(len(o)), bytearray(len(o))
+    wd.decode_sparse_into(o, payload, memoryview(out), 2)
+    wd.decode_sparse_into(n, payload, memoryview(back), 2, undo=True)
+    assert bytes(out) == bytes(n) and bytes(back) == bytes(o)
 
 
 def _decode(payload: bytes) -> bytes:
@@ -257,7 +282,13 @@ def test_hand_built_payload_decodes(kind) -> None:
 BAD = {
     "bad magic": lambda: _payload(magic=b"XXXX"),
     "unknown values kind": lambda: _payload(vkind=7),
-    "difference values of a width with no integer": lambda: _payload(vkind=wd._DIFF, width=3),
+    "values in position order for two-byte elements": lambda: _payload(vkind=wd._DIFF),
+    "XOR values for two-byte elements": lambda: _payload(vkind=wd._XOR),
+    "elements apart without their list": lambda: _payload(n_apart=1),
+    "a list apart without its count": lambda: _payload(apart=_apart([0])),
+    "more elements apart than changed": lambda: _payload(n_apart=4, apart=_apart([0, 0, 0, 0])),
+    "an element apart past the changed": lambda: _payload(n_apart=1, apart=_apart([3])),
+    "list apart shorter than its count": lambda: _payload(n_apart=2, apart=_apart([0])),
     "width differs": lambda: _payload(width=4),
     "unknown positions kind": lambda: _payload(kind=7),
     "zero count": lambda: _payload(count=0, values=_frame(b"")),
@@ -286,6 +317,10 @@ BAD = {
     "empty": lambda: b"",
     "trailing byte": lambda: _payload() + b"\x00",
 }
+
+
+def _apart(gaps: list[int]) -> bytes:
+    return _frame(wd._shuffle(np.array(gaps, "<u4").view(np.uint8), 4).tobytes())
 
 
 def _forge_size(frame: bytes, size: int) -> bytes:

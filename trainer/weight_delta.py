@@ -202,10 +202,9 @@ def _magnitude(e: np.ndarray, w: int) -> np.ndarray:
 def _size_order(magnitude: np.ndarray, apart: np.ndarray) -> np.ndarray:
     """The order the values go in: the changed elements by magnitude (stable: by position within
     one), then those listed apart, by position."""
-    keep = np.ones(len(magnitude), bool)
-    keep[apart] = False
-    rest = np.flatnonzero(keep)
-    return np.concatenate((rest[np.argsort(magnitude[rest], kind="stable")], apart))
+    key = magnitude.astype(np.uint16)
+    key[apart] = 256  # past every magnitude
+    return np.argsort(key, kind="stable")
 
 
 def _sparse_of_xor(x: np.ndarray, old: memoryview, width: int, level: int) -> bytes | None:
@@ -309,8 +308,9 @@ def decode_sparse_into(
     if vkind == _BY_SIZE:  # back into position order; the magnitudes are the same on both sides
         apart = _read_positions(_GAPS, body[pos_len : pos_len + apart_len], n_apart, count) if n_apart else None
         order = _size_order(_magnitude(elems[idx], w), np.empty(0, np.int64) if apart is None else apart)
-        diff = np.empty_like(diff)
-        diff[order] = _unzigzag(vals)
+        in_order = np.empty_like(diff)
+        in_order[order] = diff
+        diff = in_order
     if undo:
         elems[idx] -= diff
     else:

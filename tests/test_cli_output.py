@@ -26,6 +26,12 @@ def _env(home: Path, **extra: str) -> dict[str, str]:
     return {**env, "RLBOOST_HOME": str(home), "PYTHONPATH": str(ROOT), **extra}
 
 
+# typer finds the user's shell by walking up the process tree (shellingham), which a test run started
+# outside a shell (a CI runner, nohup) lacks; its own switch makes the completion options take the
+# shell's name instead (`--show-completion bash`), so the tests do not depend on how they were started
+SHELL_NAMED = {"_TYPER_COMPLETE_TEST_DISABLE_SHELL_DETECTION": "1"}
+
+
 def _rlboost(*args: str, home: Path, **env: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "rlboost_cli.main", *args],
@@ -58,7 +64,7 @@ def _folded(out: str, text: str) -> str:
 
 
 def test_show_completion_prints_an_installable_bash_script(tmp_path):
-    proc = _rlboost("--show-completion", "bash", home=tmp_path)
+    proc = _rlboost("--show-completion", "bash", home=tmp_path, **SHELL_NAMED)
     assert proc.returncode == 0, proc.stderr
     script = proc.stdout
     assert "complete -o default -F _rlboost_completion rlboost" in script
@@ -78,7 +84,7 @@ def test_install_completion_then_bash_completes(tmp_path):
     """--install-completion into a fresh HOME, then a bash that reads its .bashrc completes `rlboost sim<TAB>`."""
     home = tmp_path / "user"
     home.mkdir()
-    proc = _rlboost("--install-completion", "bash", home=tmp_path / "rl", HOME=str(home))
+    proc = _rlboost("--install-completion", "bash", home=tmp_path / "rl", HOME=str(home), **SHELL_NAMED)
     assert proc.returncode == 0 and "completion installed" in proc.stdout, proc.stdout + proc.stderr
     assert "rlboost.sh" in (home / ".bashrc").read_text()
     bindir = tmp_path / "bin"  # `rlboost` on PATH, as `pip install` puts it

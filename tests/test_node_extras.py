@@ -6,17 +6,19 @@ trainer and workers, the SkyPilot trainer node that runs the controller, AWS/GCP
 from __future__ import annotations
 
 import base64
+import dataclasses
 
 import pytest
 import yaml
 
 import tests.sky_fake  # noqa: F401  (offline SkyPilot first)
-from providers.base import InstanceKind, LaunchRequest, Role
+from providers.base import LaunchRequest, Role
 from providers.bootstrap import EXTRAS_ENV, boot_script
 from providers.skypilot import SkyPilotProvider
 from rlboost_cli.node_extras import node_extras
 from rlboost_cli.spec import JobSpec, parse_spec, spec_to_yaml
 from tests.sky_fake import FakeSky
+from tests.test_job_envs import sky_req
 
 HF = {"kind": "hf", "path": "org/model"}
 
@@ -65,18 +67,9 @@ def test_datasets_in_mounts_are_judged_at_their_source_or_by_name_in_a_bucket(tm
 
 def request(spec: JobSpec, role: Role, engine: str = "torch") -> LaunchRequest:
     """A launch request with the environment the controller gives it (rlboost_cli/controller.py)."""
-    trainer = role is Role.TRAINER
-    return LaunchRequest(
-        instance_id="extras-1-trainer" if trainer else "extras-1-w001",
-        job="extras",
-        role=role,
-        kind=InstanceKind.ON_DEMAND if trainer else InstanceKind.SPOT,
-        cloud="aws",
-        region="us-east-1",
-        accelerator="A100:8" if trainer else "V100",
-        hourly_price=1.0,
-        env={"RLBOOST_JOB_TOKEN": "tok", "RLBOOST_ENGINE": engine, EXTRAS_ENV: ",".join(node_extras(spec, role))},
-    )
+    base = sky_req("demo-1-trainer" if role is Role.TRAINER else "demo-1-w001", role)
+    env = {"RLBOOST_JOB_TOKEN": "tok", "RLBOOST_ENGINE": engine, EXTRAS_ENV: ",".join(node_extras(spec, role))}
+    return dataclasses.replace(base, env=env)
 
 
 @pytest.mark.parametrize(

@@ -32,8 +32,13 @@ def req(iid: str, role: Role = Role.WORKER, cloud: str = "gcp", acc: str = "A100
         region=region,
         accelerator=acc,
         hourly_price=1.0,
-        env={"RLBOOST_JOB_TOKEN": "s3cret-token", "RLBOOST_ENGINE": "vllm", "RLBOOST_TRAINER_URL": "http://1.2.3.4:8787",
-             "RLBOOST_WORKER_ID": iid, "RLBOOST_WORKER_KIND": "spot"},
+        env={
+            "RLBOOST_JOB_TOKEN": "s3cret-token",
+            "RLBOOST_ENGINE": "vllm",
+            "RLBOOST_TRAINER_URL": "http://1.2.3.4:8787",
+            "RLBOOST_WORKER_ID": iid,
+            "RLBOOST_WORKER_KIND": "spot",
+        },
         command=["ignored", "on", "clouds"],
     )
 
@@ -94,7 +99,7 @@ def test_trainer_task(prov, fake, tmp_path):
     assert kw["down"] is True and kw["idle_minutes_to_autostop"] == 30
     assert cfg["num_nodes"] == 2
     assert res["labels"]["rlboost-job"] == "demo"
-    assert "--port \"$RLBOOST_TRAINER_PORT\"" in cfg["run"] and cfg["envs"]["RLBOOST_TRAINER_PORT"] == "8787"
+    assert '--port "$RLBOOST_TRAINER_PORT"' in cfg["run"] and cfg["envs"]["RLBOOST_TRAINER_PORT"] == "8787"
     # the job file travels without local-only paths (the trainer validates it again on the node)
     mounted = Path(cfg["file_mounts"]["~/.rlboost/spec.yaml"])
     assert yaml.safe_load(mounted.read_text())["local"]["catalog"] is None
@@ -243,14 +248,37 @@ class TrainerStub:
         self.server.server_close()
 
 
-def test_controller_bids_backs_off_replaces_preempted_and_tears_everything_down(tmp_path, fake):
+def sky_controller(tmp_path: Path, spec, fake: FakeSky, stub: TrainerStub, **provider_kw):
+    """A job recorded in a fresh state db, its run dir, the SkyPilot provider on `fake` and the
+    Controller that runs it against `stub` (the trainer's status)."""
     from rich.console import Console
 
     from providers.prices import CloudPrices
     from rlboost_cli.controller import Controller
     from rlboost_cli.pricing import spot_offers, trainer_offer
-    from rlboost_cli.spec import parse_spec, spec_to_yaml
+    from rlboost_cli.spec import spec_to_yaml
     from rlboost_cli.state import StateStore
+
+    fake.endpoint = stub.addr
+    store = StateStore(tmp_path / "state.db")
+    job_id = store.create_job(spec.name, spec_to_yaml(spec), spec.provider)
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "spec.yaml").write_text(spec_to_yaml(spec))
+    provider = SkyPilotProvider(run_dir, sdk=fake, status_every_s=0.1, redown_after_s=0.1, **provider_kw)
+    prices = CloudPrices()
+    ctl = Controller(
+        spec=spec, store=store, job_id=job_id, run_dir=run_dir, provider=provider, token="tok",
+        trainer_offer=trainer_offer(spec, prices), spot_offers=spot_offers(spec, prices),
+        console=Console(file=io.StringIO()), poll_s=0.05, teardown_wait_s=10.0,
+    )  # fmt: skip
+    return ctl, store, job_id, provider
+
+
+def test_controller_bids_backs_off_replaces_preempted_and_tears_everything_down(tmp_path, fake):
+    from providers.prices import CloudPrices
+    from rlboost_cli.pricing import spot_offers
+    from rlboost_cli.spec import parse_spec
 
     spec = parse_spec(
         {
@@ -267,18 +295,11 @@ def test_controller_bids_backs_off_replaces_preempted_and_tears_everything_down(
             },
         }
     )
-    prices = CloudPrices()
-    offers = spot_offers(spec, prices)
+    offers = spot_offers(spec, CloudPrices())
     assert [o.accelerator for o in offers] == ["A100", "V100"]  # A100 is cheaper per token
     fake.refuse(accelerator="A100")  # ...but has no capacity
     stub = TrainerStub(run_s=3.0)
-    fake.endpoint = stub.addr
-    store = StateStore(tmp_path / "state.db")
-    job_id = store.create_job(spec.name, spec_to_yaml(spec), spec.provider)
-    run_dir = tmp_path / "run"
-    run_dir.mkdir()
-    (run_dir / "spec.yaml").write_text(spec_to_yaml(spec))
-    provider = SkyPilotProvider(run_dir, sdk=fake, status_every_s=0.1, redown_after_s=0.1)
+    ctl, store, job_id, provider = sky_controller(tmp_path, spec, fake, stub)
 
     def preempt_one() -> None:
         workers = [c for c in fake.live() if "-w" in c]
@@ -287,11 +308,6 @@ def test_controller_bids_backs_off_replaces_preempted_and_tears_everything_down(
 
     timer = threading.Timer(1.5, preempt_one)
     timer.start()
-    ctl = Controller(
-        spec=spec, store=store, job_id=job_id, run_dir=run_dir, provider=provider, token="tok",
-        trainer_offer=trainer_offer(spec, prices), spot_offers=offers, console=Console(file=io.StringIO()),
-        poll_s=0.05, teardown_wait_s=10.0,
-    )
     try:
         status = ctl.run()
     finally:
@@ -337,8 +353,14 @@ def test_a_worker_draining_on_its_notice_is_marked_notice_so_a_replacement_start
     provider = SkyPilotProvider(tmp_path / "run", sdk=fake)
     prices = CloudPrices()
     ctl = Controller(
-        spec=spec, store=store, job_id=job_id, run_dir=tmp_path / "run", provider=provider, token="tok",
-        trainer_offer=trainer_offer(spec, prices), spot_offers=spot_offers(spec, prices),
+        spec=spec,
+        store=store,
+        job_id=job_id,
+        run_dir=tmp_path / "run",
+        provider=provider,
+        token="tok",
+        trainer_offer=trainer_offer(spec, prices),
+        spot_offers=spot_offers(spec, prices),
         console=Console(file=io.StringIO()),
     )
     store.record_launch(job_id, req("drain-1-w001", cloud="aws", acc="V100"), "skypilot", 3.06)
@@ -351,13 +373,7 @@ def test_a_worker_draining_on_its_notice_is_marked_notice_so_a_replacement_start
 
 def test_the_controller_asks_each_node_for_the_extras_the_job_needs(tmp_path, fake, monkeypatch):
     """An hf job on parquet: the trainer's node installs `hf` and `data`, a spot worker's `hf` only."""
-    from rich.console import Console
-
-    from providers.prices import CloudPrices
-    from rlboost_cli.controller import Controller
-    from rlboost_cli.pricing import spot_offers, trainer_offer
-    from rlboost_cli.spec import parse_spec, spec_to_yaml
-    from rlboost_cli.state import StateStore
+    from rlboost_cli.spec import parse_spec
 
     monkeypatch.delenv("RLBOOST_PIP_SPEC", raising=False)
     spec = parse_spec(
@@ -371,19 +387,7 @@ def test_the_controller_asks_each_node_for_the_extras_the_job_needs(tmp_path, fa
         }
     )
     stub = TrainerStub(run_s=1.0)
-    fake.endpoint = stub.addr
-    store = StateStore(tmp_path / "state.db")
-    job_id = store.create_job(spec.name, spec_to_yaml(spec), spec.provider)
-    run_dir = tmp_path / "run"
-    run_dir.mkdir()
-    (run_dir / "spec.yaml").write_text(spec_to_yaml(spec))
-    provider = SkyPilotProvider(run_dir, sdk=fake, status_every_s=0.1, redown_after_s=0.1, sync_workdir=True)
-    prices = CloudPrices()
-    ctl = Controller(
-        spec=spec, store=store, job_id=job_id, run_dir=run_dir, provider=provider, token="tok",
-        trainer_offer=trainer_offer(spec, prices), spot_offers=spot_offers(spec, prices),
-        console=Console(file=io.StringIO()), poll_s=0.05, teardown_wait_s=10.0,
-    )  # fmt: skip
+    ctl, store, job_id, provider = sky_controller(tmp_path, spec, fake, stub, sync_workdir=True)
     try:
         assert ctl.run() == "succeeded", store.job_by_id(job_id).error
     finally:

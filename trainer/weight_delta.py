@@ -224,9 +224,9 @@ def _sparse_of_xor(x: np.ndarray, old: memoryview, width: int, level: int) -> by
         vkind, vals = _DIFF, _zigzag(before ^ flips, before, w).view(np.uint8)
     elif w in _ZIGZAG:
         before = _elements(np.frombuffer(old, np.uint8), w)[idx]
-        after = before ^ flips
-        apart = np.flatnonzero(_magnitude(before, w) != _magnitude(after, w))
-        order = _size_order(_magnitude(before, w), apart)
+        after, size = before ^ flips, _magnitude(before, w)
+        apart = np.flatnonzero(size != _magnitude(after, w))
+        order = _size_order(size, apart)
         vkind, vals = _BY_SIZE, _zigzag(after, before, w)[order].view(np.uint8)
         if len(apart):
             gaps = (np.diff(apart, prepend=-1) - 1).astype("<u4")

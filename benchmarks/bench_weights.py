@@ -617,8 +617,9 @@ def release(procs: list[subprocess.Popen]) -> float:
     return start_at
 
 
-def fanout_once(url: str, n: int, link_bps: float, parallel: int) -> float:
-    """Start n worker processes, release them at one instant, return when all hold the version."""
+def swarm_once(url: str, link_bps: float, parallel: int, nodes: list[dict]) -> tuple[float, list[dict]]:
+    """One worker process per entry of `nodes` (its extra `_node` flags), released at one instant;
+    returns the time until all hold version 0 and each worker's record."""
     procs = [
         subprocess.Popen(
             node_cmd(
@@ -631,20 +632,25 @@ def fanout_once(url: str, n: int, link_bps: float, parallel: int) -> float:
                 start_at=1,
                 hold=4,
                 parallel=parallel,
+                **extra,
             ),
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
         )
-        for i in range(n)
+        for i, extra in enumerate(nodes)
     ]
     start_at = release(procs)
-    ends = []
+    recs = []
     for p in procs:
         out, _ = p.communicate(timeout=600)
-        rec = [json.loads(x) for x in out.splitlines() if x.startswith("{") and "ready" not in x]
-        ends.append(rec[0]["end"])
-    return max(ends) - start_at
+        recs.append(next(json.loads(x) for x in out.splitlines() if x.startswith("{") and "ready" not in x))
+    return max(r["end"] for r in recs) - start_at, recs
+
+
+def fanout_once(url: str, n: int, link_bps: float, parallel: int) -> float:
+    """Start n worker processes, release them at one instant, return when all hold the version."""
+    return swarm_once(url, link_bps, parallel, [{}] * n)[0]
 
 
 def bench_fanout(args: argparse.Namespace) -> None:
@@ -877,33 +883,8 @@ REGION_NAMES = ["aws/us-east-1", "aws/us-west-2", "gcp/us-central1", "gcp/europe
 def regions_once(url: str, regions: list[str], link_bps: float, cross_bps: float, parallel: int) -> tuple[float, list]:
     """One worker process per entry of `regions`, released at one instant; returns the time until
     all hold the version and each worker's pull stats."""
-    procs = [
-        subprocess.Popen(
-            node_cmd(
-                url,
-                versions=[0],
-                runs=1,
-                serve=1,
-                id=f"w{i}",
-                link_bps=link_bps,
-                start_at=1,
-                hold=4,
-                parallel=parallel,
-                region=r,
-                cross_bps=cross_bps,
-            ),
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        for i, r in enumerate(regions)
-    ]
-    start_at = release(procs)
-    recs = []
-    for p in procs:
-        out, _ = p.communicate(timeout=600)
-        recs.append(next(json.loads(x) for x in out.splitlines() if x.startswith("{") and "ready" not in x))
-    return max(r["end"] for r in recs) - start_at, [r["stats"] for r in recs]
+    t, recs = swarm_once(url, link_bps, parallel, [{"region": r, "cross_bps": cross_bps} for r in regions])
+    return t, [r["stats"] for r in recs]
 
 
 def bench_regions(args: argparse.Namespace) -> None:

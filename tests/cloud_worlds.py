@@ -138,35 +138,10 @@ def local_world(tmp: Path, job: str) -> Iterator[World]:
 
 
 @contextmanager
-def skypilot_world(tmp: Path, job: str) -> Iterator[World]:
+def _sky_world(tmp: Path, job: str, node: Callable[[Path, Provider], Provider] | None = None) -> Iterator[World]:
+    """Workers as SkyPilot clusters on a fake `sky` SDK; `node` wraps that provider (the trainer node's
+    controller), whose own processes are real and are terminated at the end."""
     from providers.skypilot import SkyPilotProvider
-    from tests.sky_fake import FakeSky
-
-    fake = FakeSky()
-    run_dir = tmp / "run"
-    write_spec(run_dir, job)
-    w = World(
-        "skypilot",
-        job,
-        None,
-        lambda: SkyPilotProvider(run_dir, sdk=fake, status_every_s=0.05, redown_after_s=0.05),
-        lambda: fake.refuse(),
-        lambda iid: fake.preempt(iid),
-        cloud="gcp",
-    )
-    w.fake = fake  # type: ignore[attr-defined]
-    try:
-        yield w
-    finally:
-        for p in w.providers:
-            p.close()
-
-
-@contextmanager
-def skypilot_node_world(tmp: Path, job: str) -> Iterator[World]:
-    """A controller on the trainer node: the trainer a process here, workers SkyPilot clusters."""
-    from providers.skypilot import SkyPilotProvider
-    from providers.trainer_here import TrainerHere
     from tests.sky_fake import FakeSky
 
     fake = FakeSky()
@@ -175,16 +150,36 @@ def skypilot_node_world(tmp: Path, job: str) -> Iterator[World]:
 
     def make() -> Provider:
         sky = SkyPilotProvider(run_dir, sdk=fake, status_every_s=0.05, redown_after_s=0.05)
-        return TrainerHere(run_dir, sky, public_host="203.0.113.7", port=8787)
+        return sky if node is None else node(run_dir, sky)
 
     w = World("skypilot", job, None, make, lambda: fake.refuse(), lambda iid: fake.preempt(iid), cloud="gcp")
+    w.fake = fake  # type: ignore[attr-defined]
     try:
         yield w
     finally:
         for p in w.providers:
-            for iid in p.list_owned(job):
-                p.terminate(iid)
+            if node is not None:
+                for iid in p.list_owned(job):
+                    p.terminate(iid)
             p.close()
+
+
+@contextmanager
+def skypilot_world(tmp: Path, job: str) -> Iterator[World]:
+    with _sky_world(tmp, job) as w:
+        yield w
+
+
+@contextmanager
+def skypilot_node_world(tmp: Path, job: str) -> Iterator[World]:
+    """A controller on the trainer node: the trainer a process here, workers SkyPilot clusters."""
+    from providers.trainer_here import TrainerHere
+
+    def on_node(run_dir: Path, sky: Provider) -> Provider:
+        return TrainerHere(run_dir, sky, public_host="203.0.113.7", port=8787)  # type: ignore[arg-type]
+
+    with _sky_world(tmp, job, on_node) as w:
+        yield w
 
 
 AWS_ENV = {
@@ -256,8 +251,9 @@ def aws_world(tmp: Path, job: str) -> Iterator[World]:
         def make() -> AwsProvider:
             return AwsProvider(run_dir, job, ["us-east-1"], session=session, ami=ami, describe_every_s=0)
 
-        w = World("aws", job, "us-east-1", make, lambda: state.update(refuse=True), preempt, cloud="aws",
-                  accelerator="V100")
+        w = World(
+            "aws", job, "us-east-1", make, lambda: state.update(refuse=True), preempt, cloud="aws", accelerator="V100"
+        )
         w.session = session  # type: ignore[attr-defined]
         yield w
 

@@ -472,19 +472,13 @@ def _render_tokens(data: dict[str, Any], console: Console) -> None:
     t = narrow_table("tokens generated")
     nums = ("tokens", "share", "cost", "$ per 1M")
     add_columns(t, "where", *nums, numbers=nums)
-    t.add_row(
-        "spot workers",
-        f"{g['spot']:,}",
-        f"{g['spot'] / total:.0%}",
-        fmt_money(g["spot_dollars"]),
-        fmt_money(g["spot_dollars_per_million"]),
-    )
-    t.add_row(
-        "reserved (trainer)",
-        f"{g['reserved']:,}",
-        f"{g['reserved'] / total:.0%}",
-        fmt_money(g["reserved_dollars"]),
-        fmt_money(g["reserved_dollars_per_million"]),
-    )
+    for label, k in (("spot workers", "spot"), ("reserved (trainer)", "reserved")):
+        t.add_row(
+            label,
+            f"{g[k]:,}",
+            f"{g[k] / total:.0%}",
+            fmt_money(g[f"{k}_dollars"]),
+            fmt_money(g[f"{k}_dollars_per_million"]),
+        )
     t.caption = "reserved: the trainer's whole bill, which also pays for training"
     console.print(t)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -25,6 +26,22 @@ def score(prompt, response, row):
         raise ValueError("no prompts starting with a")
     return 1.0 if response == row["answer"] else 0.0
 """
+
+
+def launch_with_package(job: Path, home: Path, pkg: Path) -> subprocess.CompletedProcess:
+    """`rlboost launch job` with `pkg` on PYTHONPATH: the module is importable where the CLI checks
+    the job file and, inherited, on the trainer (os.environ by hand: module-scoped fixtures use it)."""
+    old = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(pkg), old) if p)
+    try:
+        proc = run_cli("launch", str(job), home=home, timeout=300)
+    finally:
+        if old is None:
+            del os.environ["PYTHONPATH"]
+        else:
+            os.environ["PYTHONPATH"] = old
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc
 
 
 @pytest.fixture(scope="module")
@@ -55,17 +72,7 @@ def custom_run(tmp_path_factory):
     path = tmp / "job.yaml"
     path.write_text(yaml.safe_dump(job))
     home = tmp / "home"
-    # the module is importable where the CLI checks the job file and, inherited, on the trainer
-    old = os.environ.get("PYTHONPATH")
-    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(tmp / "pkg"), old) if p)
-    try:
-        proc = run_cli("launch", str(path), home=home, timeout=300)
-    finally:
-        if old is None:
-            del os.environ["PYTHONPATH"]
-        else:
-            os.environ["PYTHONPATH"] = old
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    proc = launch_with_package(path, home, tmp / "pkg")
     return home, proc
 
 
@@ -130,16 +137,7 @@ def test_hf_job_with_a_custom_reward_on_rows_without_answers(tmp_path):
     }
     (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
     home = tmp_path / "home"
-    old = os.environ.get("PYTHONPATH")
-    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(tmp_path / "pkg"), old) if p)
-    try:
-        proc = run_cli("launch", str(tmp_path / "job.yaml"), home=home, timeout=300)
-    finally:
-        if old is None:
-            del os.environ["PYTHONPATH"]
-        else:
-            os.environ["PYTHONPATH"] = old
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    launch_with_package(tmp_path / "job.yaml", home, tmp_path / "pkg")
     [j] = run_json("status", "hfcustom", home=home)["jobs"]
     assert j["status"] == "succeeded" and j["reward_errors"] == {}  # every call got its row
     rows_out = [json.loads(line) for line in Path(j["metrics_file"]).read_text().splitlines()]

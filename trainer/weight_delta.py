@@ -159,11 +159,16 @@ def _changed(x: np.ndarray, w: int) -> np.ndarray:
     return np.flatnonzero(e) if e.ndim == 1 else np.flatnonzero(e.any(axis=1))
 
 
+def _gaps(idx: np.ndarray, cz: zstandard.ZstdCompressor) -> bytes:
+    """Strictly increasing indices as one zstd frame of uint32 gaps (gap - 1), byte-shuffled."""
+    gaps = (np.diff(idx, prepend=-1) - 1).astype("<u4")  # gap - 1 >= 0: strictly increasing by design
+    return cz.compress(_shuffle(gaps.view(np.uint8), 4).tobytes())
+
+
 def _positions(idx: np.ndarray, n_elems: int, level: int) -> tuple[int, bytes]:
     """The changed positions as (kind, zstd frame): gaps or a bitmap, whichever compresses smaller."""
     cz = zstandard.ZstdCompressor(level=level)
-    gaps = (np.diff(idx, prepend=-1) - 1).astype("<u4")  # gap - 1 >= 0: strictly increasing by design
-    by_gaps = cz.compress(_shuffle(gaps.view(np.uint8), 4).tobytes())
+    by_gaps = _gaps(idx, cz)
     bits = np.zeros(n_elems, np.uint8)
     bits[idx] = 1
     by_bitmap = cz.compress(np.packbits(bits, bitorder="little").tobytes())
@@ -229,8 +234,7 @@ def _sparse_of_xor(x: np.ndarray, old: memoryview, width: int, level: int) -> by
         order = _size_order(size, apart)
         vkind, vals = _BY_SIZE, _zigzag(after, before, w)[order].view(np.uint8)
         if len(apart):
-            gaps = (np.diff(apart, prepend=-1) - 1).astype("<u4")
-            listed = cz.compress(_shuffle(gaps.view(np.uint8), 4).tobytes())
+            listed = _gaps(apart, cz)
     else:
         vkind, vals = _XOR, flips.view(np.uint8).reshape(-1)
     vz = cz.compress(_shuffle(vals, w).tobytes())

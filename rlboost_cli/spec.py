@@ -413,6 +413,12 @@ class SimulateSpec(Strict):
     warm_start_s: Annotated[float, Field(ge=0)] = 0.0
     hours: Annotated[float, Field(gt=0)] | None = None  # how long to replay (default: the trace's length)
     poll_s: Annotated[float, Field(gt=0)] = 0.25  # controller loop period (as `rlboost launch`)
+    # an engine that batches statically (torch): from one batch's end to its next batch starting (ends
+    # reported, the coordinator's dispatch, the requests received); a calibrated local job measures it
+    dispatch_s: Annotated[float, Field(ge=0)] = 0.0
+    # The job's processes share this many CPU cores (a local job's trainer, engines and workers on one
+    # machine: each busy one runs at min(1, cores / busy) of its own rate). None: a node each.
+    cpu_cores: Annotated[int, Field(ge=1)] | None = None
 
 
 class WandbSpec(Strict):

@@ -102,7 +102,10 @@ def prepare(
     length_model = LengthModel.from_recorded(lengths) if lengths else None
     cal = None
     if calibrated is not False and needs_calibration(spec):
-        cal = calibrated if isinstance(calibrated, Calibration) else calibrate(spec)
+        if isinstance(calibrated, Calibration):
+            cal = calibrated
+        else:
+            cal = calibrate(spec, replay_lengths=length_model.recorded if length_model else None)
         spec = cal.apply(spec)
         # each local node is one process: its engine model is the accelerator's name alone
         spots = [replace(o, accelerator=one_process(o.accelerator)) for o in spots]

@@ -46,6 +46,7 @@ from trainer.policies.tail_batching import TailBatcher
 from trainer.policies.views import EngineView, ReqView
 from trainer.sampling import request_seed
 from trainer.scheduling import FleetClock, fleet_goal
+from worker.engines import STATIC_BATCH_ENGINES
 
 INF = float("inf")
 # (length model, seed, step, group size, prompt keys) -> the step's full response lengths, shared by
@@ -195,10 +196,12 @@ class _MemoView(EngineView):
 
 
 class _Engine:
-    """A modelled engine: continuous batching at step_time(n), decode paused during prefill."""
+    """A modelled engine: continuous batching at step_time(n), decode paused during prefill. A static
+    engine (torch) takes a batch only when empty and decodes at the batch's size until its last one ends."""
 
     __slots__ = (
         "P",
+        "batch_n",
         "cap",
         "epoch",
         "heap",
@@ -213,17 +216,23 @@ class _Engine:
         "noticed",
         "offer",
         "offloaded",
+        "speed",
         "st",
         "stall",
         "started",
         "state",
+        "static",
         "version",
         "victim",
         "views",
     )
 
-    def __init__(self, idx: int, eid: str, kind: str, model: EngineModel, offer: Offer | None, t: float) -> None:
+    def __init__(
+        self, idx: int, eid: str, kind: str, model: EngineModel, offer: Offer | None, t: float, static: bool
+    ) -> None:
         self.idx, self.id, self.kind, self.model, self.offer = idx, eid, kind, model, offer
+        self.static = static
+        self.batch_n = 0  # a static engine: the size of the batch it runs
         self.state = "booting"  # booting | pulling | ready | draining | gone
         self.version = -1
         self.offloaded = False
@@ -234,6 +243,7 @@ class _Engine:
         self.heap: list[tuple[float, int]] = []
         self.epoch = 0
         self.cap = model.capacity
+        self.speed = 1.0  # its share of a CPU core when the job's processes share a machine (local)
         self.st = model.step_time(1)
         self.started = t
         self.victim = False
@@ -254,7 +264,11 @@ class _Engine:
         return self.P + (t - start) / self.st if self.live and t > start else self.P
 
     def set_load(self) -> None:
-        self.st = self.model.step_time(max(1, len(self.live)))
+        self.st = self.model.step_time(self.batch_size()) / self.speed
+
+    def batch_size(self) -> int:
+        """Sequences a decode step runs: the live ones, or a static engine's whole batch while it runs."""
+        return max(1, self.batch_n if self.static and self.live else len(self.live))
 
     def rebase(self, t: float) -> None:
         """Restart the progress count while the engine holds nothing: P counts decode steps, and over
@@ -321,6 +335,12 @@ class Simulation:
         self.fleet = scheduling.fleet_policy(spec, self.spot_offers)
         self.fleet_target = spec.rollout.max_workers
         self.deadline_at_risk = False
+        self.trainer_busy_until = -INF
+        self.coordinating_until = -INF
+        # the warm start: single-core seconds of it left, timed from warm_since at warm_speed
+        self.warm_left, self.warm_since, self.warm_speed, self.warm_epoch = 0.0, 0.0, 1.0, 0
+        self.static_batch = spec.rollout.engine in STATIC_BATCH_ENGINES
+        self._busy = 0  # busy processes at the last _share_cores
         self.backoff: dict[str, tuple[int, float]] = {o.key: (0, 0.0) for o in self.spot_offers}
         self.events: list = []
         self.seq = 0
@@ -365,6 +385,7 @@ class Simulation:
         # bound handlers looked up once: the loop runs once per event, hundreds of thousands of times
         on = {k[4:]: getattr(self, k) for k in dir(type(self)) if k.startswith("_on_")}
         events, horizon, pop = self.events, self.horizon, heapq.heappop
+        cores = self.sim.cpu_cores
         while events and not self.done:
             t, _, kind, payload = pop(events)
             if t > horizon and kind != "end":
@@ -372,9 +393,54 @@ class Simulation:
                 break
             self.now = t
             on[kind](payload)
+            if cores:
+                self._share_cores(cores)
         if not self.done:
             self._finish(self.now)
         return self._result()
+
+    # ---- a local job's processes share this machine's cores ------------------------------
+    def _share_cores(self, cores: int) -> None:
+        """Processor sharing: each busy process (a worker starting up, pulling weights or holding
+        responses; the trainer training) runs at min(1, cores / busy) of its measured single-process
+        rate; the trainer is busy while it trains and while a batch's round trip is under way (ends
+        reported, the next batch dispatched). After any event that changes the number of busy
+        processes, every engine is re-timed (the trainer's work is timed as it starts; start-ups, pulls
+        and round trips are the platform's measured timings)."""
+        n = self._busy_engines() + (max(self.trainer_busy_until, self.coordinating_until) > self.now)
+        if n == self._busy:
+            return
+        self._busy = n
+        speed = min(1.0, cores / max(1, n))
+        if self.warm_left > 0 and speed != self.warm_speed:
+            self._time_warm_start(speed)
+        for e in self.alive:
+            if e.speed != speed:
+                if e.live:
+                    e.advance(self.now)  # progress so far at the old speed
+                e.speed = speed
+                if e.live:
+                    e.set_load()
+                    self._schedule(e)
+
+    def _time_warm_start(self, speed: float) -> None:
+        """(Re)time the end of the warm start at the trainer's share of a core from now on."""
+        self.warm_left -= (self.now - self.warm_since) * self.warm_speed  # single-core seconds left
+        self.warm_since, self.warm_speed = self.now, speed
+        self.warm_epoch += 1
+        self.trainer_busy_until = self.now + max(0.0, self.warm_left) / speed
+        self.push(self.trainer_busy_until, "warm_started", self.warm_epoch)
+
+    def _on_coordinated(self, _) -> None:
+        pass  # a round trip is over: run's loop re-shares the cores
+
+    def _busy_engines(self) -> int:
+        return sum(1 for e in self.alive if e.live or e.state in ("booting", "pulling"))
+
+    def _trainer_speed(self) -> float:
+        """The trainer's share of a core for work it starts now."""
+        cores = self.sim.cpu_cores
+        return min(1.0, cores / (self._busy_engines() + 1)) if cores else 1.0
 
     # ---- trainer and steps -------------------------------------------------------------
     def _on_trainer_up(self, _) -> None:
@@ -387,15 +453,19 @@ class Simulation:
             rb = self.sim.reserved_boot_s
             self.push(self.now + (self.sim.boot_s if rb is None else rb), "connect", e.idx)
         if self.sim.warm_start_s > 0:  # billed and taking workers, but no step before the warm start
-            self.push(self.now + self.sim.warm_start_s, "warm_started")
+            self.warm_left, self.warm_since = self.sim.warm_start_s, self.now
+            self._time_warm_start(self._trainer_speed())
         else:
             self._start_step()
 
-    def _on_warm_started(self, _) -> None:
+    def _on_warm_started(self, epoch: int) -> None:
+        if epoch != self.warm_epoch:
+            return  # re-timed since
+        self.warm_left = 0.0
         self._start_step()
 
     def _new_engine(self, eid: str, kind: str, model: EngineModel, offer: Offer | None) -> _Engine:
-        e = _Engine(len(self.engines), eid, kind, model, offer, self.now)
+        e = _Engine(len(self.engines), eid, kind, model, offer, self.now, self.static_batch)
         self.engines.append(e)
         self.alive.append(e)
         return e
@@ -518,7 +588,7 @@ class Simulation:
 
     # ---- dispatch ----------------------------------------------------------------------
     def _accepting(self, e: _Engine) -> bool:
-        return e.state == "ready" and e.version == self.published and not e.offloaded
+        return e.state == "ready" and e.version == self.published and not e.offloaded and not (e.static and e.live)
 
     def _dispatch(self) -> None:
         s = self._step
@@ -526,7 +596,9 @@ class Simulation:
             return
         v = self.published  # self._accepting(e), inlined: this scan runs on every refill
         open_e = [
-            e for e in self.alive if e.state == "ready" and e.version == v and not e.offloaded and len(e.live) < e.cap
+            e
+            for e in self.alive
+            if e.state == "ready" and e.version == v and not e.offloaded and len(e.live) < (1 if e.static else e.cap)
         ]
         if not open_e:
             return
@@ -591,6 +663,7 @@ class Simulation:
     def _admit(self, e: _Engine, s: _Step, items: list[int]) -> None:
         if not e.live:
             e.rebase(self.now)
+            e.batch_n = len(items)
             self._pnow_key = None  # cached progress of this instant no longer holds
         else:
             e.advance(self.now)
@@ -625,7 +698,14 @@ class Simulation:
                 heapq.heappush(heap, (t, i))
             ctx = int((s.prompt_len[idx] + held).sum())
         e.live.update(items)
-        e.stall = max(e.stall, self.now) + e.model.prefill_time(ctx)
+        # a static engine's batch starts once its requests have made the round trip (dispatch_s)
+        start = self.now
+        if e.static and self.sim.dispatch_s:
+            start += self.sim.dispatch_s
+            if self.sim.cpu_cores:  # the round trip is the coordinator's work too: see _share_cores
+                self.coordinating_until = max(self.coordinating_until, start)
+                self.push(start, "coordinated")
+        e.stall = max(e.stall, start) + e.model.prefill_time(ctx) / e.speed
         e.set_load()
         self._schedule(e)
 
@@ -672,7 +752,8 @@ class Simulation:
             self._complete(s, i)
         if finished:
             s.changed = True
-        e.st = e.model.step_time(max(1, len(live)))  # e.set_load()
+        n = e.batch_n if e.static and live else len(live)  # e.set_load(), inlined: once per engine event
+        e.st = e.model.step_time(max(1, n)) / e.speed
         self._schedule(e)
         if finished:
             self._after_completions(s)
@@ -911,11 +992,12 @@ class Simulation:
             return
         g = s.groups_done.popleft()
         tokens = int(s.end[g * s.G : (g + 1) * s.G].sum())
-        dt = tokens / self.train_rate
+        rate = self.train_rate * self._trainer_speed()
+        dt = tokens / rate
         s.busy.append((self.now, self.now + dt))
         s.groups_started += 1
-        s.group_training = (self.now, tokens, s.groups_started)
-        s.train_busy_until = self.now + dt
+        s.group_training = (self.now, tokens, s.groups_started, rate)
+        s.train_busy_until = self.trainer_busy_until = self.now + dt
         self.push(s.train_busy_until, "trained", (s.k, s.groups_started))
 
     def _group_trained(self, s: _Step) -> None:
@@ -937,17 +1019,18 @@ class Simulation:
         kept = ~s.dropped
         total = int(s.end[kept].sum())
         if s.group_training is not None:  # a group was mid-training (or just done): keep the part done
-            started, tokens, _ = s.group_training
-            s.pretrained += trained_part(tokens, started, self.now, self.train_rate)
+            started, tokens, _, rate = s.group_training
+            s.pretrained += trained_part(tokens, started, self.now, rate)
             s.group_training = None
             a, b = s.busy[-1]
             s.busy[-1] = (a, min(b, self.now))
         left = left_to_train(total, s.pretrained, self.overlap)
-        t_train_end = self.now + left / self.train_rate
+        t_train_end = self.now + left / (self.train_rate * self._trainer_speed())
         if self.policy.sync:  # old-logprob + ref forward passes before training (the KV-cache free is
             # in simulate.step_overhead_s, as for rlboost's trainer, whose engine shares its GPUs too)
             t_train_end += SYNC_COSTS.forward_s(total, self.train_rate)
         s.busy.append((self.now, t_train_end))
+        self.trainer_busy_until = t_train_end
         self.push(t_train_end + self.sim.step_overhead_s, "step_end", (s.k, total))
 
     def _on_step_end(self, payload) -> None:
@@ -1213,7 +1296,8 @@ class _Step:
         self.share: dict[int, int] | None = None  # `split` baseline: responses per engine this step
         self.given: dict[int, int] = {}
         self.pretrained = 0  # tokens trained during generation (whole groups, and the cut-short part)
-        self.group_training: tuple[float, int, int] | None = None  # (start, tokens, id) of the group in training
+        # (start, tokens, id, tokens/s) of the group in training
+        self.group_training: tuple[float, int, int, float] | None = None
         self.groups_started = 0
         self.train_busy_until = 0.0
 

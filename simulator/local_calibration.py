@@ -18,11 +18,12 @@ win over what is measured (`apply`).
 
 from __future__ import annotations
 
+import os
 import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -59,6 +60,8 @@ class Calibration:
     warm_start_s: float
     process_start_s: float  # python + torch + the worker's imports
     pull_s: float  # one weight version into the engine
+    cores: int  # CPU cores this process may run on: the job's processes share them
+    dispatch_s: float  # a batch's end -> the next batch's start on the same engine (round_trip.py)
     lengths: tuple[int, ...]  # response lengths of the warm-started model (task demonstrations)
     took_s: float
 
@@ -80,6 +83,8 @@ class Calibration:
             "reserved_pull_s": self.pull_s,
             "step_overhead_s": self.step_overhead_s,
             "warm_start_s": self.warm_start_s,
+            "cpu_cores": self.cores,
+            "dispatch_s": self.dispatch_s,
         }
 
     def describe(self) -> str:
@@ -89,6 +94,7 @@ class Calibration:
             f"prefill {self.prefill_tokens_per_s:,.0f} tok/s; train {self.train_tokens_per_s:,.0f} tok/s; "
             f"optimizer step + publish {self.step_overhead_s * 1000:.0f} ms; warm start {self.warm_start_s:.2f}s; "
             f"process start {self.process_start_s:.2f}s; weight load {self.pull_s * 1000:.0f} ms; "
+            f"dispatch round trip {self.dispatch_s * 1000:.1f} ms; {self.cores} cores shared by the job's processes; "
             f"response median {statistics.median(self.lengths):g} tokens"
         )
 
@@ -139,17 +145,22 @@ def process_start_s(repeats: int = 1) -> float:
     return timed(start, repeats, warm_up=False)
 
 
-def calibrate(spec: JobSpec, *, measure_start: bool = True) -> Calibration:
-    """Measure the job's model on this machine (a few seconds; see the module docstring)."""
+def calibrate(
+    spec: JobSpec, *, measure_start: bool = True, replay_lengths: Sequence[int] | None = None
+) -> Calibration:
+    """Measure the job's model on this machine (a few seconds; see the module docstring). replay_lengths:
+    the response lengths the replay will use, when they are not the task's demonstrations."""
     import io
 
     import torch
     from safetensors.torch import load, save
 
+    from simulator.round_trip import measure_dispatch_s
     from trainer.grpo import Sample
     from trainer.learner import Learner
     from trainer.tasks import make_task
     from trainer.weights import WeightPublisher
+    from worker.engines import STATIC_BATCH_ENGINES
     from worker.engines.base import GenRequest
     from worker.engines.torch_engine import TorchEngine
 
@@ -173,31 +184,37 @@ def calibrate(spec: JobSpec, *, measure_start: bool = True) -> Calibration:
             engine.generate(reqs, lambda *a: None, lambda rid: False)
 
         one = timed(lambda: generate(1, new))
-        full = timed(lambda: generate(batch, new))
-        prefill = max(timed(lambda: generate(batch, 1)), 1e-6)
+        full = timed(lambda: generate(batch, new), repeats=5)
+        prefill = max(timed(lambda: generate(batch, 1), repeats=5), 1e-6)
 
         learner = Learner(spec.model, algo, spec.task, seed=0)
         n = algo.prompts_per_step * algo.group_size
-        mean_len = max(1, round(statistics.mean(lengths)))
+        # a step's prompts and responses at the replay's lengths (recorded ones if given, else the task's
+        # demonstrations): the learner pads a batch to its longest sequence, so uneven lengths cost more
+        # than their mean would
+        pool = np.asarray(replay_lengths or lengths)
+        resp = rng.choice(pool, n)
+        shapes = [(len(problems[i // algo.group_size].prompt_ids), max(1, int(resp[i]))) for i in range(n)]
         samples = [
             Sample(
-                [int(x) for x in rng.integers(4, 20, prompt_len)],
-                [int(x) for x in rng.integers(4, 20, mean_len)],
+                [int(x) for x in rng.integers(4, 20, p_len)],
+                [int(x) for x in rng.integers(4, 20, r_len)],
                 float(rng.random()),
                 group=i // algo.group_size,
             )
-            for i in range(n)
+            for i, (p_len, r_len) in enumerate(shapes)
         ]
+        step_tokens = sum(r_len for _, r_len in shapes)
         adds, finishes = [], []
-        for _ in range(3):  # the first is a warm-up
+        for _ in range(6):  # the first is a warm-up
             t0 = time.perf_counter()
-            learner.begin_step(n * mean_len)
+            learner.begin_step(step_tokens)
             learner.add_groups(samples)
             t1 = time.perf_counter()
             learner.finish_step()
             adds.append(t1 - t0)
             finishes.append(time.perf_counter() - t1)
-        warm_step = timed(lambda: learner.warm_start(1), repeats=2) if algo.warm_start_steps else 0.0
+        warm_step = timed(lambda: learner.warm_start(1), repeats=4) if algo.warm_start_steps else 0.0
 
         blob = save(learner.state_dict())
         pull = timed(lambda: engine.load_weights(1, load(io.BytesIO(blob).getvalue())))
@@ -205,6 +222,9 @@ def calibrate(spec: JobSpec, *, measure_start: bool = True) -> Calibration:
         versions = iter(range(10**6))
         # the trainer publishes every version: host copy, hashes, the delta to the last one
         publish = timed(lambda: publisher.publish(next(versions), learner.state_dict()))
+        dispatch = 0.0
+        if spec.rollout.engine in STATIC_BATCH_ENGINES:
+            dispatch = measure_dispatch_s(spec, learner.state_dict(), problems[0].prompt_ids, task.eos_id)
     finally:
         torch.set_num_threads(threads)
     start = process_start_s() if measure_start else 0.0
@@ -212,12 +232,14 @@ def calibrate(spec: JobSpec, *, measure_start: bool = True) -> Calibration:
         seq_tokens_per_s=round(new / one, 1),
         tokens_per_s=round(max(batch * new / full, new / one), 1),
         prefill_tokens_per_s=round(batch * prompt_len / prefill, 1),
-        train_tokens_per_s=round(n * mean_len / statistics.median(adds[1:]), 1),
+        train_tokens_per_s=round(step_tokens / statistics.median(adds[1:]), 1),
         ref_batch=batch,
         step_overhead_s=round(statistics.median(finishes[1:]) + publish, 4),
         warm_start_s=round(warm_step * algo.warm_start_steps, 3),
         process_start_s=round(start, 3),
         pull_s=round(pull, 4),
+        dispatch_s=round(dispatch, 5),
+        cores=len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1,
         lengths=lengths,
         took_s=time.perf_counter() - t_start,
     )

@@ -1,12 +1,17 @@
-"""The simulator predicts a live run: the local provider with synthetic engines in real time on a short,
-compressed spot trace (preemptions with and without notice), against `rlboost simulate` of the same job
-file and trace. Throughput (trained tokens per second of stepping) and cost must agree within 10%.
+"""The simulator predicts a live run: the local provider in real time on a short, compressed spot trace
+(preemptions with and without notice), against `rlboost simulate` of the same job file and trace.
+Throughput (trained tokens per second of stepping) and cost must agree within 10% with synthetic engines,
+and within 20% with tiny-gpt (real torch engines and learner on this CPU: BENCHMARKS.md, section 3, has
+the runs and what is not modelled yet).
 
 The platform timings the simulator cannot know - how long a local process takes to start (python +
 imports + dial-in) and to pull a weight version; seconds to minutes on a loaded, shared 2-core machine -
 are read from this very run's logs and given to the simulator as `simulate.*` (boot_s,
 trainer_boot_s, reserved_boot_s, pull_s, reserved_pull_s). Everything else - steps, offload
 decisions, dispatch, preemptions, migrations, relaunches, billing - is the simulator's own prediction.
+A tiny-gpt job's rates, its dispatch round trip and this machine's cores come from `simulate`'s own
+calibration (simulator/local_calibration.py), measured after the live run; its response lengths are
+the ones the live run recorded (what a real model generates is its own).
 """
 
 from __future__ import annotations
@@ -75,6 +80,31 @@ def job_dict() -> dict:
     }
 
 
+# tiny-gpt: real torch engines and learner on this machine's CPU; steps of a fraction of a second, so
+# more of them, and the trace drops 2 -> 1 for 1 s every 3 s.
+TINY_STEPS = 40
+TINY_TRACE = {"metadata": {"gap_seconds": 60}, "data": ([2] * 2 + [1]) * 200}
+
+
+def tiny_job_dict() -> dict:
+    return {
+        "name": "simlive-tiny",
+        "model": {"kind": "tiny-gpt"},
+        "algorithm": {"prompts_per_step": 32, "group_size": 8, "max_new_tokens": 12, "steps": TINY_STEPS, "seed": 3},
+        "task": {"name": "reverse", "reward": "exact_match"},
+        "trainer": {"accelerators": "A100:1", "hourly_price": 4.1},
+        "rollout": {
+            "engine": "torch",
+            "max_workers": 2,
+            "min_workers": 2,  # a fixed fleet, as above
+            "heartbeat_timeout_s": 4,
+            "candidates": [{"accelerator": "A100", "clouds": ["local"], "spot_price": 1.44, "on_demand_price": 3.67}],
+        },
+        "local": {"trace": "trace.json", "time_scale": 60.0, "notice_seconds": 1.0, "notice_fraction": 0.5},
+        "simulate": {},
+    }
+
+
 def _stamp(line: str) -> float:
     return datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f").timestamp()
 
@@ -109,17 +139,23 @@ def observed_timings(home: Path, job) -> dict[str, float]:
     }
 
 
-def test_simulator_predicts_the_live_run_within_10_percent(tmp_path):
-    (tmp_path / "trace.json").write_text(json.dumps(TRACE))
+@pytest.mark.parametrize(
+    "name, make_job, trace, within",
+    [("synthetic", job_dict, TRACE, 0.10), ("tiny-gpt", tiny_job_dict, TINY_TRACE, 0.20)],
+)
+def test_simulator_predicts_the_live_run(tmp_path, name, make_job, trace, within):
+    (tmp_path / "trace.json").write_text(json.dumps(trace))
     jf = tmp_path / "job.yaml"
-    jf.write_text(yaml.safe_dump(job_dict()))
+    raw = make_job()
+    jf.write_text(yaml.safe_dump(raw))
     home = tmp_path / "home"
-    proc = run_cli("launch", str(jf), home=home, timeout=420)
+    proc = run_cli("launch", "--record-rollouts", str(jf), home=home, timeout=420)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     store = StateStore(home / "state.db")
-    job = store.get_job("simlive")
+    job = store.get_job(raw["name"])
     steps = store.steps(job.id)
-    assert len(steps) == STEPS
+    n_steps = raw["algorithm"]["steps"]
+    assert len(steps) == n_steps
     # throughput over the steps after the first: step 0 mostly waits for processes to start (platform)
     live_s = sum(s.seconds for s in steps[1:])
     live_tokens = sum(s.tokens for s in steps[1:])
@@ -128,14 +164,19 @@ def test_simulator_predicts_the_live_run_within_10_percent(tmp_path):
     assert preempted, "the trace's drops preempted nobody"
 
     timings = observed_timings(home, job)
-    raw = job_dict()
     raw["simulate"].update(timings)
     jf.write_text(yaml.safe_dump(raw))
-    _, results = sim_cli.run(load_spec(jf), None, ["job"])
-    res = next(r for r in results if r.policy.name == "job")
-    assert res.steps == STEPS and res.trained_tokens == sum(s.tokens for s in steps)  # same prompts and lengths
+    # a tiny-gpt job is calibrated on this machine first (its rates, its cores); synthetic follows `perf`.
+    # What a real model generates is its own: the replay samples the live run's recorded lengths.
+    recorded = None if name == "synthetic" else next(home.rglob("rollouts.jsonl"))
+    replay = sim_cli.prepare(load_spec(jf), None, lengths=recorded)
+    res = next(r for r in replay.simulate(sim_cli.pick_policies(["job"], replay.spec)) if r.policy.name == "job")
+    assert res.steps == n_steps
+    if name == "synthetic":  # same prompts and lengths (a real model's lengths are its own)
+        assert res.trained_tokens == sum(s.tokens for s in steps)
     sim_s = sum(x["step_s"] for x in res.step_log[1:])
-    sim_tps = sum(x["tokens"] for x in res.step_log[1:]) / sim_s
+    sim_tokens = sum(x["tokens"] for x in res.step_log[1:])
+    sim_tps = sim_tokens / sim_s
     live_tps = live_tokens / live_s
     report = {
         "live": {
@@ -144,18 +185,22 @@ def test_simulator_predicts_the_live_run_within_10_percent(tmp_path):
             "tokens_per_s": round(live_tps, 1),
             "dollars": round(live_cost, 4),
             "preemptions": len(preempted),
+            "step_s": [round(s.seconds, 3) for s in steps],
         },
         "sim": {
             "run_s": round(float(sim_s), 2),
-            "tokens": live_tokens,
+            "tokens": sim_tokens,
             "tokens_per_s": round(float(sim_tps), 1),
             "dollars": round(res.dollars, 4),
             "preemptions": res.preemptions,
+            "step_s": [x["step_s"] for x in res.step_log],
         },
         "platform": timings,
+        "calibration": replay.calibration.as_json() if replay.calibration else None,
     }
-    (Path(__file__).parent / ".." / ".rlboost-test").mkdir(exist_ok=True)
-    (Path(__file__).parent / ".." / ".rlboost-test" / "sim_vs_live.json").write_text(json.dumps(report, indent=2))
+    out = Path(__file__).parent / ".." / ".rlboost-test"
+    out.mkdir(exist_ok=True)
+    (out / f"sim_vs_live-{name}.json").write_text(json.dumps(report, indent=2))
     print(json.dumps(report))
-    assert sim_tps == pytest.approx(live_tps, rel=0.10), report
-    assert res.dollars == pytest.approx(live_cost, rel=0.10), report
+    assert sim_tps == pytest.approx(live_tps, rel=within), report
+    assert res.dollars == pytest.approx(live_cost, rel=within), report

@@ -28,6 +28,13 @@ def model_on_this_node(model: dict) -> dict:
     return out
 
 
+# Engines that run a batch to its longest response before taking the next (finished rows still cost a
+# decode step) and report its ends when it returns; the others (synthetic) batch continuously. The
+# simulator models each engine the same way. (vLLM batches continuously inside one generate call but,
+# like torch, takes no request mid-call; the simulator treats it as continuous.)
+STATIC_BATCH_ENGINES = frozenset({"torch"})
+
+
 def make_engine(name: str, model: dict, dtype: str, max_batch: int) -> Engine:
     if name in ("torch", "vllm"):
         from rlboost_cli.spec import ModelSpec
@@ -49,4 +56,4 @@ def make_engine(name: str, model: dict, dtype: str, max_batch: int) -> Engine:
     raise ValueError(f"unknown engine {name!r} (available: torch, vllm, synthetic)")
 
 
-__all__ = ["Engine", "GenRequest", "make_engine"]
+__all__ = ["STATIC_BATCH_ENGINES", "Engine", "GenRequest", "make_engine"]

@@ -1,0 +1,125 @@
+"""The simulator's model of a local job: engines that batch statically (torch), the dispatch round trip,
+and processes sharing this machine's cores (simulate.cpu_cores). Deterministic replays, exact timings."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from providers.spot_market import constant_trace
+from rlboost_cli.pricing import spot_offers, trainer_offer
+from rlboost_cli.spec import parse_spec
+from simulator import PRESETS, simulate_job
+from trainer import scheduling
+from trainer.policies.lengths import LengthModel
+
+BATCH = 32
+PULL = 0.5
+
+
+def torch_job(workers: int = 0, **simulate) -> dict:
+    return {
+        "name": "simtorch",
+        "model": {"kind": "tiny-gpt"},
+        "algorithm": {"prompts_per_step": 8, "group_size": 8, "max_new_tokens": 40, "steps": 4, "seed": 1},
+        "task": {"name": "reverse", "reward": "exact_match"},
+        "trainer": {"accelerators": "A100:1", "hourly_price": 4.0},
+        "rollout": {
+            "engine": "torch",
+            "engine_batch": BATCH,
+            "max_workers": workers,
+            "min_workers": workers,
+            "candidates": [{"accelerator": "A100", "clouds": ["local"], "spot_price": 1.2, "on_demand_price": 3.6}],
+        },
+        "perf": {
+            "A100": {
+                "tokens_per_s": 3200,
+                "seq_tokens_per_s": 400,
+                "prefill_tokens_per_s": 50_000,
+                "train_tokens_per_s": 10_000,
+                "ref_batch": BATCH,
+            }
+        },
+        "local": {"time_scale": 1.0, "capacity_scale": 1.0},
+        "simulate": {"boot_s": 1.0, "pull_s": PULL, "reserved_pull_s": PULL, "step_overhead_s": 0.1, **simulate},
+    }
+
+
+def replay(raw: dict, lengths: tuple[int, ...]):
+    spec = parse_spec(raw)
+    policy = PRESETS["rlboost-fixed"] if raw["rollout"]["max_workers"] else PRESETS["on-demand"]
+    trace = constant_trace(raw["rollout"]["max_workers"])
+    lm = LengthModel(recorded=lengths)
+    res = simulate_job(spec, trace, [policy], trainer_offer(spec), spot_offers(spec), lengths=lm)
+    return spec, res[0]
+
+
+def gen_s(res) -> list[float]:  # rounded to ms
+    return [s["gen_s"] for s in res.step_log[1:]]  # step 0 waits for the engines to start
+
+
+def test_a_static_engine_runs_each_batch_to_its_longest_response():
+    # 64 responses on the reserved engine alone: two batches of 32, each as long as its longest member
+    spec, long_only = replay(torch_job(), (20,))
+    _, mixed = replay(torch_job(), (2, 20))  # most batches mix short and long responses
+    model = scheduling.engine_model_for(spec, "A100")
+    decode = 20 * model.step_time(BATCH)
+    for g in gen_s(long_only):
+        prefill = g - PULL - 2 * decode  # the two batches' prefills, whatever the prompts
+        assert 0 < prefill < 2 * model.prefill_time(BATCH * 40)
+    # a finished row keeps its slot: the short responses free nothing, so the step takes as long
+    assert gen_s(mixed) == pytest.approx(gen_s(long_only), rel=1e-9)
+
+
+def test_a_continuous_engine_refills_what_a_static_one_holds():
+    _, static = replay(torch_job(), (2, 20))
+    raw = torch_job()
+    raw["rollout"]["engine"] = "synthetic"  # continuous batching: a finished row's slot takes the next request
+    raw["model"] = {"kind": "synthetic", "train_tokens_per_s": 10_000}
+    raw["rollout"]["synthetic"] = {"prompt_tokens": 8}
+    _, continuous = replay(raw, (2, 20))
+    assert max(gen_s(continuous)) < min(gen_s(static))
+
+
+def test_the_dispatch_round_trip_delays_every_batch_of_a_static_engine():
+    _, base = replay(torch_job(), (20,))
+    _, slow = replay(torch_job(dispatch_s=0.05), (20,))
+    # two batches a step, each waits one round trip before its prefill
+    assert np.subtract(gen_s(slow), gen_s(base)) == pytest.approx([2 * 0.05] * len(gen_s(base)), rel=1e-9)
+
+
+def test_processes_share_the_cores():
+    # the reserved engine and one worker generate side by side (a batch each); the trainer trains alone
+    lengths = (20,)
+    _, own = replay(torch_job(workers=1), lengths)  # a node each (the cloud)
+    _, two = replay(torch_job(workers=1, cpu_cores=2), lengths)  # a core each
+    _, one = replay(torch_job(workers=1, cpu_cores=1), lengths)  # both engines on one core
+    assert gen_s(two) == pytest.approx(gen_s(own), rel=1e-9)
+    decode_own = np.subtract(gen_s(own), PULL)  # pulls are measured timings: not stretched
+    decode_one = np.subtract(gen_s(one), PULL)
+    assert decode_one == pytest.approx(2 * decode_own, abs=2e-3)  # the step log rounds to ms
+    train_own = [s["step_s"] - s["gen_s"] for s in own.step_log[1:]]
+    train_one = [s["step_s"] - s["gen_s"] for s in one.step_log[1:]]
+    assert train_one == pytest.approx(train_own, rel=1e-9)  # nothing else is busy while it trains
+
+
+def test_the_warm_start_shares_the_cores_with_starting_processes():
+    _, own = replay(torch_job(warm_start_s=2.0, reserved_boot_s=10.0), (20,))
+    _, one = replay(torch_job(warm_start_s=2.0, reserved_boot_s=10.0, cpu_cores=1), (20,))
+    up = 1.0  # trainer_boot_s defaults to boot_s
+    assert own.step_log[0]["t0"] == pytest.approx(up + 2.0)
+    # the reserved engine starts up (importing torch) all along: the trainer gets half the core
+    assert one.step_log[0]["t0"] == pytest.approx(up + 4.0)
+
+
+def test_the_round_trip_is_measured_with_the_real_parts():
+    from simulator.round_trip import measure_dispatch_s
+    from trainer.learner import Learner
+    from trainer.tasks import make_task
+
+    spec = parse_spec(torch_job())
+    task = make_task(spec.task, spec.model)
+    prompt = task.sample(np.random.default_rng(0), 1)[0].prompt_ids
+    weights = Learner(spec.model, spec.algorithm, spec.task, seed=0).state_dict()
+    rt = measure_dispatch_s(spec, weights, prompt, task.eos_id)
+    assert 0 < rt < 1.0

@@ -417,8 +417,9 @@ class SimulateSpec(Strict):
     # reported, the coordinator's dispatch, the requests received); a calibrated local job measures it
     dispatch_s: Annotated[float, Field(ge=0)] = 0.0
     # The job's processes share this many CPU cores (a local job's trainer, engines and workers on one
-    # machine: each busy one runs at min(1, cores / busy) of its own rate). None: a node each.
-    cpu_cores: Annotated[int, Field(ge=1)] | None = None
+    # machine: each busy one runs at min(1, cores / busy) of its own rate; a fraction where other work
+    # takes part of the machine). None: a node each.
+    cpu_cores: Annotated[float, Field(gt=0)] | None = None
 
 
 class WandbSpec(Strict):

@@ -26,6 +26,7 @@ import numpy as np
 from providers.spot_market import AvailabilityTrace, SpotMarket
 from rlboost_cli.pricing import Offer
 from rlboost_cli.spec import JobSpec
+from simulator.cores import Work, share
 from simulator.workload import replay_task
 from trainer import scheduling
 from trainer.policies.dispatch import plan_dispatch
@@ -337,10 +338,8 @@ class Simulation:
         self.deadline_at_risk = False
         self.trainer_busy_until = -INF
         self.coordinating_until = -INF
-        # the warm start: single-core seconds of it left, timed from warm_since at warm_speed
-        self.warm_left, self.warm_since, self.warm_speed, self.warm_epoch = 0.0, 0.0, 1.0, 0
+        self.works: dict[tuple, Work] = {}  # CPU work under way where cores are shared (simulator/cores.py)
         self.static_batch = spec.rollout.engine in STATIC_BATCH_ENGINES
-        self._busy = 0  # busy processes at the last _share_cores
         self.backoff: dict[str, tuple[int, float]] = {o.key: (0, 0.0) for o in self.spot_offers}
         self.events: list = []
         self.seq = 0
@@ -400,20 +399,15 @@ class Simulation:
         return self._result()
 
     # ---- a local job's processes share this machine's cores ------------------------------
-    def _share_cores(self, cores: int) -> None:
-        """Processor sharing: each busy process (a worker starting up, pulling weights or holding
-        responses; the trainer training) runs at min(1, cores / busy) of its measured single-process
-        rate; the trainer is busy while it trains and while a batch's round trip is under way (ends
-        reported, the next batch dispatched). After any event that changes the number of busy
-        processes, every engine is re-timed (the trainer's work is timed as it starts; start-ups, pulls
-        and round trips are the platform's measured timings)."""
-        n = self._busy_engines() + (max(self.trainer_busy_until, self.coordinating_until) > self.now)
-        if n == self._busy:
-            return
-        self._busy = n
-        speed = min(1.0, cores / max(1, n))
-        if self.warm_left > 0 and speed != self.warm_speed:
-            self._time_warm_start(speed)
+    def _share_cores(self, cores: float) -> None:
+        """After every event: each busy process (a worker starting up, pulling weights or holding
+        responses; the trainer warm-starting, training, or dispatching a batch's round trip) runs at
+        min(1, cores / busy) of its rate alone. Engines and start-ups are re-timed when it changes;
+        the trainer's training is timed as it starts, pulls and round trips are measured timings."""
+        speed = share(cores, self._busy_engines() + self._trainer_busy())
+        for key, w in self.works.items():
+            if w.speed != speed:
+                self.push(w.retime(self.now, speed), "work_done", (key, w.epoch))
         for e in self.alive:
             if e.speed != speed:
                 if e.live:
@@ -423,13 +417,29 @@ class Simulation:
                     e.set_load()
                     self._schedule(e)
 
-    def _time_warm_start(self, speed: float) -> None:
-        """(Re)time the end of the warm start at the trainer's share of a core from now on."""
-        self.warm_left -= (self.now - self.warm_since) * self.warm_speed  # single-core seconds left
-        self.warm_since, self.warm_speed = self.now, speed
-        self.warm_epoch += 1
-        self.trainer_busy_until = self.now + max(0.0, self.warm_left) / speed
-        self.push(self.trainer_busy_until, "warm_started", self.warm_epoch)
+    def _start_work(self, key: tuple, seconds: float) -> None:
+        """CPU work of `seconds` alone (a local job's start-up, the warm start); its end calls
+        _work_done. Without shared cores it is a plain delay, as on a cloud."""
+        if not self.sim.cpu_cores:
+            self.push(self.now + seconds, "work_done", (key, 0))
+            return
+        w = self.works[key] = Work(seconds, self.now)
+        self.push(w.retime(self.now, 1.0), "work_done", (key, w.epoch))  # run() re-times it at once
+
+    def _on_work_done(self, payload: tuple[tuple, int]) -> None:
+        key, epoch = payload
+        w = self.works.get(key)
+        if w is not None:
+            if w.epoch != epoch:
+                return  # re-timed since
+            del self.works[key]
+        if key[0] == "warm":
+            self._start_step()
+        else:  # ("boot", engine index)
+            self._connected(key[1])
+
+    def _trainer_busy(self) -> bool:
+        return max(self.trainer_busy_until, self.coordinating_until) > self.now or ("warm",) in self.works
 
     def _on_coordinated(self, _) -> None:
         pass  # a round trip is over: run's loop re-shares the cores
@@ -440,7 +450,7 @@ class Simulation:
     def _trainer_speed(self) -> float:
         """The trainer's share of a core for work it starts now."""
         cores = self.sim.cpu_cores
-        return min(1.0, cores / (self._busy_engines() + 1)) if cores else 1.0
+        return share(cores, self._busy_engines() + 1) if cores else 1.0
 
     # ---- trainer and steps -------------------------------------------------------------
     def _on_trainer_up(self, _) -> None:
@@ -451,18 +461,12 @@ class Simulation:
             acc = scheduling.reserved_accelerator(self.spec)
             e = self._new_engine("reserved", "reserved", scheduling.engine_model_for(self.spec, acc), None)
             rb = self.sim.reserved_boot_s
-            self.push(self.now + (self.sim.boot_s if rb is None else rb), "connect", e.idx)
+            self._start_work(("boot", e.idx), self.sim.boot_s if rb is None else rb)
         if self.sim.warm_start_s > 0:  # billed and taking workers, but no step before the warm start
-            self.warm_left, self.warm_since = self.sim.warm_start_s, self.now
-            self._time_warm_start(self._trainer_speed())
+            self._start_work(("warm",), self.sim.warm_start_s)
         else:
             self._start_step()
 
-    def _on_warm_started(self, epoch: int) -> None:
-        if epoch != self.warm_epoch:
-            return  # re-timed since
-        self.warm_left = 0.0
-        self._start_step()
 
     def _new_engine(self, eid: str, kind: str, model: EngineModel, offer: Offer | None) -> _Engine:
         e = _Engine(len(self.engines), eid, kind, model, offer, self.now, self.static_batch)
@@ -470,7 +474,7 @@ class Simulation:
         self.alive.append(e)
         return e
 
-    def _on_connect(self, idx: int) -> None:
+    def _connected(self, idx: int) -> None:
         e = self.engines[idx]
         if e.state == "gone":
             return
@@ -1185,7 +1189,7 @@ class Simulation:
             e = self._new_engine(iid, "spot", model, offer)
             e.started = T
             self.placement.launched(iid, offer.key, T)
-            self.push(t + self.sim.boot_s, "connect", e.idx)
+            self._start_work(("boot", e.idx), self.sim.boot_s)
             want -= 1
 
     def _on_drain(self, idx: int) -> None:

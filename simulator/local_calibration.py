@@ -9,8 +9,11 @@ the workers run: torch.set_num_threads(1)):
             training tokens/s, the optimizer step (-> step_overhead_s), a supervised warm-start
             step (-> warm_start_s = warm_start_steps x it)
   platform  start-up of a fresh Python process importing what a worker imports (-> boot_s and the
-            trainer's), one weight-version load into the engine from safetensors bytes (-> pull_s)
-  workload  response lengths: the task's demonstrations (answer + EOS), what the warm start teaches
+            trainer's); with a torch engine, the dispatch round trip between batches (-> dispatch_s)
+            and a new version's pull into the engine (-> pull_s), both through the real coordinator,
+            worker agent and weight pull (round_trip.py); this machine's cores (-> cpu_cores)
+  workload  response lengths: the task's demonstrations (answer + EOS), what the warm start teaches,
+            or the replay's recorded ones; the training rate is measured at them
 
 Nothing here is fitted to an end-to-end run. A job file's own `perf:` entries and `simulate:` values
 win over what is measured (`apply`).
@@ -59,7 +62,7 @@ class Calibration:
     step_overhead_s: float  # optimizer step after the last group + publishing the version
     warm_start_s: float
     process_start_s: float  # python + torch + the worker's imports
-    pull_s: float  # one weight version into the engine
+    pull_s: float  # a new weight version published -> in the engine (a torch engine: the real pull)
     cores: int  # CPU cores this process may run on: the job's processes share them
     dispatch_s: float  # a batch's end -> the next batch's start on the same engine (round_trip.py)
     lengths: tuple[int, ...]  # response lengths of the warm-started model (task demonstrations)
@@ -93,7 +96,7 @@ class Calibration:
             f"{self.seq_tokens_per_s:,.0f} tok/s alone, {self.tokens_per_s:,.0f} tok/s at batch {self.ref_batch}; "
             f"prefill {self.prefill_tokens_per_s:,.0f} tok/s; train {self.train_tokens_per_s:,.0f} tok/s; "
             f"optimizer step + publish {self.step_overhead_s * 1000:.0f} ms; warm start {self.warm_start_s:.2f}s; "
-            f"process start {self.process_start_s:.2f}s; weight load {self.pull_s * 1000:.0f} ms; "
+            f"process start {self.process_start_s:.2f}s; weight pull {self.pull_s * 1000:.0f} ms; "
             f"dispatch round trip {self.dispatch_s * 1000:.1f} ms; {self.cores} cores shared by the job's processes; "
             f"response median {statistics.median(self.lengths):g} tokens"
         )
@@ -155,7 +158,7 @@ def calibrate(
     import torch
     from safetensors.torch import load, save
 
-    from simulator.round_trip import measure_dispatch_s
+    from simulator.round_trip import measure_platform
     from trainer.grpo import Sample
     from trainer.learner import Learner
     from trainer.tasks import make_task
@@ -216,15 +219,20 @@ def calibrate(
             finishes.append(time.perf_counter() - t1)
         warm_step = timed(lambda: learner.warm_start(1), repeats=4) if algo.warm_start_steps else 0.0
 
-        blob = save(learner.state_dict())
-        pull = timed(lambda: engine.load_weights(1, load(io.BytesIO(blob).getvalue())))
         publisher = WeightPublisher(prepare_next=False)
         versions = iter(range(10**6))
         # the trainer publishes every version: host copy, hashes, the delta to the last one
         publish = timed(lambda: publisher.publish(next(versions), learner.state_dict()))
-        dispatch = 0.0
-        if spec.rollout.engine in STATIC_BATCH_ENGINES:
-            dispatch = measure_dispatch_s(spec, learner.state_dict(), problems[0].prompt_ids, task.eos_id)
+        if spec.rollout.engine in STATIC_BATCH_ENGINES:  # the real coordinator, agent and weight pull
+            def train_step() -> dict:
+                learner.warm_start(1)
+                return learner.state_dict()
+
+            platform = measure_platform(spec, learner.state_dict(), train_step, problems[0].prompt_ids, task.eos_id)
+            dispatch, pull = platform.dispatch_s, platform.pull_s
+        else:  # the load alone
+            blob = save(learner.state_dict())
+            dispatch, pull = 0.0, timed(lambda: engine.load_weights(1, load(io.BytesIO(blob).getvalue())))
     finally:
         torch.set_num_threads(threads)
     start = process_start_s() if measure_start else 0.0

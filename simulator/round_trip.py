@@ -1,13 +1,17 @@
-"""The dispatch round trip of an engine that batches statically (torch): from one batch's end to the
-next batch starting on the same engine - its ends reported, the coordinator's dispatch decision, the
-requests sent and received. On a GPU it is noise next to a batch; on this CPU a tiny-gpt batch takes a
-few milliseconds and the round trip is of the same order, so `rlboost simulate` of a local job needs it.
+"""What a local job's platform costs between the engine's batches, measured with the real parts: the
+trainer's Coordinator behind its aiohttp server and WeightPublisher, and a real WorkerAgent running the
+job's engine over loopback (one process, one event loop; in a live job they are separate processes).
 
-Measured here with the real parts: the trainer's Coordinator behind its aiohttp server and a real
-WorkerAgent running the job's engine over loopback WebSockets, all on one event loop (in a live job
-they are separate processes). One step of several full batches whose requests each ask for one token,
-so a batch is a prefill; the same batches run straight on the same engine class give the compute to
-subtract.
+  dispatch_s  an engine that batches statically (torch): from one batch's end to the next batch
+              starting on the same engine - its ends reported, the coordinator's dispatch decision,
+              the requests sent and received. One step of several full batches whose requests ask for
+              one token each, less the same batches run straight on the same engine class.
+  pull_s      a new weight version published -> the worker's engine holds it: the manifest, the delta
+              from the version it has, its checks and the load (after one supervised step, so the
+              delta is a real step's).
+
+On a GPU both are noise next to a batch; on this CPU a tiny-gpt batch takes a few milliseconds and
+these are of the same order, so `rlboost simulate` of a local job needs them.
 """
 
 from __future__ import annotations
@@ -16,7 +20,8 @@ import asyncio
 import secrets
 import statistics
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 
 import torch
 from aiohttp import web
@@ -31,61 +36,91 @@ from worker.engines.base import GenRequest
 from worker.engines.torch_engine import TorchEngine
 
 ROUNDS = 6
+PULLS = 3
+
+Weights = Mapping[str, torch.Tensor]
 
 
-async def _step_s(spec: JobSpec, weights: Mapping[str, torch.Tensor], prompts: list[list[int]], eos_id: int) -> float:
-    """Seconds one step of len(prompts) one-token requests takes on one engine (after a warm-up step)."""
-    token = secrets.token_hex(16)
-    coord = Coordinator(
-        CoordinatorConfig(
-            job_seed=spec.algorithm.seed,
-            temperature=spec.algorithm.temperature,
-            chunk_tokens=spec.rollout.stream_chunk_tokens,
-            heartbeat_s=1.0,
-            heartbeat_timeout_s=60.0,
-            weights_url="",
-            model=scheduling.welcome_model(spec),
-            engine_dtype=spec.rollout.engine_dtype,
-            engine_batch=spec.rollout.engine_batch,
-            eos_id=eos_id,
-            **{**scheduling.coordinator_options(spec), "migration": None},
+@dataclass(frozen=True)
+class Platform:
+    dispatch_s: float
+    pull_s: float
+
+
+class _Harness:
+    """A coordinator and one worker agent on this event loop."""
+
+    def __init__(self, spec: JobSpec, eos_id: int) -> None:
+        self.spec, self.token = spec, secrets.token_hex(16)
+        self.coord = Coordinator(
+            CoordinatorConfig(
+                job_seed=spec.algorithm.seed,
+                temperature=spec.algorithm.temperature,
+                chunk_tokens=spec.rollout.stream_chunk_tokens,
+                heartbeat_s=1.0,
+                heartbeat_timeout_s=60.0,
+                weights_url="",
+                model=scheduling.welcome_model(spec),
+                engine_dtype=spec.rollout.engine_dtype,
+                engine_batch=spec.rollout.engine_batch,
+                eos_id=eos_id,
+                **{**scheduling.coordinator_options(spec), "migration": None},
+            )
         )
-    )
-    publisher = WeightPublisher()
-    runner = web.AppRunner(build_app(token, coord, publisher, lambda: {}, lambda: None), handle_signals=False)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", 0).start()
-    url = f"http://127.0.0.1:{runner.addresses[0][1]}"
-    coord.cfg.weights_url = url
-    coord.start()
-    agent = WorkerAgent(WorkerConfig(url, token, "calibration", engine=spec.rollout.engine, accelerator="cpu"))
-    run = asyncio.ensure_future(agent.run())
-    try:
-        await asyncio.to_thread(publisher.stage(0, weights).result)
-        await coord.publish(0)
-        while not any(c.state == "ready" and c.version == 0 for c in coord.engines.values()):
-            if run.done():
-                run.result()  # the agent failed: say why
-            await asyncio.sleep(0.01)
-        times = []
-        for step in range(2):  # the first warms the engine and the connection up
-            reqs = [RolloutRequest(f"s{step}-p{i}-g0", p, 1, group=f"p{i}") for i, p in enumerate(prompts)]
-            t0 = time.perf_counter()
-            await coord.run_step(step, 0, reqs)
-            times.append(time.perf_counter() - t0)
-        return times[-1]
-    finally:
-        await coord.close()
-        run.cancel()
-        await asyncio.gather(run, return_exceptions=True)
-        await runner.cleanup()
+        self.publisher = WeightPublisher()
+
+    async def __aenter__(self) -> _Harness:
+        app = build_app(self.token, self.coord, self.publisher, lambda: {}, lambda: None)
+        self.runner = web.AppRunner(app, handle_signals=False)
+        await self.runner.setup()
+        await web.TCPSite(self.runner, "127.0.0.1", 0).start()
+        url = f"http://127.0.0.1:{self.runner.addresses[0][1]}"
+        self.coord.cfg.weights_url = url
+        self.coord.start()
+        cfg = WorkerConfig(url, self.token, "calibration", engine=self.spec.rollout.engine, accelerator="cpu")
+        self.agent = asyncio.ensure_future(WorkerAgent(cfg).run())
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.coord.close()
+        self.agent.cancel()
+        await asyncio.gather(self.agent, return_exceptions=True)
+        await self.runner.cleanup()
+
+    async def publish(self, version: int, weights: Weights) -> float:
+        """Seconds from the version's announcement to the worker's engine holding it."""
+        await asyncio.to_thread(self.publisher.stage(version, weights).result)
+        t0 = time.perf_counter()
+        await self.coord.publish(version)
+        while not any(c.state == "ready" and c.version == version for c in self.coord.engines.values()):
+            if self.agent.done():
+                self.agent.result()  # the agent failed: say why
+            await asyncio.sleep(0.0005)
+        return time.perf_counter() - t0
+
+    async def step_s(self, step: int, version: int, prompts: list[list[int]]) -> float:
+        reqs = [RolloutRequest(f"s{step}-p{i}-g0", p, 1, group=f"p{i}") for i, p in enumerate(prompts)]
+        t0 = time.perf_counter()
+        await self.coord.run_step(step, version, reqs)
+        return time.perf_counter() - t0
 
 
-def measure_dispatch_s(spec: JobSpec, weights: Mapping[str, torch.Tensor], prompt: list[int], eos_id: int) -> float:
-    """Seconds from a batch's end to the next one's start on the same engine (see the module docstring)."""
+def measure_platform(
+    spec: JobSpec, weights: Weights, train_step: Callable[[], Weights], prompt: list[int], eos_id: int
+) -> Platform:
+    """train_step: one supervised step of the job's learner; returns the new weights."""
     batch = spec.rollout.engine_batch
     prompts = [list(prompt)] * (ROUNDS * batch)
-    step = asyncio.run(_step_s(spec, weights, prompts, eos_id))
+
+    async def run() -> tuple[float, list[float]]:
+        async with _Harness(spec, eos_id) as h:
+            await h.publish(0, weights)
+            await h.step_s(0, 0, prompts)  # warms the engine and the connection up
+            step = await h.step_s(1, 0, prompts)
+            pulls = [await h.publish(v, await asyncio.to_thread(train_step)) for v in range(1, PULLS + 1)]
+            return step, pulls
+
+    step, pulls = asyncio.run(run())
     engine = TorchEngine(spec.model, dtype="float32", max_batch=batch, eos_id=-1)
     engine.load_weights(1, dict(weights))
     reqs = [GenRequest(f"r{i}", p, 1, i) for i, p in enumerate(prompts[:batch])]
@@ -94,4 +129,5 @@ def measure_dispatch_s(spec: JobSpec, weights: Mapping[str, torch.Tensor], promp
         t0 = time.perf_counter()
         engine.generate(reqs, lambda *a: None, lambda rid: False)
         compute.append(time.perf_counter() - t0)
-    return max(0.0, step / ROUNDS - statistics.median(compute[1:]))
+    dispatch = max(0.0, step / ROUNDS - statistics.median(compute[1:]))
+    return Platform(dispatch_s=dispatch, pull_s=statistics.median(pulls))

@@ -112,14 +112,19 @@ def test_the_warm_start_shares_the_cores_with_starting_processes():
     assert one.step_log[0]["t0"] == pytest.approx(up + 4.0)
 
 
-def test_the_round_trip_is_measured_with_the_real_parts():
-    from simulator.round_trip import measure_dispatch_s
+def test_the_platform_is_measured_with_the_real_parts():
+    from simulator.round_trip import measure_platform
     from trainer.learner import Learner
     from trainer.tasks import make_task
 
     spec = parse_spec(torch_job())
     task = make_task(spec.task, spec.model)
     prompt = task.sample(np.random.default_rng(0), 1)[0].prompt_ids
-    weights = Learner(spec.model, spec.algorithm, spec.task, seed=0).state_dict()
-    rt = measure_dispatch_s(spec, weights, prompt, task.eos_id)
-    assert 0 < rt < 1.0
+    learner = Learner(spec.model, spec.algorithm, spec.task, seed=0)
+
+    def train_step() -> dict:
+        learner.warm_start(1)
+        return learner.state_dict()
+
+    p = measure_platform(spec, learner.state_dict(), train_step, prompt, task.eos_id)
+    assert 0 < p.dispatch_s < 1.0 and 0 < p.pull_s < 5.0

@@ -209,7 +209,7 @@ def calibrate(
         ]
         step_tokens = sum(r_len for _, r_len in shapes)
         adds, finishes = [], []
-        for _ in range(6):  # the first is a warm-up
+        for _ in range(11):  # the first is a warm-up; a median of 10 (a step is ~50 ms here, and noisy)
             t0 = time.perf_counter()
             learner.begin_step(step_tokens)
             learner.add_groups(samples)

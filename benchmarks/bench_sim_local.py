@@ -1,0 +1,79 @@
+"""`rlboost simulate JOB` against `rlboost launch JOB` of a local job (default: examples/local.yaml),
+each run several times, alternating: dollars and trained tokens/s (steps 2..N), medians and their ratio.
+
+    .venv/bin/python benchmarks/bench_sim_local.py --runs 3 [--job examples/local.yaml] [--json]
+
+The replay calibrates this machine each time, as `rlboost simulate` does; nothing comes from the live
+runs. Run it on a quiet machine: the live job's processes and the calibration share its cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from rlboost_cli.ledger import summarize
+from rlboost_cli.spec import load_spec
+from rlboost_cli.state import StateStore
+from simulator import cli as sim_cli
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def live(job: Path) -> dict:
+    spec = load_spec(job)
+    with tempfile.TemporaryDirectory() as home:
+        env = {**os.environ, "RLBOOST_HOME": home}
+        cmd = [sys.executable, "-m", "rlboost_cli.main", "launch", str(job)]
+        subprocess.run(cmd, env=env, check=True, capture_output=True, cwd=ROOT)
+        store = StateStore(Path(home) / "state.db")
+        rec = store.get_job(spec.name)
+        steps = store.steps(rec.id)
+        return {
+            "dollars": summarize(store, rec.id).total_dollars,
+            "tokens_per_s": sum(s.tokens for s in steps[1:]) / sum(s.seconds for s in steps[1:]),
+            "steps": len(steps),
+        }
+
+
+def simulated(job: Path) -> dict:
+    replay = sim_cli.prepare(load_spec(job), None)
+    res = next(r for r in replay.simulate(sim_cli.pick_policies(["job"], replay.spec)) if r.policy.name == "job")
+    log = res.step_log[1:]
+    return {
+        "dollars": res.dollars,
+        "tokens_per_s": sum(x["tokens"] for x in log) / sum(x["step_s"] for x in log),
+        "steps": res.steps,
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--job", type=Path, default=ROOT / "examples" / "local.yaml")
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    runs: dict[str, list[dict]] = {"live": [], "simulated": []}
+    for i in range(args.runs):
+        runs["live"].append(live(args.job))
+        runs["simulated"].append(simulated(args.job))
+        print(f"run {i + 1}: live {runs['live'][-1]}, simulated {runs['simulated'][-1]}", file=sys.stderr)
+    med = {k: {m: statistics.median(r[m] for r in v) for m in ("dollars", "tokens_per_s")} for k, v in runs.items()}
+    ratio = {m: med["simulated"][m] / med["live"][m] for m in ("dollars", "tokens_per_s")}
+    if args.json:
+        print(json.dumps({"runs": runs, "median": med, "sim_over_live": ratio}, indent=2))
+        return
+    print(f"{'':18}{'live':>12}{'simulated':>12}{'sim / live':>12}")
+    for m, fmt in (("dollars", "{:,.2f}"), ("tokens_per_s", "{:,.0f}")):
+        lv, sv = med["live"][m], med["simulated"][m]
+        print(f"{m:18}{fmt.format(lv):>12}{fmt.format(sv):>12}{ratio[m]:>12.3f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -5,8 +5,10 @@ What runs for real (the same functions as `rlboost launch`):
   the task's prompt sampler and request seeds, LengthModel (the synthetic workload's lengths),
   LengthStats, plan_dispatch, plan_migrations, the offload policies, TailBatcher.
 What is modelled:
-  engines (continuous batching, step_time(n), prefill stalls - the synthetic engine's model),
-  training (tokens / train rate), boot, weight pulls, the step's fixed overhead.
+  engines (continuous batching, step_time(n), prefill stalls - the synthetic engine's model; a torch
+  engine batches statically, each batch after a dispatch round trip), training (tokens / train rate),
+  boot, weight pulls, the step's fixed overhead, and for a local job the processes' share of this
+  machine's cores (simulate.cpu_cores, simulator/cores.py).
 
 Timing follows the live job: the trainer is billed from when it serves, spot workers from launch to
 the controller poll that sees them gone; the market is replayed at `local.time_scale` trace seconds
@@ -418,8 +420,8 @@ class Simulation:
                     self._schedule(e)
 
     def _start_work(self, key: tuple, seconds: float) -> None:
-        """CPU work of `seconds` alone (a local job's start-up, the warm start); its end calls
-        _work_done. Without shared cores it is a plain delay, as on a cloud."""
+        """CPU work of `seconds` alone (a local job's start-up, the warm start); its end is
+        _on_work_done. Without shared cores it is a plain delay, as on a cloud."""
         if not self.sim.cpu_cores:
             self.push(self.now + seconds, "work_done", (key, 0))
             return
@@ -466,7 +468,6 @@ class Simulation:
             self._start_work(("warm",), self.sim.warm_start_s)
         else:
             self._start_step()
-
 
     def _new_engine(self, eid: str, kind: str, model: EngineModel, offer: Offer | None) -> _Engine:
         e = _Engine(len(self.engines), eid, kind, model, offer, self.now, self.static_batch)

@@ -73,14 +73,14 @@ def main(argv: list[str] | None = None) -> int:
         distributed.finish()
 
 
-def exit_now(code: int) -> None:
+def exit_now(code: int | None) -> None:
     """Leave without the interpreter's teardown: everything worth keeping is written and closed by now,
     and tearing down torch and the native libraries took up to a second after a SIGTERM - billed
     trainer time at the end of every job."""
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(code)
+    os._exit(int(code or 0))
 
 
 if __name__ == "__main__":

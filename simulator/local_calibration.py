@@ -158,7 +158,7 @@ def calibrate(
     import torch
     from safetensors.torch import load, save
 
-    from simulator.round_trip import measure_platform
+    from simulator.round_trip import PlatformProbe, measure_platform
     from trainer.grpo import Sample
     from trainer.learner import Learner
     from trainer.tasks import make_task
@@ -228,7 +228,8 @@ def calibrate(
                 learner.warm_start(1)
                 return learner.state_dict()
 
-            platform = measure_platform(spec, learner.state_dict(), train_step, problems[0].prompt_ids, task.eos_id)
+            probe = PlatformProbe(learner.state_dict(), train_step, engine, problems[0].prompt_ids, task.eos_id)
+            platform = measure_platform(spec, probe)
             dispatch, pull = platform.dispatch_s, platform.pull_s
         else:  # the load alone
             blob = save(learner.state_dict())

@@ -21,19 +21,18 @@ import secrets
 import statistics
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from aiohttp import web
 
 from rlboost_cli.spec import JobSpec
 from trainer import scheduling
-from trainer.coordinator import Coordinator, CoordinatorConfig, RolloutRequest
+from trainer.coordinator import Coordinator, RolloutRequest
 from trainer.server import build_app
 from trainer.weights import WeightPublisher
 from worker.agent import WorkerAgent, WorkerConfig
-from worker.engines.base import GenRequest
-from worker.engines.torch_engine import TorchEngine
+from worker.engines.base import Engine, GenRequest
 
 ROUNDS = 6
 PULLS = 3
@@ -52,21 +51,10 @@ class _Harness:
 
     def __init__(self, spec: JobSpec, eos_id: int) -> None:
         self.spec, self.token = spec, secrets.token_hex(16)
-        self.coord = Coordinator(
-            CoordinatorConfig(
-                job_seed=spec.algorithm.seed,
-                temperature=spec.algorithm.temperature,
-                chunk_tokens=spec.rollout.stream_chunk_tokens,
-                heartbeat_s=1.0,
-                heartbeat_timeout_s=60.0,
-                weights_url="",
-                model=scheduling.welcome_model(spec),
-                engine_dtype=spec.rollout.engine_dtype,
-                engine_batch=spec.rollout.engine_batch,
-                eos_id=eos_id,
-                **{**scheduling.coordinator_options(spec), "migration": None},
-            )
-        )
+        # the job's own config; a long heartbeat timeout (the engine thread holds the GIL in bursts
+        # here) and no migration (one engine)
+        cfg = replace(scheduling.coordinator_config(spec, eos_id), heartbeat_timeout_s=60.0, migration=None)
+        self.coord = Coordinator(cfg)
         self.publisher = WeightPublisher()
 
     async def __aenter__(self) -> _Harness:
@@ -105,29 +93,35 @@ class _Harness:
         return time.perf_counter() - t0
 
 
-def measure_platform(
-    spec: JobSpec, weights: Weights, train_step: Callable[[], Weights], prompt: list[int], eos_id: int
-) -> Platform:
-    """train_step: one supervised step of the job's learner; returns the new weights."""
+@dataclass(frozen=True)
+class PlatformProbe:
+    """What measure_platform runs: the job's learner and engine, as the calibration built them."""
+
+    weights: Weights  # version 0
+    train_step: Callable[[], Weights]  # one supervised step of the job's learner; the new weights
+    engine: Engine  # the job's engine class, for the compute to subtract (its weights do not matter)
+    prompt: list[int]
+    eos_id: int
+
+
+def measure_platform(spec: JobSpec, probe: PlatformProbe) -> Platform:
     batch = spec.rollout.engine_batch
-    prompts = [list(prompt)] * (ROUNDS * batch)
+    prompts = [list(probe.prompt)] * (ROUNDS * batch)
 
     async def run() -> tuple[float, list[float]]:
-        async with _Harness(spec, eos_id) as h:
-            await h.publish(0, weights)
+        async with _Harness(spec, probe.eos_id) as h:
+            await h.publish(0, probe.weights)
             await h.step_s(0, 0, prompts)  # warms the engine and the connection up
             step = await h.step_s(1, 0, prompts)
-            pulls = [await h.publish(v, await asyncio.to_thread(train_step)) for v in range(1, PULLS + 1)]
+            pulls = [await h.publish(v, await asyncio.to_thread(probe.train_step)) for v in range(1, PULLS + 1)]
             return step, pulls
 
     step, pulls = asyncio.run(run())
-    engine = TorchEngine(spec.model, dtype="float32", max_batch=batch, eos_id=-1)
-    engine.load_weights(1, dict(weights))
     reqs = [GenRequest(f"r{i}", p, 1, i) for i, p in enumerate(prompts[:batch])]
     compute = []
     for _ in range(ROUNDS + 1):
         t0 = time.perf_counter()
-        engine.generate(reqs, lambda *a: None, lambda rid: False)
+        probe.engine.generate(reqs, lambda *a: None, lambda rid: False)
         compute.append(time.perf_counter() - t0)
     dispatch = max(0.0, step / ROUNDS - statistics.median(compute[1:]))
     return Platform(dispatch_s=dispatch, pull_s=statistics.median(pulls))

@@ -113,9 +113,10 @@ def test_the_warm_start_shares_the_cores_with_starting_processes():
 
 
 def test_the_platform_is_measured_with_the_real_parts():
-    from simulator.round_trip import measure_platform
+    from simulator.round_trip import PlatformProbe, measure_platform
     from trainer.learner import Learner
     from trainer.tasks import make_task
+    from worker.engines.torch_engine import TorchEngine
 
     spec = parse_spec(torch_job())
     task = make_task(spec.task, spec.model)
@@ -126,5 +127,6 @@ def test_the_platform_is_measured_with_the_real_parts():
         learner.warm_start(1)
         return learner.state_dict()
 
-    p = measure_platform(spec, learner.state_dict(), train_step, prompt, task.eos_id)
+    engine = TorchEngine(spec.model, dtype="float32", max_batch=BATCH, eos_id=-1)
+    p = measure_platform(spec, PlatformProbe(learner.state_dict(), train_step, engine, prompt, task.eos_id))
     assert 0 < p.dispatch_s < 1.0 and 0 < p.pull_s < 5.0

@@ -25,7 +25,7 @@ from aiohttp import web
 from rlboost_cli.spec import JobSpec
 from trainer import checkpoint, distributed, scheduling, tls
 from trainer.broadcast_sender import BroadcastSender, Receiver
-from trainer.coordinator import Coordinator, CoordinatorConfig, RolloutRequest
+from trainer.coordinator import Coordinator, RolloutRequest
 from trainer.evaluation import Evaluator, describe
 from trainer.learner import Sample, make_learner
 from trainer.policies.tail_batching import TailBatcher
@@ -135,20 +135,7 @@ class TrainerRuntime:
         spec = self.spec
         url_host = host if host not in ("0.0.0.0", "::") else "127.0.0.1"
         self.coord = Coordinator(
-            CoordinatorConfig(
-                job_seed=spec.algorithm.seed,
-                temperature=spec.algorithm.temperature,
-                chunk_tokens=spec.rollout.stream_chunk_tokens,
-                heartbeat_s=min(1.0, spec.rollout.heartbeat_timeout_s / 4),
-                heartbeat_timeout_s=spec.rollout.heartbeat_timeout_s,
-                weights_url="",  # filled below once the port is known
-                model=scheduling.welcome_model(spec),
-                engine_dtype=spec.rollout.engine_dtype,
-                engine_batch=spec.rollout.engine_batch,
-                eos_id=self.task.eos_id,
-                **scheduling.coordinator_options(spec),
-            ),
-            offload=scheduling.offload_policy(spec),
+            scheduling.coordinator_config(spec, self.task.eos_id), offload=scheduling.offload_policy(spec)
         )
         app = build_app(self.token, self.coord, self.publisher, self.status, self.shutdown_requested.set)
         runner = web.AppRunner(app, handle_signals=False)

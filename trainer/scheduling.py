@@ -7,6 +7,7 @@ models here, so a live run and `rlboost simulate` of the same job file make the 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING
 
 from providers.mounts import mounted_name
 from rlboost_cli.spec import JobSpec
@@ -17,6 +18,9 @@ from trainer.policies.offload import OffloadPolicy, make_offload
 from trainer.policies.perf import AcceleratorPerf, EngineModel, engine_model, split_accelerator, train_rate
 from trainer.policies.placement import PlacementTracker
 from trainer.protocol import MOUNTED_PATH_KEY
+
+if TYPE_CHECKING:
+    from trainer.coordinator import CoordinatorConfig
 
 
 def perf_table(spec: JobSpec) -> dict[str, AcceleratorPerf]:
@@ -71,15 +75,27 @@ def migration_config(spec: JobSpec) -> MigrationConfig | None:
     return MigrationConfig(min_gain_s=spec.rollout.migration_min_gain_s)
 
 
-def coordinator_options(spec: JobSpec) -> dict:
-    """Extra CoordinatorConfig fields (trainer/coordinator.py) for this job."""
-    return {
-        "dispatch_mode": spec.rollout.dispatch_policy,
-        "migration": migration_config(spec),
-        "max_new_tokens": spec.algorithm.max_new_tokens,
-        "perf": perf_table(spec),
-        "flush_s": spec.rollout.flush_s,
-    }
+def coordinator_config(spec: JobSpec, eos_id: int) -> CoordinatorConfig:
+    """This job's CoordinatorConfig (trainer/coordinator.py); weights_url is set once the server is up."""
+    from trainer.coordinator import CoordinatorConfig  # aiohttp and the rest: only where a coordinator runs
+
+    return CoordinatorConfig(
+        job_seed=spec.algorithm.seed,
+        temperature=spec.algorithm.temperature,
+        chunk_tokens=spec.rollout.stream_chunk_tokens,
+        heartbeat_s=min(1.0, spec.rollout.heartbeat_timeout_s / 4),
+        heartbeat_timeout_s=spec.rollout.heartbeat_timeout_s,
+        weights_url="",
+        model=welcome_model(spec),
+        engine_dtype=spec.rollout.engine_dtype,
+        engine_batch=spec.rollout.engine_batch,
+        eos_id=eos_id,
+        dispatch_mode=spec.rollout.dispatch_policy,
+        migration=migration_config(spec),
+        max_new_tokens=spec.algorithm.max_new_tokens,
+        perf=perf_table(spec),
+        flush_s=spec.rollout.flush_s,
+    )
 
 
 def welcome_model(spec: JobSpec) -> dict:

@@ -17,6 +17,7 @@ left it (CoresLeft: this machine is shared).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -118,11 +119,13 @@ class CoresLeft:
 
     def __init__(self, home: Path) -> None:
         self.mark = f"RLBOOST_HOME={home}".encode()
-        self.seen: dict[int, tuple[float, float]] = {}  # pid -> (CPU s when first seen, last seen)
+        # pid -> (its CPU s before the block: 0 unless it was there at the start, its CPU s last seen)
+        self.seen: dict[int, tuple[float, float]] = {}
         self.stop = threading.Event()
 
     def __enter__(self) -> CoresLeft:
         self.t0, self.busy0, self.self0 = time.monotonic(), _machine_busy_s(), time.process_time()
+        self.seen = {pid: (cpu, cpu) for pid, cpu in _cpu_by_pid(self.mark).items()}
         self.thread = threading.Thread(target=self._sample, daemon=True)
         self.thread.start()
         return self
@@ -131,24 +134,15 @@ class CoresLeft:
         self.stop.set()
         self.thread.join()
         wall = time.monotonic() - self.t0
-        ours = sum(last - (first if born_before else 0.0) for first, last, born_before in self._spans())
+        ours = sum(last - before for before, last in self.seen.values())
         others = (_machine_busy_s() - self.busy0) - ours - (time.process_time() - self.self0)
         cores = len(os.sched_getaffinity(0))
         self.cores = round(min(cores, max(0.5, cores - max(0.0, others) / wall)), 2)
 
-    def _spans(self):
-        return [(first, last, pid in self.before) for pid, (first, last) in self.seen.items()]
-
     def _sample(self) -> None:
-        self.before: set[int] = set()
-        first = True
-        while not self.stop.wait(0.0 if first else 0.02):
+        while not self.stop.wait(0.02):
             for pid, cpu in _cpu_by_pid(self.mark).items():
-                if first:
-                    self.before.add(pid)
-                start = self.seen.get(pid, (cpu, cpu))[0]
-                self.seen[pid] = (start, cpu)
-            first = False
+                self.seen[pid] = (self.seen.get(pid, (0.0, 0.0))[0], cpu)
 
 
 def _cpu_by_pid(mark: bytes) -> dict[int, float]:
@@ -217,8 +211,10 @@ def test_simulator_predicts_the_live_run(tmp_path, name, make_job, trace, within
     raw = make_job()
     jf.write_text(yaml.safe_dump(raw))
     home = tmp_path / "home"
-    with CoresLeft(home) as cores_left:
-        proc = run_cli("launch", "--record-rollouts", str(jf), home=home, timeout=420)
+    real_model = name != "synthetic"  # calibrated as `rlboost simulate` does, on lengths it generated
+    cores_left = CoresLeft(home)
+    with cores_left if real_model else contextlib.nullcontext():
+        proc = run_cli("launch", *(["--record-rollouts"] if real_model else []), str(jf), home=home, timeout=420)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     store = StateStore(home / "state.db")
     job = store.get_job(raw["name"])
@@ -230,21 +226,21 @@ def test_simulator_predicts_the_live_run(tmp_path, name, make_job, trace, within
     live_tokens = sum(s.tokens for s in steps[1:])
     live_cost = summarize(store, job.id).total_dollars
     preempted = [i for i in store.instances(job.id) if i.state == "preempted"]
-    assert preempted or name != "synthetic", "the trace's drops preempted nobody"
+    assert preempted or real_model, "the trace's drops preempted nobody"
 
     timings = observed_timings(home, job)
-    if name == "synthetic":  # a tiny-gpt job's platform timings are calibrated, as `rlboost simulate` does
-        raw["simulate"].update(timings)
-    else:  # what other work on this machine left the job's processes (this machine is shared)
+    if real_model:  # what other work on this machine left the job's processes (this machine is shared)
         raw["simulate"]["cpu_cores"] = timings["cpu_cores"] = cores_left.cores
+    else:  # a tiny-gpt job's platform timings are calibrated, as `rlboost simulate` does
+        raw["simulate"].update(timings)
     jf.write_text(yaml.safe_dump(raw))
     # a tiny-gpt job is calibrated on this machine first (its rates, its cores); synthetic follows `perf`.
     # What a real model generates is its own: the replay samples the live run's recorded lengths.
-    recorded = None if name == "synthetic" else next(home.rglob("rollouts.jsonl"))
+    recorded = next(home.rglob("rollouts.jsonl")) if real_model else None
     replay = sim_cli.prepare(load_spec(jf), None, lengths=recorded)
     res = next(r for r in replay.simulate(sim_cli.pick_policies(["job"], replay.spec)) if r.policy.name == "job")
     assert res.steps == n_steps
-    if name == "synthetic":  # same prompts and lengths (a real model's lengths are its own)
+    if not real_model:  # same prompts and lengths (a real model's lengths are its own)
         assert res.trained_tokens == sum(s.tokens for s in steps)
     sim_s = sum(x["step_s"] for x in res.step_log[1:])
     sim_tokens = sum(x["tokens"] for x in res.step_log[1:])

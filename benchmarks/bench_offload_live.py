@@ -38,7 +38,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from rlboost_cli.spec import JobSpec, load_spec  # noqa: E402
+from contracts.spec import JobSpec, load_spec  # noqa: E402
 from rlboost_cli.state import StateStore  # noqa: E402
 
 ACCELERATOR = "cpu"  # the local job's engines and trainer, priced and modelled as one CPU "accelerator"

@@ -8,7 +8,7 @@ every learner streams finished groups) and each number of spot workers it replay
 `rlboost-rule` (RLBoost's published offload rule) and `rlboost`, all in this one invocation, and prints
 markdown tables: trained tokens/s, throughput and tokens/$ against `sync` and `on-demand`, the paper's
 targets, and a per-step breakdown (where the time of a step goes). Engine and trainer speeds come from
-trainer/policies/perf.py (public measurements, cited there); nothing is fitted to the targets.
+contracts/perf.py (public measurements, cited there); nothing is fitted to the targets.
 """
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from contracts.spec import JobSpec, load_spec
+from providers.pricing import spot_offers, trainer_offer
 from providers.spot_market import constant_trace
-from rlboost_cli.pricing import spot_offers, trainer_offer
-from rlboost_cli.spec import JobSpec, load_spec
 from simulator import PRESETS
 from simulator.core import SimResult, Simulation
 from trainer import scheduling

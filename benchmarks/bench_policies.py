@@ -20,12 +20,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from contracts.spec import load_spec
+from providers.pricing import spot_offers, trainer_offer
 from providers.spot_market import load_trace
-from rlboost_cli.pricing import spot_offers, trainer_offer
-from rlboost_cli.spec import load_spec
+from rlboost_cli.sim_report import results_json
 from simulator import PRESETS
 from simulator.core import Simulation
-from simulator.report import results_json
 
 POLICIES = ("on-demand", "spot-restart", "rlboost-rule", "rlboost", "rlboost-tail")
 

@@ -18,8 +18,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from contracts.spec import load_spec
 from rlboost_cli.ledger import summarize
-from rlboost_cli.spec import load_spec
 from rlboost_cli.state import StateStore
 from simulator import cli as sim_cli
 

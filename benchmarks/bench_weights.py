@@ -85,7 +85,7 @@ def local_model_steps() -> tuple[dict, dict]:
     """The default job's model (examples/local.yaml) before and after one real GRPO update."""
     import torch
 
-    from rlboost_cli.spec import AlgorithmSpec, ModelSpec, TaskSpec
+    from contracts.spec import AlgorithmSpec, ModelSpec, TaskSpec
     from trainer.grpo import Sample
     from trainer.learner import Learner
     from trainer.tasks import EOS
@@ -142,7 +142,7 @@ def hf_learner_versions(pub: object, layers: int, steps: int, lr: float, tmp: Pa
     Returns, per step, what the trainer sees: changed elements, the delta's encodings and sizes."""
     import numpy as np
 
-    from rlboost_cli.spec import AlgorithmSpec, ModelSpec, TaskSpec
+    from contracts.spec import AlgorithmSpec, ModelSpec, TaskSpec
     from tests.hf_fixtures import write_math_jsonl
     from trainer.grpo import Sample
     from trainer.learner import Learner

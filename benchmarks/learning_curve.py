@@ -15,9 +15,9 @@ import time
 import numpy as np
 import torch
 
-from rlboost_cli.spec import JobSpec
+from contracts.spec import JobSpec
 from trainer.learner import Learner, rollout_groups
-from worker.engines.torch_engine import TorchEngine
+from trainer.torch_engine import TorchEngine
 
 
 def apply_overrides(spec: JobSpec, overrides: list[str]) -> JobSpec:

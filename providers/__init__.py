@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from contracts.spec import JobSpec
     from providers.base import Provider
-    from rlboost_cli.spec import JobSpec
 
 # clouds each provider can launch on
 PROVIDER_CLOUDS = {
@@ -198,7 +198,7 @@ def _installed(module: str) -> bool:
 
 # ---- prices -----------------------------------------------------------------------------------
 def price_lookup(spec: JobSpec) -> Any:
-    """The price source for `rlboost_cli.pricing` (None: the local provider's built-in table).
+    """The price source for `providers.pricing` (None: the local provider's built-in table).
 
     It has a `sources` dict (cloud -> where its prices came from) for the plan."""
     if spec.provider == "local":

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
-from providers.bundled_data import local_file
+from contracts.bundled_data import local_file
 
 
 class CatalogError(ValueError):

@@ -15,6 +15,7 @@ import subprocess
 import time
 from pathlib import Path
 
+from contracts.mounts import MOUNT_ROOT_ENV, copy_mounts
 from providers.base import (
     CapacityError,
     InstanceEvent,
@@ -25,7 +26,6 @@ from providers.base import (
     Role,
 )
 from providers.bootstrap import instance_name_re
-from providers.mounts import MOUNT_ROOT_ENV, copy_mounts
 from providers.spot_market import SpotMarket
 
 

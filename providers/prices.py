@@ -3,7 +3,7 @@
 SkyPilot keeps its catalog under `$SKY_RUNTIME_DIR/.sky/catalogs/<version>/<cloud>/vms.csv` (fetched
 on its first use). rlboost reads it through `sky.catalog` so that the prices it ranks candidates by
 are the ones SkyPilot launches at. Where that file is missing it never fetches anything itself: it
-falls back to `providers/data/*_vms.csv` and says so in the plan.
+falls back to `contracts/data/*_vms.csv` and says so in the plan.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ def bundled_catalog(cloud: str) -> Catalog | None:
     name = BUNDLED.get(cloud)
     if name is None:
         return None
-    with resources.as_file(resources.files("providers").joinpath("data", name)) as path:
+    with resources.as_file(resources.files("contracts").joinpath("data", name)) as path:
         return load_catalog(Path(path), cloud=cloud)
 
 
@@ -38,7 +38,7 @@ def sky_catalog_present(cloud: str) -> bool:
 
 
 class CloudPrices:
-    """`prices(accelerator, cloud, region, spot) -> $/h or None` for `rlboost_cli.pricing`.
+    """`prices(accelerator, cloud, region, spot) -> $/h or None` for `providers.pricing`.
 
     `region=None` means "any region": the cheapest one (SkyPilot picks and fails over itself).
     `sources` records where each cloud's prices came from, for the plan.
@@ -56,7 +56,7 @@ class CloudPrices:
         cat = bundled_catalog(cloud)
         if cat is None:
             return None
-        self.sources[cloud] = "bundled snapshot (providers/data)"
+        self.sources[cloud] = "bundled snapshot (contracts/data)"
         return cat.price(name, count, cloud=cloud, region=region, spot=spot)
 
 

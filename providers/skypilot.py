@@ -28,6 +28,7 @@ from typing import Any
 
 import yaml
 
+from contracts.tls import SECRET_ENV
 from providers.base import CapacityError, InstanceEvent, InstanceState, LaunchRequest, ProviderError, Role
 from providers.bootstrap import (
     CONTROL_PORT,
@@ -41,7 +42,6 @@ from providers.bootstrap import (
     pip_spec,
     template,
 )
-from trainer.tls import SECRET_ENV
 
 log = logging.getLogger("rlboost.skypilot")
 

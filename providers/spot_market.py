@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
-from providers.bundled_data import local_file
+from contracts.bundled_data import local_file
 
 
 class TraceError(ValueError):

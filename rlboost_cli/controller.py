@@ -18,6 +18,8 @@ from pathlib import Path
 import httpx
 from rich.console import Console
 
+from contracts.spec import JobSpec
+from contracts.tls import https_url
 from providers.base import (
     CapacityError,
     InstanceKind,
@@ -28,20 +30,18 @@ from providers.base import (
     Role,
 )
 from providers.bootstrap import EXTRAS_ENV
+from providers.pricing import Offer
 from rlboost_cli.job_envs import Redactor, split_envs
 from rlboost_cli.ledger import summarize
 from rlboost_cli.metrics_log import METRICS_FILE, MetricsLog
 from rlboost_cli.metrics_sinks import open_sinks
 from rlboost_cli.node_extras import node_extras
-from rlboost_cli.pricing import Offer
 from rlboost_cli.progress import JobProgress
-from rlboost_cli.spec import JobSpec
 from rlboost_cli.state import StateStore, StepMetrics, UnknownInstanceError
 from rlboost_cli.step_numbers import shown
 from trainer.policies.fleet import StepSample
 from trainer.retry import Backoff as RetryBackoff
 from trainer.scheduling import FleetClock, fleet_goal
-from trainer.tls import https_url
 
 
 class Stop(Exception):
@@ -126,12 +126,12 @@ class Controller:
         self.fleet_target = self.spec.rollout.max_workers
         self.steps_recorded = 0
         self.snapshot: dict = {}
-        from trainer.tls import client_context, job_tls
+        from contracts.tls import client_context, job_tls
 
-        # TLS unless the trainer binds loopback (trainer.tls: auto): a per-job certificate that the
+        # TLS unless the trainer binds loopback (contracts.tls: auto): a per-job certificate that the
         # controller trusts and every worker pins by fingerprint
         bind = "127.0.0.1" if self.provider.name == "local" else "0.0.0.0"
-        self.tls = job_tls(self.spec.trainer.tls, self.run_dir, bind)
+        self.tls = job_tls(self.spec.contracts.tls, self.run_dir, bind)
         self.http = httpx.Client(
             timeout=5.0,
             headers={"Authorization": f"Bearer {self.token}"},

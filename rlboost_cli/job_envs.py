@@ -14,7 +14,7 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
-from rlboost_cli.spec import JobSpec, SpecError, env_name_problem
+from contracts.spec import JobSpec, SpecError, env_name_problem
 
 SECRET_ENVS_FILE = "envs.secret.json"
 # shorter values are not scrubbed from messages: they would mangle ordinary words and numbers

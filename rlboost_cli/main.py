@@ -16,6 +16,8 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from contracts.spec import JobSpec, SpecError, load_spec, spec_to_yaml
+from providers.pricing import PricingError, spot_offers, trainer_offer
 from rlboost_cli.job_envs import (
     SECRET_ENVS_FILE,
     missing_values,
@@ -24,15 +26,13 @@ from rlboost_cli.job_envs import (
     write_secret_envs,
 )
 from rlboost_cli.jobs_ref import resolve_job
-from rlboost_cli.pricing import PricingError, spot_offers, trainer_offer
-from rlboost_cli.spec import JobSpec, SpecError, load_spec, spec_to_yaml
 from rlboost_cli.state import JobExistsError, JobRow, StateStore, UnknownJobError, job_run_dir, rlboost_home
 from rlboost_cli.step_numbers import checkpointed_steps, resume_message
 from rlboost_cli.tables import add_columns, narrow_table
 
 if TYPE_CHECKING:
+    from providers.pricing import Offer
     from providers.spot_market import SpotMarket
-    from rlboost_cli.pricing import Offer
 
 app = typer.Typer(
     add_completion=True,  # --install-completion / --show-completion [bash|zsh|fish|powershell]
@@ -938,8 +938,8 @@ def simulate(
 ) -> None:
     """What would spot save? Replay a spot trace and prices through the scheduling policies on a virtual clock."""
     from providers.spot_market import TraceError
+    from rlboost_cli import sim_report as report
     from simulator import cli as sim_cli
-    from simulator import report
 
     try:
         spec = load_spec(job_file)

@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
-from rlboost_cli.spec import JobSpec
+from contracts.spec import JobSpec
 
 INSTALL_HINT = "pip install 'rlboost[logging]'"
 WANDB_RUN_ID_FILE = "wandb-run-id"

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from contracts.dataset_files import dataset_format
+from contracts.mounts import find_mount, source_path
+from contracts.spec import JobSpec
 from providers.base import Role
-from providers.mounts import find_mount, source_path
-from rlboost_cli.spec import JobSpec
-from trainer.datasets import dataset_format
 
 
 def node_extras(spec: JobSpec, role: Role) -> tuple[str, ...]:

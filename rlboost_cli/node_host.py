@@ -132,14 +132,14 @@ class SkyTrainerNode:
     ) -> api.ControlAddress:
         """Launch the node (or start its task again: `resume`), then wait for its controller to answer
         (its setup installs rlboost first: minutes). `record_rollouts` is a local-provider option."""
+        from contracts.spec import parse_spec
         from providers import price_lookup
         from providers.base import CapacityError, ProviderError, Role
         from providers.bootstrap import EXTRAS_ENV
+        from providers.pricing import PricingError, trainer_offer
         from rlboost_cli.controller import node_files, trainer_request
         from rlboost_cli.node_client import NodeClient
         from rlboost_cli.node_extras import node_extras
-        from rlboost_cli.pricing import PricingError, trainer_offer
-        from rlboost_cli.spec import parse_spec
 
         spec = parse_spec(yaml.safe_load(spec_yaml), source=f"job {self.job.name}")
         envs = split_envs(spec, job_run_dir(self.job))

@@ -106,8 +106,8 @@ def _just_created(job: JobRow) -> bool:
 
 def provider_for(job: JobRow) -> Provider | None:
     """The provider that ran `job`, rebuilt from its stored spec (None: nothing could have launched)."""
+    from contracts.spec import parse_spec
     from providers import make_provider
-    from rlboost_cli.spec import parse_spec
 
     spec = parse_spec(yaml.safe_load(job.spec_yaml) or {"name": job.name}, source=f"job {job.name}")
     # a controller on the trainer node launched from there: the stand-in node keeps the local

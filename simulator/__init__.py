@@ -3,7 +3,7 @@
 The simulator runs the same pure code as a live job - the placement policy and capacity backoff of
 the controller, the spot market's victim choice, dispatch, tail migration, adaptive offload, tail
 batching, the length statistics the policies learn from - against models of what it does not run:
-engines (trainer/policies/perf.py: decode rate by batch size, prefill), training (tokens/s), and
+engines (contracts/perf.py: decode rate by batch size, prefill), training (tokens/s), and
 platform timings (boot, weight pull, step overhead; `simulate:` in the job file).
 """
 

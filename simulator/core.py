@@ -25,9 +25,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from contracts.perf import SYNC_COSTS, EngineModel
+from contracts.spec import JobSpec
+from providers.pricing import Offer
 from providers.spot_market import AvailabilityTrace, SpotMarket
-from rlboost_cli.pricing import Offer
-from rlboost_cli.spec import JobSpec
 from simulator.cores import Work, share
 from simulator.workload import replay_task
 from trainer import scheduling
@@ -44,7 +45,6 @@ from trainer.policies.offload import (
     step_progress,
 )
 from trainer.policies.overlap import busy_between, busy_total, left_to_train, may_train_group, trained_part
-from trainer.policies.perf import SYNC_COSTS, EngineModel
 from trainer.policies.tail_batching import TailBatcher
 from trainer.policies.views import EngineView, ReqView
 from trainer.sampling import request_seed

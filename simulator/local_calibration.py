@@ -31,10 +31,10 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from rlboost_cli.spec import JobSpec, PerfSpec
-from trainer.policies.perf import split_accelerator
+from contracts.perf import split_accelerator
+from contracts.spec import JobSpec, PerfSpec
 
-_WORKER_IMPORTS = "import torch, worker.agent, worker.engines.torch_engine"
+_WORKER_IMPORTS = "import torch, worker.agent, trainer.torch_engine"
 LENGTH_SAMPLES = 2048
 
 
@@ -158,14 +158,14 @@ def calibrate(
     import torch
     from safetensors.torch import load, save
 
+    from contracts.engine import GenRequest
     from simulator.round_trip import PlatformProbe, measure_platform
     from trainer.grpo import Sample
     from trainer.learner import Learner
     from trainer.tasks import make_task
+    from trainer.torch_engine import TorchEngine
     from trainer.weights import WeightPublisher
     from worker.engines import STATIC_BATCH_ENGINES
-    from worker.engines.base import GenRequest
-    from worker.engines.torch_engine import TorchEngine
 
     t_start = time.perf_counter()
     threads = torch.get_num_threads()

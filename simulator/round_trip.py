@@ -26,13 +26,13 @@ from dataclasses import dataclass, replace
 import torch
 from aiohttp import web
 
-from rlboost_cli.spec import JobSpec
+from contracts.engine import Engine, GenRequest
+from contracts.spec import JobSpec
 from trainer import scheduling
 from trainer.coordinator import Coordinator, RolloutRequest
 from trainer.server import build_app
 from trainer.weights import WeightPublisher
 from worker.agent import WorkerAgent, WorkerConfig
-from worker.engines.base import Engine, GenRequest
 
 ROUNDS = 6
 PULLS = 3

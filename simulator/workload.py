@@ -16,8 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
-from providers.mounts import source_path
-from rlboost_cli.spec import JobSpec
+from contracts.mounts import source_path
+from contracts.spec import JobSpec
 from trainer.tasks import EpochOrder, Problem, Task, make_task
 
 CHARS_PER_TOKEN = 4.0

@@ -89,7 +89,7 @@ def write_math_jsonl(path: Path, rows: list[dict] | None = None) -> Path:
 
 def warm_started_weights(model_dir: Path, data: Path, steps: int = 30, seed: int = 0) -> dict:
     """Weights after a short supervised warm start on `data` (the model learns to stop: eos shows up)."""
-    from rlboost_cli.spec import AlgorithmSpec, ModelSpec, TaskSpec
+    from contracts.spec import AlgorithmSpec, ModelSpec, TaskSpec
     from trainer.learner import Learner
 
     learner = Learner(

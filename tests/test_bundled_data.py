@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from providers.bundled_data import bundled_names, bundled_path
+from contracts.bundled_data import bundled_names, bundled_path
+from contracts.spec import SpecError, load_spec
 from providers.catalog import load_catalog
 from providers.spot_market import TraceError, load_trace
-from rlboost_cli.spec import SpecError, load_spec
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared" / "data"

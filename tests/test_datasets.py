@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rlboost_cli.spec import SpecError, load_spec
-from trainer.datasets import DatasetError, Fields, load_jsonl, load_records
+from contracts.dataset_files import DatasetError
+from contracts.spec import SpecError, load_spec
+from trainer.datasets import Fields, load_jsonl, load_records
 from trainer.verifiers import answers_match, extract_answer, last_boxed, math_boxed, normalize
 
 

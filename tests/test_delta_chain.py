@@ -13,7 +13,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rlboost_cli.spec import SpecError, parse_spec
+from contracts.spec import SpecError, parse_spec
 from tests.test_weight_swarm import TOKEN, assert_same, serve
 from trainer import weight_delta
 from trainer.delta_chain import compose_chunk

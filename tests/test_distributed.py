@@ -12,7 +12,7 @@ import torch
 import torch.multiprocessing as mp
 from safetensors.torch import load_file, save_file
 
-from rlboost_cli.spec import AlgorithmSpec, ModelSpec, TaskSpec
+from contracts.spec import AlgorithmSpec, ModelSpec, TaskSpec
 from trainer.grpo import Sample
 from trainer.learner import Learner
 from trainer.tasks import make_task

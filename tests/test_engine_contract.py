@@ -12,9 +12,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rlboost_cli.spec import AlgorithmSpec, ModelSpec, TaskSpec
+from contracts.engine import Engine, GenRequest
+from contracts.spec import AlgorithmSpec, ModelSpec, TaskSpec
 from tests.torch_threads import one_thread  # noqa: F401  (autouse: single-threaded torch)
-from worker.engines.base import Engine, GenRequest
 
 BUDGET = 16
 
@@ -42,7 +42,7 @@ class Kit:
 
 def _tiny_gpt_kit() -> Kit:
     from trainer.learner import Learner
-    from worker.engines.torch_engine import TorchEngine
+    from trainer.torch_engine import TorchEngine
 
     spec = ModelSpec()
     stops = Learner(spec, AlgorithmSpec(), TaskSpec(), seed=0)
@@ -91,7 +91,7 @@ def kit(request) -> Iterator[Kit]:
         return
     spec, weights, prompts, eos = request.getfixturevalue("hf_assets")
     if request.param == "torch-hf":
-        from worker.engines.torch_engine import TorchEngine
+        from trainer.torch_engine import TorchEngine
 
         yield Kit("torch", lambda: TorchEngine(spec, dtype="float32"), weights, prompts, eos, atol=1e-4)
         return

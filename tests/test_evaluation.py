@@ -11,7 +11,7 @@ import pytest
 import torch
 import yaml
 
-from rlboost_cli.spec import AlgorithmSpec, JobSpec, ModelSpec, SpecError, TaskSpec, load_spec, parse_spec
+from contracts.spec import AlgorithmSpec, JobSpec, ModelSpec, SpecError, TaskSpec, load_spec, parse_spec
 from trainer import sampling, sampling_torch
 from trainer.evaluation import Evaluator, describe
 from trainer.learner import Learner
@@ -156,7 +156,7 @@ def test_evaluator_runs_an_hf_model_on_its_held_out_records(tmp_path: Path) -> N
                 break
     got: list[int] = []
     engine = ev._engine_for()
-    from worker.engines.base import GenRequest
+    from contracts.engine import GenRequest
 
     engine.generate(
         [GenRequest("x", list(first.prompt_ids), 6, 1)], lambda r, o, t, lp: got.extend(t), lambda r: False, 0.0

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from rlboost_cli.pricing import PricingError, spot_offers, trainer_offer
-from rlboost_cli.spec import parse_spec
+from contracts.spec import parse_spec
+from providers.pricing import PricingError, spot_offers, trainer_offer
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = sorted((ROOT / "examples").glob("*.yaml")) + sorted((ROOT / "examples" / "simulate").glob("*.yaml"))

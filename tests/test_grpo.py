@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 import torch
 
-from rlboost_cli.spec import AlgorithmSpec, ModelSpec, TaskSpec
+from contracts.spec import AlgorithmSpec, ModelSpec, TaskSpec
 from tests.torch_threads import one_thread  # noqa: F401  (autouse: single-threaded torch)
 from trainer.grpo import Sample, group_advantages, policy_gradient_loss, sample_advantages
 from trainer.learner import Learner, rollout_groups
 from trainer.tasks import EOS
-from worker.engines.torch_engine import TorchEngine
+from trainer.torch_engine import TorchEngine
 
 # ---- advantages and loss ------------------------------------------------------------------------
 

@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from rlboost_cli.spec import AlgorithmSpec, ModelSpec, SpecError, TaskSpec, parse_spec
+from contracts.spec import AlgorithmSpec, ModelSpec, SpecError, TaskSpec, parse_spec
 from tests.test_distributed import _samples
 from tests.torch_threads import one_thread  # noqa: F401  (autouse: single-threaded torch)
 from trainer.grpo import Sample, agg_loss, clipped_ratio, entropy, kl_penalty, policy_gradient_loss

@@ -24,7 +24,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from websockets.sync.client import connect
 
-from rlboost_cli.spec import SpecError, load_spec
+from contracts.spec import SpecError, load_spec
 from tests.chaos import FAULTS, FaultRecord
 from tests.live_trainer import LiveTrainer
 from trainer import protocol as P

@@ -16,9 +16,10 @@ import pytest
 import yaml
 
 import tests.sky_fake  # noqa: F401  (offline SkyPilot first)
+from contracts.mounts import MOUNT_ROOT_ENV, find_mount, mounted_name, node_path
+from contracts.spec import SpecError, load_spec, parse_spec, spec_to_yaml
 from providers.base import InstanceKind, InstanceState, LaunchRequest, Role
 from providers.local import LocalProvider
-from providers.mounts import MOUNT_ROOT_ENV, find_mount, mounted_name, node_path
 from providers.skypilot import SkyPilotProvider
 from rlboost_cli.job_envs import (
     SECRET_ENVS_FILE,
@@ -29,7 +30,6 @@ from rlboost_cli.job_envs import (
     split_envs,
     write_secret_envs,
 )
-from rlboost_cli.spec import SpecError, load_spec, parse_spec, spec_to_yaml
 from tests.cloud_worlds import ScriptedMarket, write_spec
 from tests.conftest import run_cli, run_json
 from tests.sky_fake import FakeSky, sky
@@ -436,8 +436,8 @@ def test_a_failing_launch_records_no_secret(tmp_path):
     from rich.console import Console
 
     from providers.prices import CloudPrices
+    from providers.pricing import spot_offers, trainer_offer
     from rlboost_cli.controller import Controller
-    from rlboost_cli.pricing import spot_offers, trainer_offer
     from rlboost_cli.state import StateStore
 
     spec = parse_spec(

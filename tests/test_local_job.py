@@ -12,8 +12,8 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
+from contracts.spec import JobSpec
 from rlboost_cli.ledger import summarize
-from rlboost_cli.spec import JobSpec
 from rlboost_cli.state import StateStore
 from tests.chaos import BusyWorkerKiller
 from tests.conftest import rlboost_pids, run_cli, run_json

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from contracts.spec import SpecError, parse_spec
 from rlboost_cli.metrics_log import MetricsLog
 from rlboost_cli.metrics_sinks import INSTALL_HINT, flat_numbers, open_sinks, sink_problems
-from rlboost_cli.spec import SpecError, parse_spec
 from tests.conftest import ROOT, run_cli, run_json
 
 SECRET = "s3cret-value-for-sinks"
@@ -87,8 +87,8 @@ def test_a_sink_that_cannot_start_is_reported_and_the_job_keeps_its_jsonl(tmp_pa
 
 
 def test_a_trainer_node_installs_the_logging_extra_when_the_job_logs(tmp_path: Path) -> None:
+    from contracts.spec import spec_to_yaml
     from providers.skypilot import SkyPilotProvider
-    from rlboost_cli.spec import spec_to_yaml
     from tests.sky_fake import FakeSky
     from tests.test_skypilot_node import node_request, sky_job
 

@@ -6,13 +6,13 @@ import numpy as np
 import pytest
 import torch
 
-from rlboost_cli.spec import AlgorithmSpec, ModelSpec, TaskSpec
+from contracts.engine import Engine, GenRequest
+from contracts.spec import AlgorithmSpec, ModelSpec, TaskSpec
 from tests.torch_threads import one_thread  # noqa: F401  (autouse: single-threaded torch)
 from trainer.learner import Learner
 from trainer.model import TinyGPT, TinyGPTConfig, left_pad
 from trainer.tasks import EOS
-from worker.engines.base import Engine, GenRequest
-from worker.engines.torch_engine import TorchEngine
+from trainer.torch_engine import TorchEngine
 
 SPEC = ModelSpec()
 

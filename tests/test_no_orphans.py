@@ -137,7 +137,7 @@ def test_down_all_finds_orphans_of_a_killed_controller(tmp_path, home):
 
 
 def test_examples_are_real_job_files():
-    from rlboost_cli.spec import load_spec
+    from contracts.spec import load_spec
 
     for f in (ROOT / "examples").glob("*.yaml"):
         load_spec(f)

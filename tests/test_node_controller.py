@@ -19,11 +19,11 @@ import httpx
 import pytest
 import yaml
 
+from contracts.spec import SpecError, parse_spec
 from rlboost_cli import control_api as api
 from rlboost_cli.node_client import NodeClient, node_run_dir, read_address, sync
 from rlboost_cli.node_control import ControlServer
 from rlboost_cli.pids import controller_alive
-from rlboost_cli.spec import SpecError, parse_spec
 from rlboost_cli.state import StateStore, StepMetrics
 from tests.conftest import ROOT, rlboost_pids, run_cli, run_json
 from tests.test_operate import PY, Lines, env, job_file, terminal_signals, wait_for

@@ -12,11 +12,11 @@ import pytest
 import yaml
 
 import tests.sky_fake  # noqa: F401  (offline SkyPilot first)
+from contracts.spec import JobSpec, parse_spec, spec_to_yaml
 from providers.base import LaunchRequest, Role
 from providers.bootstrap import EXTRAS_ENV, boot_script
 from providers.skypilot import SkyPilotProvider
 from rlboost_cli.node_extras import node_extras
-from rlboost_cli.spec import JobSpec, parse_spec, spec_to_yaml
 from tests.sky_fake import FakeSky
 from tests.test_job_envs import sky_req
 

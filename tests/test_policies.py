@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from rlboost_cli.pricing import Offer
+from contracts.perf import DEFAULT_PERF, EngineModel, engine_model
+from providers.pricing import Offer
 from trainer.policies.dispatch import plan_dispatch
 from trainer.policies.lengths import LengthModel, LengthStats
 from trainer.policies.migration import MigrationConfig, plan_migrations
@@ -18,7 +19,6 @@ from trainer.policies.offload import (
     pool_finish_s,
     trainer_idle,
 )
-from trainer.policies.perf import DEFAULT_PERF, EngineModel, engine_model
 from trainer.policies.placement import PlacementTracker
 from trainer.policies.tail_batching import TailBatcher
 from trainer.policies.views import EngineView, ReqView

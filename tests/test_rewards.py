@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 import yaml
 
-from rlboost_cli.spec import SpecError, TaskSpec, load_spec
-from trainer.rewards import CustomReward, RewardImportError, import_reward
+from contracts.rewards import CustomReward, RewardImportError, import_reward
+from contracts.spec import SpecError, TaskSpec, load_spec
 from trainer.tasks import EOS, encode, make_task
 
 _names = itertools.count()
@@ -119,7 +119,7 @@ def test_builtin_task_calls_the_function_with_question_response_and_row(rewards_
 def test_jsonl_task_gives_the_whole_row_and_needs_no_answer_field(tmp_path: Path, rewards_module: str) -> None:
     import importlib
 
-    from rlboost_cli.spec import ModelSpec
+    from contracts.spec import ModelSpec
     from tests.hf_fixtures import make_tiny_model
 
     model = make_tiny_model(tmp_path / "m")

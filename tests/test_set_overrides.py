@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from rlboost_cli.spec import SpecError, apply_overrides, load_spec
+from contracts.spec import SpecError, apply_overrides, load_spec
 from rlboost_cli.state import StateStore
 from tests.conftest import ROOT, run_cli
 

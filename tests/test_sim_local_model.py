@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from contracts.spec import parse_spec
+from providers.pricing import spot_offers, trainer_offer
 from providers.spot_market import constant_trace
-from rlboost_cli.pricing import spot_offers, trainer_offer
-from rlboost_cli.spec import parse_spec
 from simulator import PRESETS, simulate_job
 from trainer import scheduling
 from trainer.policies.lengths import LengthModel
@@ -116,7 +116,7 @@ def test_the_platform_is_measured_with_the_real_parts():
     from simulator.round_trip import PlatformProbe, measure_platform
     from trainer.learner import Learner
     from trainer.tasks import make_task
-    from worker.engines.torch_engine import TorchEngine
+    from trainer.torch_engine import TorchEngine
 
     spec = parse_spec(torch_job())
     task = make_task(spec.task, spec.model)

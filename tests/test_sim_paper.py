@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 import yaml
 
-from rlboost_cli.spec import JobSpec, load_spec
+from contracts.perf import DEFAULT_PERF, SYNC_COSTS, EngineModel
+from contracts.spec import JobSpec, load_spec
 from simulator import cli as sim_cli
 from trainer.policies.lengths import LengthStats
 from trainer.policies.offload import NoOffload, PredictiveOffload, offload_tick, step_progress
-from trainer.policies.perf import DEFAULT_PERF, SYNC_COSTS, EngineModel
 
 PAPER = Path(__file__).resolve().parents[1] / "examples/simulate/paper-h100.yaml"
 

@@ -8,9 +8,9 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from contracts.perf import EngineModel
 from trainer.policies.lengths import LengthModel
 from trainer.policies.migration import MigrationConfig, may_gain, plan_migrations
-from trainer.policies.perf import EngineModel
 from trainer.policies.views import EngineView, ReqView
 
 MODELS = (
@@ -89,9 +89,9 @@ def test_memo_view_answers_as_engine_view() -> None:
 def test_step_lengths_are_drawn_once_per_process_and_unchanged() -> None:
     """A sweep's replays look a step's lengths up instead of hashing every request again: the cached
     lengths are the drawn ones, and a replay gives the same result with the cache empty or full."""
+    from contracts.spec import parse_spec
+    from providers.pricing import spot_offers, trainer_offer
     from providers.spot_market import AvailabilityTrace
-    from rlboost_cli.pricing import spot_offers, trainer_offer
-    from rlboost_cli.spec import parse_spec
     from simulator import core
     from tests.test_simulator import job
     from trainer.policies.lengths import prompt_key

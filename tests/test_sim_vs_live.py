@@ -30,8 +30,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from contracts.spec import load_spec
 from rlboost_cli.ledger import summarize
-from rlboost_cli.spec import load_spec
 from rlboost_cli.state import StateStore
 from simulator import cli as sim_cli
 from tests.conftest import run_cli

@@ -11,7 +11,7 @@ from dataclasses import replace
 import pytest
 import yaml
 
-from rlboost_cli.spec import parse_spec
+from contracts.spec import parse_spec
 from simulator import PRESETS, report
 from simulator import cli as sim_cli
 from simulator.core import SimResult

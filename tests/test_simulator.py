@@ -7,9 +7,9 @@ import time
 
 import pytest
 
+from contracts.spec import parse_spec
+from providers.pricing import spot_offers, trainer_offer
 from providers.spot_market import AvailabilityTrace
-from rlboost_cli.pricing import spot_offers, trainer_offer
-from rlboost_cli.spec import parse_spec
 from simulator import PRESETS, simulate_job
 from simulator.core import policy_from_spec
 from tests.conftest import run_cli

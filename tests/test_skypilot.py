@@ -253,10 +253,10 @@ def sky_controller(tmp_path: Path, spec, fake: FakeSky, stub: TrainerStub, **pro
     Controller that runs it against `stub` (the trainer's status)."""
     from rich.console import Console
 
+    from contracts.spec import spec_to_yaml
     from providers.prices import CloudPrices
+    from providers.pricing import spot_offers, trainer_offer
     from rlboost_cli.controller import Controller
-    from rlboost_cli.pricing import spot_offers, trainer_offer
-    from rlboost_cli.spec import spec_to_yaml
     from rlboost_cli.state import StateStore
 
     fake.endpoint = stub.addr
@@ -276,9 +276,9 @@ def sky_controller(tmp_path: Path, spec, fake: FakeSky, stub: TrainerStub, **pro
 
 
 def test_controller_bids_backs_off_replaces_preempted_and_tears_everything_down(tmp_path, fake):
+    from contracts.spec import parse_spec
     from providers.prices import CloudPrices
-    from rlboost_cli.pricing import spot_offers
-    from rlboost_cli.spec import parse_spec
+    from providers.pricing import spot_offers
 
     spec = parse_spec(
         {
@@ -332,10 +332,10 @@ def test_controller_bids_backs_off_replaces_preempted_and_tears_everything_down(
 def test_a_worker_draining_on_its_notice_is_marked_notice_so_a_replacement_starts_early(tmp_path, fake):
     from rich.console import Console
 
+    from contracts.spec import parse_spec, spec_to_yaml
     from providers.prices import CloudPrices
+    from providers.pricing import spot_offers, trainer_offer
     from rlboost_cli.controller import Controller
-    from rlboost_cli.pricing import spot_offers, trainer_offer
-    from rlboost_cli.spec import parse_spec, spec_to_yaml
     from rlboost_cli.state import StateStore
 
     spec = parse_spec(
@@ -373,7 +373,7 @@ def test_a_worker_draining_on_its_notice_is_marked_notice_so_a_replacement_start
 
 def test_the_controller_asks_each_node_for_the_extras_the_job_needs(tmp_path, fake, monkeypatch):
     """An hf job on parquet: the trainer's node installs `hf` and `data`, a spot worker's `hf` only."""
-    from rlboost_cli.spec import parse_spec
+    from contracts.spec import parse_spec
 
     monkeypatch.delenv("RLBOOST_PIP_SPEC", raising=False)
     spec = parse_spec(

@@ -22,6 +22,7 @@ import pytest
 import yaml
 
 import tests.sky_fake  # noqa: F401  (offline SkyPilot first)
+from contracts.spec import SpecError, parse_spec, spec_to_yaml
 from providers.base import CapacityError, InstanceKind, LaunchRequest, Role
 from providers.bootstrap import CONTROL_PORT, TRAINER_PORT
 from providers.node_address import NoPublicAddress, public_host
@@ -30,7 +31,6 @@ from providers.trainer_here import public_endpoint
 from rlboost_cli.node_client import NodeClient
 from rlboost_cli.node_control import ControlServer
 from rlboost_cli.node_host import NodeStartError, SkyTrainerNode, trainer_node
-from rlboost_cli.spec import SpecError, parse_spec, spec_to_yaml
 from rlboost_cli.state import StateStore
 from tests.conftest import ROOT, rlboost_pids
 from tests.sky_fake import FakeSky

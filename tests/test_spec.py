@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from rlboost_cli.spec import SpecError, load_spec, parse_spec
+from contracts.spec import SpecError, load_spec, parse_spec
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -130,7 +130,7 @@ def test_unquoted_exponent_floats_are_numbers(tmp_path):
     "path", sorted((ROOT / "examples").glob("*.yaml")) + sorted((ROOT / "examples" / "simulate").glob("*.yaml"))
 )
 def test_every_example_loads_and_round_trips(path):
-    from rlboost_cli.spec import load_yaml, spec_to_yaml
+    from contracts.spec import load_yaml, spec_to_yaml
 
     spec = load_spec(path)
     assert parse_spec(load_yaml(spec_to_yaml(spec))) == spec  # the saved spec.yaml validates too

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 import pytest
 import torch
 
-from rlboost_cli.spec import AlgorithmSpec, ModelSpec, TaskSpec
+from contracts.spec import AlgorithmSpec, ModelSpec, TaskSpec
 from tests.test_distributed import _samples
 from tests.torch_threads import one_thread  # noqa: F401  (autouse: single-threaded torch)
 from trainer.grpo import Sample

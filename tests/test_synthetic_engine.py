@@ -10,9 +10,9 @@ import sys
 import numpy as np
 import pytest
 
+from contracts.perf import EngineModel
 from trainer import token_frames
 from trainer.policies.lengths import LengthModel
-from trainer.policies.perf import EngineModel
 from worker.engines import Engine, GenRequest, make_engine
 from worker.engines.synthetic import EOS, SyntheticEngine, token_at
 

@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from rlboost_cli.spec import TaskSpec
+from contracts.spec import TaskSpec
 from trainer.tasks import BOS, EOS, PAD, SEP, SYMBOLS, VOCAB_SIZE, decode, encode, make_task
 
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 from aiohttp import web
 
-from rlboost_cli.spec import AlgorithmSpec, ModelSpec, TaskSpec
+from contracts.spec import AlgorithmSpec, ModelSpec, TaskSpec
 from trainer import weight_delta
 from trainer.grpo import Sample
 from trainer.learner import Learner

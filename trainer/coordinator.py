@@ -29,6 +29,7 @@ import numpy as np
 from aiohttp import WSMsgType, web
 from pydantic import ValidationError
 
+from contracts.perf import AcceleratorPerf, EngineModel, engine_model
 from trainer import protocol as P
 from trainer import token_frames
 from trainer.policies.dispatch import plan_dispatch
@@ -42,7 +43,6 @@ from trainer.policies.offload import (
     offload_tick,
     step_progress,
 )
-from trainer.policies.perf import AcceleratorPerf, EngineModel, engine_model
 from trainer.policies.views import EngineView, ReqView
 from trainer.rollout_book import ProtocolViolation, Response, RolloutBook
 from trainer.sampling import request_seed

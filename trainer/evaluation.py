@@ -14,10 +14,10 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 
-from rlboost_cli.spec import JobSpec
+from contracts.engine import GenRequest
+from contracts.spec import JobSpec
 from trainer.sampling import request_seed
 from trainer.tasks import Problem, Task
-from worker.engines.base import GenRequest
 
 PASS_AT = 1.0  # a response passes when its reward reaches this
 
@@ -33,7 +33,7 @@ class Evaluator:
 
     def _engine_for(self):
         if self._engine is None:
-            from worker.engines.torch_engine import TorchEngine
+            from trainer.torch_engine import TorchEngine
 
             ro, m = self.spec.rollout, self.spec.model
             dtype = ro.engine_dtype

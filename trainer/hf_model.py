@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from rlboost_cli.spec import ModelSpec
+from contracts.spec import ModelSpec
 
 TORCH_DTYPES = {
     "float32": torch.float32,

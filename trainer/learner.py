@@ -46,7 +46,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from rlboost_cli.spec import AlgorithmSpec, ModelSpec, TaskSpec
+from contracts.engine import Engine, GenRequest
+from contracts.spec import AlgorithmSpec, ModelSpec, TaskSpec
 from trainer.grpo import (
     Sample,
     agg_units,
@@ -59,7 +60,6 @@ from trainer.grpo import (
 from trainer.model import TinyGPT, from_spec, left_pad
 from trainer.sampling import request_seed
 from trainer.tasks import Problem, Task, make_task
-from worker.engines.base import Engine, GenRequest
 
 if TYPE_CHECKING:
     from trainer.distributed import DistContext

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from rlboost_cli.spec import ModelSpec
+from contracts.spec import ModelSpec
 from trainer.tasks import PAD, VOCAB_SIZE
 
 # Per layer: (keys, values), each [B, n_head, T_past, head_dim].

@@ -101,7 +101,7 @@ worker_msg = TypeAdapter(WorkerMsg)
 
 
 # in Welcome.model: true when model.path is a node path in a file_mounts destination (`~/models/x`),
-# which each worker finds where its own node has the mount (providers.mounts.node_path)
+# which each worker finds where its own node has the mount (contracts.mounts.node_path)
 MOUNTED_PATH_KEY = "path_in_mount"
 
 

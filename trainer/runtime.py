@@ -22,8 +22,9 @@ import numpy as np
 import torch
 from aiohttp import web
 
-from rlboost_cli.spec import JobSpec
-from trainer import checkpoint, distributed, scheduling, tls
+from contracts import tls
+from contracts.spec import JobSpec
+from trainer import checkpoint, distributed, scheduling
 from trainer.broadcast_sender import BroadcastSender, Receiver
 from trainer.coordinator import Coordinator, RolloutRequest
 from trainer.evaluation import Evaluator, describe
@@ -115,7 +116,7 @@ class TrainerRuntime:
             "steps": self.spec.algorithm.steps,
             "version": self.publisher.latest if self.publisher.latest is not None else -1,
             "reward": last["reward"] if last else None,
-            # a custom reward's failures so far (kind -> count), each scored 0.0 (trainer/rewards.py)
+            # a custom reward's failures so far (kind -> count), each scored 0.0 (contracts/rewards.py)
             "reward_errors": dict(self.task.custom.errors) if self.task.custom else {},
             "tokens_total": c.tokens_total if c else 0,
             "responses_total": c.responses_total if c else 0,
@@ -140,10 +141,10 @@ class TrainerRuntime:
         app = build_app(self.token, self.coord, self.publisher, self.status, self.shutdown_requested.set)
         runner = web.AppRunner(app, handle_signals=False)
         await runner.setup()
-        # TLS (spec trainer.tls; auto = on off loopback): the controller's certificate from env, or a
+        # TLS (spec contracts.tls; auto = on off loopback): the controller's certificate from env, or a
         # self-signed one made here (its fingerprint is written to run_dir/tls-fingerprint).
         ssl_ctx = None
-        if tls.server_tls_on(spec.trainer.tls, host):
+        if tls.server_tls_on(spec.contracts.tls, host):
             files = tls.server_files(self.run_dir, sorted({url_host, "127.0.0.1", "localhost"}))
             ssl_ctx, self.tls_fingerprint = tls.server_context(files.cert, files.key), files.fingerprint
             write_atomic(self.run_dir / "tls-fingerprint", files.fingerprint)

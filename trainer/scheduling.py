@@ -9,13 +9,13 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING
 
-from providers.mounts import mounted_name
-from rlboost_cli.spec import JobSpec
+from contracts.mounts import mounted_name
+from contracts.perf import AcceleratorPerf, EngineModel, engine_model, split_accelerator, train_rate
+from contracts.spec import JobSpec
 from trainer.policies.fleet import FleetGoal, FleetPolicy, Objective
 from trainer.policies.lengths import LengthModel
 from trainer.policies.migration import MigrationConfig
 from trainer.policies.offload import OffloadPolicy, make_offload
-from trainer.policies.perf import AcceleratorPerf, EngineModel, engine_model, split_accelerator, train_rate
 from trainer.policies.placement import PlacementTracker
 from trainer.protocol import MOUNTED_PATH_KEY
 

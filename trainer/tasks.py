@@ -15,8 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from rlboost_cli.spec import ModelSpec, TaskSpec
-from trainer.rewards import CustomReward, is_import_path
+from contracts.rewards import CustomReward, is_import_path
+from contracts.spec import ModelSpec, TaskSpec
 
 PAD, BOS, EOS, SEP = 0, 1, 2, 3
 SYMBOLS = "0123456789abcdefghijklmnopqrstuvwxyz+"
@@ -56,7 +56,7 @@ class Problem:
     text: str  # e.g. "^abc=cba$", for logs
     answer: str = ""  # a dataset problem's reference answer (what the verifier compares with)
     index: int = -1  # a dataset problem's record number
-    # what a custom reward (trainer/rewards.py) is given: the prompt text and the dataset row
+    # what a custom reward (contracts/rewards.py) is given: the prompt text and the dataset row
     prompt_text: str = ""
     row: dict = field(default_factory=dict)
 
@@ -227,6 +227,7 @@ class JsonlTask(Task):
     name = "jsonl"
 
     def __init__(self, spec: TaskSpec, tokenizer: Any) -> None:
+        from contracts import dataset_files
         from trainer import datasets, hf_model, verifiers
 
         assert spec.path is not None
@@ -246,7 +247,7 @@ class JsonlTask(Task):
                 spec.eval_path,
                 fields,
                 spec.eval_split,
-                default_split=datasets.DEFAULT_EVAL_SPLIT,
+                default_split=dataset_files.DEFAULT_EVAL_SPLIT,
                 split_key="task.eval_split",
             )
             self._eval = [(r, self._encode_prompt(r.prompt)) for r in held]
@@ -255,7 +256,7 @@ class JsonlTask(Task):
             n = len(self.records)
             n_eval = max(1, round(fraction * n))
             if n_eval >= n:
-                raise datasets.DatasetError(
+                raise dataset_files.DatasetError(
                     f"{spec.path}: {n} records cannot spare {n_eval} for evaluation and still train "
                     "(lower task.eval_fraction, or give task.eval_path)"
                 )

@@ -41,7 +41,7 @@ def main() -> int:
     )
     fp = os.environ.get("RLBOOST_TLS_FINGERPRINT") or None
     if fp:
-        from trainer.tls import normalize_fingerprint
+        from contracts.tls import normalize_fingerprint
 
         try:
             cfg.tls_fingerprint = normalize_fingerprint(fp)

@@ -15,8 +15,9 @@ from urllib.parse import urlsplit
 
 import aiohttp
 
+from contracts import tls
 from trainer import protocol as P
-from trainer import tls, token_frames
+from trainer import token_frames
 from worker.engines import Engine, GenRequest, make_engine
 from worker.notice import NoticeWatcher
 from worker.peer_server import WeightNode

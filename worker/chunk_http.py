@@ -20,8 +20,8 @@ import time
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
+from contracts.tls import ENV_FINGERPRINT, check_pin, normalize_fingerprint, pinned_socket_context
 from trainer import digest
-from trainer.tls import ENV_FINGERPRINT, check_pin, normalize_fingerprint, pinned_socket_context
 from trainer.weights import RateLimit
 
 PIECE = 1024 * 1024  # bytes per readinto: hashed while still in L2; fewer Python-level calls than 256 KiB

@@ -34,8 +34,8 @@ from typing import TYPE_CHECKING
 import aiohttp
 from aiohttp import web
 
+from contracts.tls import ENV_FINGERPRINT
 from trainer.region_fanout import region_key
-from trainer.tls import ENV_FINGERPRINT
 from trainer.weight_broadcast import BroadcastError
 from trainer.weight_tracker import encode_bits
 from trainer.weights import ChunkInfo, HostBuffer, Manifest, RateLimit, ServeCounters, add_chunk_routes
@@ -183,7 +183,7 @@ class PeerServer:
         await self._runner.setup()
         ssl_ctx, pin = None, ""
         if self.tls:  # a TLS job: peers get this worker's own self-signed certificate, pinned via the URL
-            from trainer.tls import make_self_signed, server_context
+            from contracts.tls import make_self_signed, server_context
 
             self._tls_dir = tempfile.TemporaryDirectory(prefix="rlboost-peer-tls-")
             files = make_self_signed(Path(self._tls_dir.name), [host if host not in ("0.0.0.0", "::") else "127.0.0.1"])

@@ -16,7 +16,7 @@ import heapq
 import math
 from collections.abc import Sequence
 
-from trainer.policies.perf import EngineModel
+from contracts.perf import EngineModel
 from trainer.policies.views import EngineView, ReqView
 
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from trainer.policies.perf import EngineModel
+from contracts.perf import EngineModel
 from trainer.policies.views import EngineView, ReqView
 
 

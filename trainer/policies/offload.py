@@ -29,8 +29,8 @@ from typing import Literal, Protocol
 
 import numpy as np
 
+from contracts.perf import EngineModel
 from trainer.policies.lengths import LengthStats
-from trainer.policies.perf import EngineModel
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from trainer.policies.perf import EngineModel
+from contracts.perf import EngineModel
 
 
 @dataclass

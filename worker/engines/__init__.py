@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 
-from worker.engines.base import Engine, GenRequest
+from contracts.engine import Engine, GenRequest
 
 log = logging.getLogger(__name__)
 
@@ -12,7 +12,7 @@ log = logging.getLogger(__name__)
 def model_on_this_node(model: dict) -> dict:
     """The welcome's model with model.path where this node has it: a path in a file_mounts destination
     is this node's own copy of the mount."""
-    from providers.mounts import node_path
+    from contracts.mounts import node_path
     from trainer.protocol import MOUNTED_PATH_KEY
 
     out = dict(model)
@@ -37,7 +37,7 @@ STATIC_BATCH_ENGINES = frozenset({"torch"})
 
 def make_engine(name: str, model: dict, dtype: str, max_batch: int) -> Engine:
     if name in ("torch", "vllm"):
-        from rlboost_cli.spec import ModelSpec
+        from contracts.spec import ModelSpec
 
         spec = ModelSpec.model_validate(model_on_this_node(model))
         if dtype == "auto":  # an hf model runs in its own dtype, tiny-gpt in float32
@@ -46,7 +46,7 @@ def make_engine(name: str, model: dict, dtype: str, max_batch: int) -> Engine:
             from worker.engines.vllm_engine import VllmEngine
 
             return VllmEngine(spec, dtype=dtype, max_batch=max_batch)
-        from worker.engines.torch_engine import TorchEngine
+        from trainer.torch_engine import TorchEngine
 
         return TorchEngine(spec, dtype=dtype, max_batch=max_batch)
     if name == "synthetic":

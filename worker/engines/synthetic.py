@@ -1,7 +1,7 @@
 """The synthetic engine: deterministic tokens at a modelled rate, with a prefill cost. No torch, no GPU.
 
 It drives the control plane (coordinator, migration, offload, weight versions) at any scale without a
-model. Timing follows trainer/policies/perf.py (continuous batching: a decode step of n sequences takes
+model. Timing follows contracts/perf.py (continuous batching: a decode step of n sequences takes
 step_time(n); admitting requests stalls decoding for their prefill), so a live run and the simulator
 share one model. Token t of a response is a hash of (request seed, t) and the response ends with EOS at
 the length LengthModel gives for (prompt, seed): a migrated response continues exactly as it would
@@ -16,9 +16,9 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from contracts.engine import FinishReason, GenRequest, OnTokens, check_requests
+from contracts.perf import AcceleratorPerf, EngineModel, engine_model
 from trainer.policies.lengths import LengthModel, mix64
-from trainer.policies.perf import AcceleratorPerf, EngineModel, engine_model
-from worker.engines.base import FinishReason, GenRequest, OnTokens, check_requests
 
 EOS = 2
 _FIRST_SYMBOL, _N_SYMBOLS = 4, 37  # the tiny tasks' symbol ids, so rewards and decode still work

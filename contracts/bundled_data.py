@@ -1,4 +1,4 @@
-"""Data files shipped inside the package (providers/data): price catalogs and spot traces.
+"""Data files shipped inside the package (contracts/data): price catalogs and spot traces.
 
 A job file's `local.trace` / `local.catalog` (and `rlboost simulate --trace/--catalog`) name one as
 `bundled:<file>`, e.g. `bundled:traces/p3-trace.csv`, so that the shipped examples work after a plain
@@ -40,7 +40,7 @@ def bundled_path(name: str | Path) -> Path:
 
 def _root() -> Path:
     # setuptools installs the package as plain files, so the data folder is a real directory
-    return Path(str(resources.files("providers").joinpath("data")))
+    return Path(str(resources.files("contracts").joinpath("data")))
 
 
 def local_file(path: str | Path) -> Path:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from rlboost_cli.spec import JobSpec, SpotCandidate
+from contracts.spec import JobSpec, SpotCandidate
 
 # A real cloud's price source: (accelerator, cloud, region or None = any, spot) -> $/h or None.
 # When given, it replaces the built-in local table (a real cloud is never priced from it).

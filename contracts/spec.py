@@ -15,7 +15,7 @@ from typing import Annotated, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from providers.bundled_data import bundled_path, is_bundled
+from contracts.bundled_data import bundled_path, is_bundled
 
 PROVIDERS = ("local", "skypilot", "aws", "gcp")
 ENGINES = ("torch", "vllm", "synthetic")
@@ -154,11 +154,11 @@ VERIFIER_NAMES = ("exact_match", "math_boxed")
 class TaskSpec(Strict):
     """A verifiable task: a built-in string task with an exact-match reward (tiny-gpt), or a JSONL
     prompt dataset (trainer/datasets.py) scored by a verifier (trainer/verifiers.py), for kind: hf.
-    Either kind may instead be scored by the user's own function (trainer/rewards.py)."""
+    Either kind may instead be scored by the user's own function (contracts/rewards.py)."""
 
     name: Literal["reverse", "copy", "add", "sort", "jsonl"] = "reverse"
     # a built-in verifier, or an import path `module:function` called as
-    # function(prompt: str, response: str, row: dict) -> float (trainer/rewards.py)
+    # function(prompt: str, response: str, row: dict) -> float (contracts/rewards.py)
     reward: str = "exact_match"
     min_len: Annotated[int, Field(ge=1, le=64)] = 3
     max_len: Annotated[int, Field(ge=1, le=64)] = 6
@@ -194,7 +194,7 @@ class TaskSpec(Strict):
     @field_validator("reward")
     @classmethod
     def _reward(cls, v: str) -> str:
-        from trainer.rewards import RewardImportError, import_reward, is_import_path
+        from contracts.rewards import RewardImportError, import_reward, is_import_path
 
         if v in VERIFIER_NAMES:
             return v
@@ -375,7 +375,7 @@ class LocalSpec(Strict):
 
     # An availability trace: Bamboo-style `t_ms,add|remove,nodeK` CSV, GCP `date, time, N` lines,
     # or JSON `{"metadata": {"gap_seconds": G}, "data": [n0, n1, ...]}`. None = the built-in trace.
-    # `bundled:traces/<file>` names one shipped with the package (providers/data/traces).
+    # `bundled:traces/<file>` names one shipped with the package (contracts/data/traces).
     trace: LaxPath | None = None
     # Trace seconds that pass per wall-clock second.
     time_scale: Annotated[float, Field(gt=0)] = 60.0
@@ -495,7 +495,7 @@ class JobSpec(Strict):
     @field_validator("file_mounts")
     @classmethod
     def _mounts(cls, v: dict[str, str]) -> dict[str, str]:
-        from providers.mounts import destination_problem
+        from contracts.mounts import destination_problem
 
         for dest, source in v.items():
             problem = destination_problem(dest)
@@ -617,7 +617,7 @@ class JobSpec(Strict):
                     )
 
     def _check_perf(self) -> None:
-        from trainer.policies.perf import DEFAULT_PERF
+        from contracts.perf import DEFAULT_PERF
 
         self._check_perf_models()
 
@@ -641,7 +641,7 @@ class JobSpec(Strict):
         """Accelerators the scheduling models need a performance model for (else a KeyError on the
         trainer node, mid-job): the trainer's (its training rate sizes the offload), and for synthetic
         engines every candidate's (their speed is the model)."""
-        from trainer.policies.perf import DEFAULT_PERF, split_accelerator
+        from contracts.perf import DEFAULT_PERF, split_accelerator
 
         known = {k.lower() for k in (*DEFAULT_PERF, *self.perf)}
         needs: list[tuple[str, str | None]] = []
@@ -662,7 +662,7 @@ class JobSpec(Strict):
         """The performance table: built-in models with this job's overrides (name -> AcceleratorPerf)."""
         from dataclasses import replace
 
-        from trainer.policies.perf import DEFAULT_PERF, AcceleratorPerf
+        from contracts.perf import DEFAULT_PERF, AcceleratorPerf
 
         table = dict(DEFAULT_PERF)
         for name, p in self.perf.items():
@@ -878,7 +878,7 @@ def resolve_paths(spec: JobSpec, base: Path, *, on_node: bool = False) -> JobSpe
 
 def _resolve_mount_sources(spec: JobSpec, base: Path) -> JobSpec:
     """file_mounts' local sources and workdir, relative to the job file, must exist."""
-    from providers.mounts import is_bucket
+    from contracts.mounts import is_bucket
 
     mounts = {}
     for dest, source in spec.file_mounts.items():
@@ -903,7 +903,7 @@ def _resolve_mount_sources(spec: JobSpec, base: Path) -> JobSpec:
 def _check_dataset(full: Path, task: TaskSpec, held_out: bool = False) -> None:
     """A dataset path that exists (task.path, or task.eval_path when `held_out`): a format rlboost reads,
     its split, and the libraries reading it needs (the `data` extra), all before anything launches."""
-    from trainer import datasets
+    from contracts import dataset_files as datasets
 
     key, split_key = ("task.eval_path", "task.eval_split") if held_out else ("task.path", "task.split")
     split = task.eval_split if held_out else task.split
@@ -937,7 +937,7 @@ def _path_in_mount(key: str, raw: str, spec: JobSpec, on_node: bool, check: Call
     destination (`~/data/train.jsonl`): checked with `check` at its local source on the launching
     machine (a bucket cannot be checked), read on the node where the mount put it (the path returned
     there). None when it is an ordinary local path."""
-    from providers.mounts import find_mount, node_path, source_path
+    from contracts.mounts import find_mount, node_path, source_path
 
     hit = find_mount(raw, spec.file_mounts)
     if hit is None:

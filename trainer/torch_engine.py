@@ -15,12 +15,12 @@ from collections.abc import Callable, Mapping
 import numpy as np
 import torch
 
-from rlboost_cli.spec import ModelSpec
+from contracts.engine import FinishReason, GenRequest, OnTokens, check_requests
+from contracts.spec import ModelSpec
 from trainer import sampling_torch
 from trainer.model import TinyGPT, from_spec, left_pad
 from trainer.sampling import sample
 from trainer.tasks import EOS, PAD
-from worker.engines.base import FinishReason, GenRequest, OnTokens, check_requests
 
 _DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16, "float16": torch.float16}
 

@@ -121,7 +121,7 @@ class TlsConfigError(Exception):
 
 
 def tls_wanted(mode: str, bind_host: str) -> bool:
-    """spec `contracts.tls`: on, off, or auto (on unless the trainer binds loopback)."""
+    """spec `trainer.tls`: on, off, or auto (on unless the trainer binds loopback)."""
     if mode == "on":
         return True
     if mode == "off":

@@ -128,10 +128,10 @@ class Controller:
         self.snapshot: dict = {}
         from contracts.tls import client_context, job_tls
 
-        # TLS unless the trainer binds loopback (contracts.tls: auto): a per-job certificate that the
+        # TLS unless the trainer binds loopback (trainer.tls: auto): a per-job certificate that the
         # controller trusts and every worker pins by fingerprint
         bind = "127.0.0.1" if self.provider.name == "local" else "0.0.0.0"
-        self.tls = job_tls(self.spec.contracts.tls, self.run_dir, bind)
+        self.tls = job_tls(self.spec.trainer.tls, self.run_dir, bind)
         self.http = httpx.Client(
             timeout=5.0,
             headers={"Authorization": f"Bearer {self.token}"},

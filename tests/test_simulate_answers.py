@@ -12,7 +12,8 @@ import pytest
 import yaml
 
 from contracts.spec import parse_spec
-from simulator import PRESETS, report
+from rlboost_cli import sim_report as report
+from simulator import PRESETS
 from simulator import cli as sim_cli
 from simulator.core import SimResult
 from tests.conftest import run_cli

@@ -1,4 +1,4 @@
-"""TLS end to end: a real trainer process serving https (contracts.tls: on, on loopback) and a worker
+"""TLS end to end: a real trainer process serving https (trainer.tls: on, on loopback) and a worker
 process pinning the certificate's fingerprint (WebSocket, weight pulls, tracker); an unpinned or wrongly pinned worker
 is refused; every trainer route is still behind the job token."""
 

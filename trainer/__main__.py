@@ -39,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
         if not (args.tls_cert and args.tls_key):
             print("error: --tls-cert and --tls-key go together", file=sys.stderr)
             return 2
-        # read by TrainerRuntime.serve (contracts/tls.py server_files); TLS is then on unless contracts.tls: off
+        # read by TrainerRuntime.serve (contracts/tls.py server_files); TLS is then on unless trainer.tls: off
         os.environ["RLBOOST_TLS_CERT"], os.environ["RLBOOST_TLS_KEY"] = str(args.tls_cert), str(args.tls_key)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     token = os.environ.get("RLBOOST_JOB_TOKEN")

@@ -141,10 +141,10 @@ class TrainerRuntime:
         app = build_app(self.token, self.coord, self.publisher, self.status, self.shutdown_requested.set)
         runner = web.AppRunner(app, handle_signals=False)
         await runner.setup()
-        # TLS (spec contracts.tls; auto = on off loopback): the controller's certificate from env, or a
+        # TLS (spec trainer.tls; auto = on off loopback): the controller's certificate from env, or a
         # self-signed one made here (its fingerprint is written to run_dir/tls-fingerprint).
         ssl_ctx = None
-        if tls.server_tls_on(spec.contracts.tls, host):
+        if tls.server_tls_on(spec.trainer.tls, host):
             files = tls.server_files(self.run_dir, sorted({url_host, "127.0.0.1", "localhost"}))
             ssl_ctx, self.tls_fingerprint = tls.server_context(files.cert, files.key), files.fingerprint
             write_atomic(self.run_dir / "tls-fingerprint", files.fingerprint)

@@ -38,7 +38,7 @@ import aiohttp  # noqa: E402
 import httpx  # noqa: E402
 
 from trainer import digest  # noqa: E402
-from trainer.weights import Manifest  # noqa: E402
+from trainer.weight_manifest import Manifest  # noqa: E402
 from worker.chunk_http import PIECE, HttpConn, Partial  # noqa: E402
 from worker.weight_pull import fetch_into  # noqa: E402
 
@@ -70,9 +70,7 @@ def pull_raw(url: str, m: Manifest, dest: memoryview, parallel: int) -> None:
             while (c := take()) is not None:
                 info = m.chunks[c]
                 view = dest[info.offset : info.offset + info.size]
-                fetch_into(
-                    conn, f"/v1/weights/{m.version}/chunks/{c}", info.size, info.digest, view, Partial.new(m.digest)
-                )
+                fetch_into(conn, f"/v1/weights/{m.version}/chunks/{c}", info.digest, view, Partial.new(m.digest))
         finally:
             conn.close()
 

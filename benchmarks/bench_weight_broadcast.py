@@ -35,8 +35,8 @@ def member(mode: str, plan_file: str, name: str, base_url: str) -> int:
 
     from trainer.weight_broadcast import BroadcastPlan, receive
     from trainer.weights import HostBuffer
-    from worker.peer_server import WeightStore
-    from worker.weight_pull import pull_weights
+    from worker.weight_pull import PullOptions, pull_weights
+    from worker.weight_store import WeightStore
 
     torch.set_num_threads(1)
     plan = BroadcastPlan.model_validate_json(Path(plan_file).read_text())
@@ -49,7 +49,7 @@ def member(mode: str, plan_file: str, name: str, base_url: str) -> int:
     if mode == "torch":
         receive(plan, name, buf)
     else:
-        asyncio.run(pull_weights(base_url, plan.version, store=store, swarm=False, delta=False))
+        asyncio.run(pull_weights(base_url, plan.version, PullOptions(swarm=False, delta=False), store=store))
     print("done", flush=True)
     return 0
 

@@ -206,7 +206,7 @@ def delta_report(pub: object, version: int) -> dict:
     import numpy as np
 
     from trainer import weight_delta
-    from trainer.weights import itemsize
+    from trainer.weight_manifest import DENSE, SPARSE, itemsize
 
     t0 = time.monotonic()
     new_p, old_p = pub._get(version), pub._get(version - 1)  # type: ignore[attr-defined]
@@ -230,8 +230,8 @@ def delta_report(pub: object, version: int) -> dict:
             values[k] += v
     return {
         "changed_fraction": changed / elems,
-        "sparse_chunks": sum(d.encoding == weight_delta.SPARSE for d in dm.chunks if d.size),
-        "dense_chunks": sum(d.encoding == weight_delta.DENSE for d in dm.chunks if d.size),
+        "sparse_chunks": sum(d.encoding == SPARSE for d in dm.chunks if d.size),
+        "dense_chunks": sum(d.encoding == DENSE for d in dm.chunks if d.size),
         "unchanged_chunks": sum(d.size == 0 for d in dm.chunks),
         "delta_bytes": dm.total_bytes,
         "dense_only_bytes": dense,
@@ -309,7 +309,8 @@ def node_main(args: argparse.Namespace) -> None:
     """A worker: wait for the start time, pull, report, keep serving peers for --hold seconds."""
     import aiohttp
 
-    from worker.peer_server import WeightNode
+    from worker.peer_server import ServeOptions, WeightNode
+    from worker.weight_pull import PullOptions
 
     async def main() -> None:
         link = args.link_bps or None
@@ -318,16 +319,15 @@ def node_main(args: argparse.Namespace) -> None:
             node = None
             for r in range(args.runs):
                 if node is None or not args.reuse:  # --reuse: one worker pulling again (warm buffers)
-                    node = WeightNode(
-                        "bench",
-                        args.id,
-                        serve=bool(args.serve),
-                        egress_bps=link,
-                        ingress_bps=link,
+                    pull = PullOptions(
+                        token="bench",
+                        peer_id=args.id,
                         parallel=args.parallel,
                         region=args.region or None,
+                        ingress_bps=link,
                         cross_region_bps=args.cross_bps or None,
                     )
+                    node = WeightNode(pull, ServeOptions(egress_bps=link) if args.serve else None)
                     await node.start()
                 prepare_s = 0.0
                 if args.prepare and r == 0:  # what a booting worker does while its engine starts
@@ -354,9 +354,8 @@ def node_main(args: argparse.Namespace) -> None:
                     st = node.last
                 else:  # transport-only ablation: same path, no digest
                     st = PullStats()
-                    await pull_weights(
-                        args.url, args.versions[-1], session=s, stats=st, verify=False, swarm=False, as_tensors=False
-                    )
+                    opts = PullOptions(verify=False, swarm=False, as_tensors=False)
+                    await pull_weights(args.url, args.versions[-1], opts, session=s, stats=st)
                 t1 = time.time()
                 assert st is not None
                 ru = resource.getrusage(resource.RUSAGE_SELF)

@@ -16,8 +16,9 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from contracts.bundled_data import bundled_path, is_bundled
+from contracts.provider_kinds import PROVIDER_KINDS, provider_kind
 
-PROVIDERS = ("local", "skypilot", "aws", "gcp")
+PROVIDERS = tuple(PROVIDER_KINDS)  # JobSpec.provider's values (tests/test_provider_registry.py keeps them equal)
 ENGINES = ("torch", "vllm", "synthetic")
 TASKS = ("reverse", "copy", "add", "sort", "jsonl")
 CLOUDS = ("aws", "gcp", "azure", "lambda", "runpod", "local")
@@ -539,7 +540,8 @@ class JobSpec(Strict):
                 f"model.block_size ({m.block_size}) is shorter than the longest prompt + "
                 f"algorithm.max_new_tokens ({need}); raise model.block_size or lower max_new_tokens"
             )
-        if self.provider == "local":
+        kind = provider_kind(self.provider)
+        if kind.runs_here:
             for i, c in enumerate(self.rollout.candidates):
                 if c.clouds != ["local"]:
                     raise ValueError(
@@ -547,17 +549,17 @@ class JobSpec(Strict):
                         "(use clouds: [local], or provider: skypilot/aws/gcp)"
                     )
         # the node finds the public address its workers dial from its cloud's metadata service
-        node_clouds = ("aws", "gcp")
+        node_clouds = kind.trainer_node_clouds
         if self.controller is None:  # frozen model: the resolved default is set once, here
-            on_node = self.provider == "skypilot" and self.trainer.cloud in node_clouds
+            on_node = self.trainer.cloud in node_clouds
             object.__setattr__(self, "controller", "trainer" if on_node else "launcher")
-        if self.controller == "trainer" and self.provider == "skypilot" and self.trainer.cloud not in node_clouds:
+        if self.controller == "trainer" and kind.trainer_node == "cluster" and self.trainer.cloud not in node_clouds:
             raise ValueError(
                 f"controller: trainer with trainer.cloud {self.trainer.cloud!r}: the node learns its public address "
                 f"from the metadata service of {' or '.join(node_clouds)} only; use one of those for the trainer "
                 "or controller: launcher"
             )
-        if self.controller == "trainer" and self.provider in ("aws", "gcp"):
+        if self.controller == "trainer" and kind.trainer_node is None:
             raise ValueError(
                 f"controller: trainer is not available with provider {self.provider!r}: its trainer node gets no "
                 "cloud credentials, so it could not bid for spot workers; use provider: skypilot (which gives "
@@ -602,13 +604,14 @@ class JobSpec(Strict):
         return self
 
     def _check_mounts(self) -> None:
-        if self.provider in ("aws", "gcp") and (self.file_mounts or self.workdir):
+        kind = provider_kind(self.provider)
+        if not kind.file_transfer and (self.file_mounts or self.workdir):
             key = "file_mounts" if self.file_mounts else "workdir"
             raise ValueError(
                 f"{key}: provider {self.provider!r} has no file transfer; use provider: skypilot (it uploads "
                 "local files and mounts s3:// and gs:// buckets), or put the files in the node image"
             )
-        if self.provider == "local":
+        if kind.copies_local_files_only:
             for dest, source in self.file_mounts.items():
                 if source.startswith(("s3://", "gs://")):
                     raise ValueError(

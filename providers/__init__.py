@@ -10,19 +10,25 @@ import importlib.util
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
+
+from contracts.provider_kinds import PROVIDER_KINDS, UnknownProviderError, provider_kind
 
 if TYPE_CHECKING:
     from contracts.spec import JobSpec
-    from providers.base import Provider
+    from providers.base import Provider, ProviderClass
 
-# clouds each provider can launch on
-PROVIDER_CLOUDS = {
-    "local": ("local",),
-    "skypilot": ("aws", "gcp", "azure", "lambda", "runpod"),
-    "aws": ("aws",),
-    "gcp": ("gcp",),
+# The class of each provider (module:class, imported when a job uses it); its `kind` is the record of
+# the same name in contracts/provider_kinds.py, which everything outside providers/ asks instead of
+# comparing names.
+PROVIDER_CLASSES: dict[str, str] = {
+    "local": "providers.local:LocalProvider",
+    "skypilot": "providers.skypilot:SkyPilotProvider",
+    "aws": "providers.aws:AwsProvider",
+    "gcp": "providers.gcp:GcpProvider",
 }
+# clouds each provider can launch on
+PROVIDER_CLOUDS = {name: kind.clouds for name, kind in PROVIDER_KINDS.items()}
 # the Python libraries each provider needs (imported lazily, when a job uses it)
 PROVIDER_MODULES = {
     "local": ("torch",),
@@ -47,14 +53,6 @@ def job_clouds(spec: JobSpec) -> list[str]:
     for c in spec.rollout.candidates:
         clouds.extend(c.clouds)
     return sorted(set(clouds))
-
-
-def job_regions(spec: JobSpec, cloud: str) -> list[str]:
-    regions = [spec.trainer.region] if spec.trainer.cloud == cloud and spec.trainer.region else []
-    for c in spec.rollout.candidates:
-        if cloud in c.clouds:
-            regions.extend(c.regions)
-    return sorted(set(regions))
 
 
 # ---- credentials (checked from files and environment only: no network, no metadata server) ----
@@ -123,10 +121,11 @@ def credentials(clouds: list[str], env: dict[str, str] | None = None) -> dict[st
 # ---- preflight ------------------------------------------------------------------------------
 def preflight(spec: JobSpec, *, check_credentials: bool = True) -> None:
     """Everything that can be known before launching; PreflightError lists each problem and its fix."""
-    if spec.provider == "local":
+    kind = provider_kind(spec.provider)
+    if kind.runs_here:
         return
     problems = []
-    allowed = PROVIDER_CLOUDS[spec.provider]
+    allowed = kind.clouds
     if spec.trainer.cloud not in allowed:
         problems.append(
             f"trainer.cloud: {spec.trainer.cloud!r} is not a cloud of provider {spec.provider!r} "
@@ -139,12 +138,12 @@ def preflight(spec: JobSpec, *, check_credentials: bool = True) -> None:
                 f"rollout.candidates[{i}].clouds: {bad[0]!r} is not a cloud of provider {spec.provider!r} "
                 f"(allowed: {', '.join(allowed)})"
             )
-        if spec.provider in ("aws", "gcp") and not c.regions:
+        if kind.needs_regions and not c.regions:
             problems.append(
                 f"rollout.candidates[{i}].regions: provider {spec.provider!r} launches into named regions; "
                 "list at least one (or use provider: skypilot, which picks regions itself)"
             )
-    if spec.provider in ("aws", "gcp") and not spec.trainer.region:
+    if kind.needs_regions and not spec.trainer.region:
         problems.append(f"trainer.region: provider {spec.provider!r} needs the trainer's region")
     if not spec.trainer.accelerators:
         problems.append("trainer.accelerators: name the trainer's GPUs (e.g. 'A100:8') for a real cloud")
@@ -201,15 +200,16 @@ def price_lookup(spec: JobSpec) -> Any:
     """The price source for `providers.pricing` (None: the local provider's built-in table).
 
     It has a `sources` dict (cloud -> where its prices came from) for the plan."""
-    if spec.provider == "local":
+    source = provider_kind(spec.provider).pricing_source
+    if source == "local-table":
         return None
     from providers.prices import CloudPrices
 
-    if spec.provider == "aws" and credentials(["aws"])["aws"]:
+    if source == "aws-live" and credentials(["aws"])["aws"]:
         from providers.aws import AwsLivePrices
 
         return AwsLivePrices()
-    return CloudPrices(use_skypilot=spec.provider == "skypilot")
+    return CloudPrices(use_skypilot=source == "skypilot-catalog")
 
 
 # ---- construction -------------------------------------------------------------------------------
@@ -234,27 +234,18 @@ def make_provider(
     return TrainerHere(run_dir, provider, public_host=host, port=port)
 
 
+def provider_class(name: str) -> ProviderClass:
+    """The class of provider `name` (UnknownProviderError, naming the known ones, for any other)."""
+    provider_kind(name)
+    if name not in PROVIDER_CLASSES:
+        raise UnknownProviderError(f"provider: {name!r} has a kind but no class in providers.PROVIDER_CLASSES")
+    module, _, attr = PROVIDER_CLASSES[name].partition(":")
+    return cast("ProviderClass", getattr(importlib.import_module(module), attr))
+
+
 def _cloud_or_local(spec: JobSpec, run_dir: Path, name: str, market: Any) -> Provider:
-    if spec.provider == "local":
-        from providers.local import LocalProvider
-        from providers.spot_market import BUILTIN_TRACE, SpotMarket
-
-        market = market or SpotMarket(BUILTIN_TRACE, notice_fraction=0, seed=0)
-        loc = spec.local
-        return LocalProvider(run_dir, market, time_scale=loc.time_scale, notice_seconds=loc.notice_seconds)
-    if spec.provider == "skypilot":
-        from providers.skypilot import SkyPilotProvider
-
-        return SkyPilotProvider(run_dir)
-    if spec.provider == "aws":
-        from providers.aws import AwsProvider
-
-        return AwsProvider(run_dir, name, job_regions(spec, "aws"), ami=os.environ.get("RLBOOST_AWS_AMI"))
-    if spec.provider == "gcp":
-        from providers.gcp import IMAGE, GcpProvider
-
-        project = gcp_project()
-        if project is None:
-            raise PreflightError("credentials: no GCP project; set GOOGLE_CLOUD_PROJECT or `gcloud config set project`")
-        return GcpProvider(run_dir, name, project, image=os.environ.get("RLBOOST_GCP_IMAGE", IMAGE))
-    raise PreflightError(f"provider: unknown provider {spec.provider!r}")
+    try:
+        cls = provider_class(spec.provider)
+    except UnknownProviderError:
+        raise PreflightError(f"provider: unknown provider {spec.provider!r}") from None
+    return cls.for_job(spec, run_dir, job=name, market=market)

@@ -12,14 +12,27 @@ by which `list_owned` finds everything a job still holds in the regions it uses.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from providers.base import CapacityError, InstanceEvent, InstanceState, LaunchRequest, ProviderError, Role
+from contracts.provider_kinds import PROVIDER_KINDS
+from providers.base import (
+    CapacityError,
+    InstanceEvent,
+    InstanceState,
+    LaunchRequest,
+    ProviderError,
+    Role,
+    job_regions,
+)
 from providers.bootstrap import TRAINER_PORT, boot_script
 from providers.prices import CloudPrices, placements
+
+if TYPE_CHECKING:
+    from contracts.spec import JobSpec
 
 log = logging.getLogger("rlboost.aws")
 
@@ -39,6 +52,12 @@ LIVE = ["pending", "running", "stopping", "stopped", "shutting-down"]
 
 class AwsProvider:
     name = "aws"
+    kind = PROVIDER_KINDS["aws"]
+
+    @classmethod
+    def for_job(cls, spec: JobSpec, run_dir: Path, *, job: str, market: Any = None) -> AwsProvider:
+        """In the regions the job names for aws; RLBOOST_AWS_AMI overrides the Deep Learning AMI."""
+        return cls(run_dir, job, job_regions(spec, "aws"), ami=os.environ.get("RLBOOST_AWS_AMI"))
 
     def __init__(
         self,

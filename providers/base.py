@@ -9,7 +9,13 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+from contracts.provider_kinds import ProviderKind
+
+if TYPE_CHECKING:
+    from contracts.spec import JobSpec
 
 
 class InstanceKind(str, enum.Enum):
@@ -79,6 +85,7 @@ class ProviderError(Exception):
 @runtime_checkable
 class Provider(Protocol):
     name: str
+    kind: ProviderKind  # what it can do (contracts/provider_kinds.py): callers ask it, never the name
 
     def launch(self, req: LaunchRequest) -> None:
         """Ask for an instance. Returns once the request is accepted; state arrives via poll()."""
@@ -102,3 +109,23 @@ class Provider(Protocol):
 
     def close(self) -> None:
         """Release background resources (not instances)."""
+
+
+class ProviderClass(Protocol):
+    """A provider class as providers/__init__.py's registry holds it: its kind, and how a job builds one."""
+
+    kind: ProviderKind
+
+    def for_job(self, spec: JobSpec, run_dir: Path, *, job: str, market: Any = None) -> Provider:
+        """The provider for a job's run dir (`job`: the name its instances are tagged with; `market`: the
+        local provider's spot market). Raises PreflightError for what the job's setup lacks."""
+        ...
+
+
+def job_regions(spec: JobSpec, cloud: str) -> list[str]:
+    """The regions a job names for `cloud`: the trainer's, if it runs there, and its candidates'."""
+    regions = [spec.trainer.region] if spec.trainer.cloud == cloud and spec.trainer.region else []
+    for c in spec.rollout.candidates:
+        if cloud in c.clouds:
+            regions.extend(c.regions)
+    return sorted(set(regions))

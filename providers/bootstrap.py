@@ -17,6 +17,8 @@ from pathlib import Path
 
 import yaml
 
+from contracts.worker_env import NAMES as WORKER_ENV
+from contracts.worker_env import NOTICE_FILE
 from providers.base import LaunchRequest, Role
 
 TRAINER_PORT = 8787
@@ -81,15 +83,15 @@ def node_env(req: LaunchRequest, *, port: int, from_workdir: bool) -> dict[str, 
             "RLBOOST_JOB": req.job,
             "RLBOOST_TRAINER_PORT": str(port),
             "RLBOOST_PIP_SPEC": pip_spec(
-                req.env.get("RLBOOST_ENGINE", "torch"), from_workdir=from_workdir, extras=job_extras(req)
+                req.env.get(WORKER_ENV["engine"], "torch"), from_workdir=from_workdir, extras=job_extras(req)
             ),
         }
     )
     # only what the worker/trainer read; never the controller's own environment
-    env.update({k: v for k, v in req.env.items() if k.startswith("RLBOOST_") and k != "RLBOOST_NOTICE_FILE"})
+    env.update({k: v for k, v in req.env.items() if k.startswith("RLBOOST_") and k != NOTICE_FILE})
     # where the node is: a worker reports it so that weights are traded within its region
-    env.setdefault("RLBOOST_CLOUD", req.cloud)
-    env.setdefault("RLBOOST_REGION", req.region or "")
+    env.setdefault(WORKER_ENV["cloud"], req.cloud)
+    env.setdefault(WORKER_ENV["region"], req.region or "")
     if req.role is Role.WORKER and req.cloud in NOTICE_BY_CLOUD:
         env["RLBOOST_NOTICE"] = NOTICE_BY_CLOUD[req.cloud]
     return env

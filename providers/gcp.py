@@ -16,13 +16,18 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from contracts.provider_kinds import PROVIDER_KINDS
 from providers.base import CapacityError, InstanceEvent, InstanceState, LaunchRequest, ProviderError, Role
 from providers.bootstrap import TRAINER_PORT, boot_script
 from providers.prices import placements
+
+if TYPE_CHECKING:
+    from contracts.spec import JobSpec
 
 log = logging.getLogger("rlboost.gcp")
 
@@ -33,6 +38,17 @@ TRAINER_TAG = "rlboost-trainer"
 
 class GcpProvider:
     name = "gcp"
+    kind = PROVIDER_KINDS["gcp"]
+
+    @classmethod
+    def for_job(cls, spec: JobSpec, run_dir: Path, *, job: str, market: Any = None) -> GcpProvider:
+        """In the project gcloud (or GOOGLE_CLOUD_PROJECT) names; RLBOOST_GCP_IMAGE overrides the image."""
+        from providers import PreflightError, gcp_project
+
+        project = gcp_project()
+        if project is None:
+            raise PreflightError("credentials: no GCP project; set GOOGLE_CLOUD_PROJECT or `gcloud config set project`")
+        return cls(run_dir, job, project, image=os.environ.get("RLBOOST_GCP_IMAGE", IMAGE))
 
     def __init__(
         self,

@@ -14,8 +14,10 @@ import signal
 import subprocess
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from contracts.mounts import MOUNT_ROOT_ENV, copy_mounts
+from contracts.provider_kinds import PROVIDER_KINDS
 from providers.base import (
     CapacityError,
     InstanceEvent,
@@ -28,9 +30,22 @@ from providers.base import (
 from providers.bootstrap import instance_name_re
 from providers.spot_market import SpotMarket
 
+if TYPE_CHECKING:
+    from contracts.spec import JobSpec
+
 
 class LocalProvider:
     name = "local"
+    kind = PROVIDER_KINDS["local"]
+
+    @classmethod
+    def for_job(cls, spec: JobSpec, run_dir: Path, *, job: str, market: Any = None) -> LocalProvider:
+        """`market`: the spot market to replay (default: the built-in trace, no notices)."""
+        from providers.spot_market import BUILTIN_TRACE
+
+        market = market or SpotMarket(BUILTIN_TRACE, notice_fraction=0, seed=0)
+        loc = spec.local
+        return cls(run_dir, market, time_scale=loc.time_scale, notice_seconds=loc.notice_seconds)
 
     def __init__(
         self,

@@ -24,10 +24,11 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
+from contracts.provider_kinds import PROVIDER_KINDS
 from contracts.tls import SECRET_ENV
 from providers.base import CapacityError, InstanceEvent, InstanceState, LaunchRequest, ProviderError, Role
 from providers.bootstrap import (
@@ -42,6 +43,9 @@ from providers.bootstrap import (
     pip_spec,
     template,
 )
+
+if TYPE_CHECKING:
+    from contracts.spec import JobSpec
 
 log = logging.getLogger("rlboost.skypilot")
 
@@ -92,6 +96,11 @@ def _field(x: Any, name: str) -> Any:
 
 class SkyPilotProvider:
     name = "skypilot"
+    kind = PROVIDER_KINDS["skypilot"]
+
+    @classmethod
+    def for_job(cls, spec: JobSpec, run_dir: Path, *, job: str, market: Any = None) -> SkyPilotProvider:
+        return cls(run_dir)
 
     def __init__(
         self,

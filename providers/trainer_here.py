@@ -42,6 +42,7 @@ class TrainerHere:
 
     def __init__(self, run_dir: Path, workers: Provider, *, public_host: str, port: int) -> None:
         self.name = workers.name
+        self.kind = workers.kind  # the job's provider: the trainer process here is its stand-in
         self.workers = workers
         self.public_host, self.port = public_host, port
         self.here = LocalProvider(run_dir, _NoSpotMarket(), time_scale=1.0, term_grace_s=30.0)

@@ -20,6 +20,7 @@ from rich.console import Console
 
 from contracts.spec import JobSpec
 from contracts.tls import https_url
+from contracts.worker_env import WorkerEnv
 from providers.base import (
     CapacityError,
     InstanceKind,
@@ -32,6 +33,7 @@ from providers.base import (
 from providers.bootstrap import EXTRAS_ENV
 from providers.pricing import Offer
 from rlboost_cli.job_envs import Redactor, split_envs
+from rlboost_cli.launch_requests import node_files, trainer_request
 from rlboost_cli.ledger import summarize
 from rlboost_cli.metrics_log import METRICS_FILE, MetricsLog
 from rlboost_cli.metrics_sinks import open_sinks
@@ -64,33 +66,6 @@ class Backoff:
         self.failures = 0
         self.until = 0.0
 
-
-def node_files(spec: JobSpec, user_envs: dict[str, str], user_secrets: dict[str, str]) -> dict:
-    """What every node of the job gets besides rlboost's own environment (LaunchRequest fields)."""
-    return {
-        "user_envs": user_envs,
-        "user_secrets": user_secrets,
-        "file_mounts": dict(spec.file_mounts),
-        "workdir": spec.workdir,
-    }
-
-
-def trainer_request(o: Offer, instance_id: str, job: str, env: dict[str, str], command: list[str], files: dict):
-    """The on-demand trainer's launch request at offer `o` (a controller's, or a SkyPilot trainer
-    node's, whose head runs the controller)."""
-    return LaunchRequest(
-        instance_id=instance_id,
-        job=job,
-        role=Role.TRAINER,
-        kind=InstanceKind.ON_DEMAND,
-        cloud=o.cloud,
-        region=o.region,
-        accelerator=o.accelerator,
-        hourly_price=o.hourly_price,
-        env=env,
-        command=command,
-        **files,
-    )
 
 @dataclass
 class Controller:
@@ -130,7 +105,7 @@ class Controller:
 
         # TLS unless the trainer binds loopback (trainer.tls: auto): a per-job certificate that the
         # controller trusts and every worker pins by fingerprint
-        bind = "127.0.0.1" if self.provider.name == "local" else "0.0.0.0"
+        bind = "127.0.0.1" if self.provider.kind.runs_here else "0.0.0.0"
         self.tls = job_tls(self.spec.trainer.tls, self.run_dir, bind)
         self.http = httpx.Client(
             timeout=5.0,
@@ -207,7 +182,7 @@ class Controller:
             EXTRAS_ENV: ",".join(node_extras(self.spec, Role.TRAINER)),
             **(self.tls.trainer_env if self.tls else {}),
         }
-        if self.provider.name == "local":  # checkpoints outlive the trainer process (clouds: trainer.checkpoint_dir)
+        if self.provider.kind.runs_here:  # checkpoints outlive the trainer process (clouds: trainer.checkpoint_dir)
             env["RLBOOST_CHECKPOINT_DIR"] = str(self.run_dir / "checkpoints")
             env["RLBOOST_RECORD_DIR"] = str(self.run_dir / "records")
         if self.record_rollouts:
@@ -410,16 +385,17 @@ class Controller:
                 accelerator=offer.accelerator,
                 hourly_price=offer.hourly_price,
                 env={
-                    "RLBOOST_TRAINER_URL": self.trainer_url or "",
-                    "RLBOOST_JOB_TOKEN": self.token,
-                    "RLBOOST_WORKER_ID": iid,
-                    "RLBOOST_WORKER_KIND": "spot",
-                    "RLBOOST_ENGINE": self.spec.rollout.engine,
+                    **WorkerEnv(
+                        trainer_url=self.trainer_url or "",
+                        token=self.token,
+                        worker_id=iid,
+                        kind="spot",
+                        engine=self.spec.rollout.engine,
+                        accelerator=offer.accelerator or None,
+                        cloud=offer.cloud,
+                        region=offer.region or None,
+                    ).to_env(),
                     EXTRAS_ENV: ",".join(node_extras(self.spec, Role.WORKER)),
-                    "RLBOOST_ACCELERATOR": offer.accelerator or "",  # synthetic engines model it
-                    # the tracker groups weight pullers by region (trainer/region_fanout.py)
-                    "RLBOOST_CLOUD": offer.cloud,
-                    "RLBOOST_REGION": offer.region or "",
                     **(self.tls.worker_env if self.tls else {}),
                 },
                 command=[sys.executable, "-m", "worker"],

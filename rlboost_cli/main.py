@@ -16,6 +16,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from contracts.provider_kinds import provider_kind
 from contracts.spec import JobSpec, SpecError, load_spec, spec_to_yaml
 from providers.pricing import PricingError, spot_offers, trainer_offer
 from rlboost_cli.job_envs import (
@@ -448,7 +449,7 @@ def _run_controller(
     except Exception as e:
         store.update_job(job_id, status="failed", ended_at=time.time(), error=str(e))
         fail(f"provider {spec.provider}: {e}", 2)
-    cloud = spec.provider != "local"
+    cloud = not provider_kind(spec.provider).runs_here
     ctl = Controller(
         spec=spec,
         store=store,
@@ -600,7 +601,7 @@ def _print_plan(spec: JobSpec, t_offer, s_offers, prices=None) -> None:
         markup=False,
         highlight=False,
     )
-    if spec.provider != "local":
+    if not provider_kind(spec.provider).runs_here:
         from providers import CREDENTIAL_HINTS, credentials, job_clouds
 
         for cloud, found in credentials(job_clouds(spec)).items():
@@ -805,7 +806,7 @@ def _down_one(store: StateStore, job_id: int) -> None:
         _down_node(store, job)
     elif job.status in ACTIVE and controller_alive(pid):
         os.kill(pid, signal.SIGTERM)  # the controller tears down and records it
-        deadline = time.time() + (60 if job.provider == "local" else 900)  # a cloud confirms in minutes
+        deadline = time.time() + provider_kind(job.provider).confirm_timeout_s  # a cloud confirms in minutes
         while time.time() < deadline and store.job_by_id(job_id).status in ACTIVE:
             time.sleep(0.2)
         while time.time() < deadline and controller_alive(pid):  # it exits once its records are closed
@@ -833,7 +834,7 @@ def _down_node(store: StateStore, job: JobRow) -> None:
         err.print(f"{e}; terminating its instances from here", markup=False, highlight=False)
         take_over_node(job)
         return
-    deadline = time.time() + (60 if job.provider == "local" else 900)  # a cloud confirms in minutes
+    deadline = time.time() + provider_kind(job.provider).confirm_timeout_s  # a cloud confirms in minutes
     while time.time() < deadline:
         if not sync(store, job):
             take_over_node(job)  # it went away mid-teardown: finish from here
@@ -857,7 +858,7 @@ def _teardown_orphans(store: StateStore, job) -> int:
             store.update_instance(inst.id, InstanceState.TERMINATED, job.clock or 0.0, "never started")
         return 0
     try:
-        res = reconcile(store, prov, job, wait_s=60 if job.provider == "local" else 600)
+        res = reconcile(store, prov, job, wait_s=provider_kind(job.provider).reconcile_wait_s)
     finally:
         prov.close()
     if res.unconfirmed:

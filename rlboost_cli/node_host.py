@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 
 import yaml
 
+from contracts.provider_kinds import provider_kind
 from rlboost_cli import control_api as api
 from rlboost_cli.detach import controller_log, spawn_controller
 from rlboost_cli.job_envs import read_secret_envs, split_envs, write_secret_envs
@@ -137,7 +138,7 @@ class SkyTrainerNode:
         from providers.base import CapacityError, ProviderError, Role
         from providers.bootstrap import EXTRAS_ENV
         from providers.pricing import PricingError, trainer_offer
-        from rlboost_cli.controller import node_files, trainer_request
+        from rlboost_cli.launch_requests import node_files, trainer_request
         from rlboost_cli.node_client import NodeClient
         from rlboost_cli.node_extras import node_extras
 
@@ -194,4 +195,4 @@ class SkyTrainerNode:
 
 def trainer_node(job: JobRow) -> LocalTrainerNode | SkyTrainerNode:
     """The trainer node of a `controller: trainer` job, by its provider."""
-    return SkyTrainerNode(job) if job.provider == "skypilot" else LocalTrainerNode(job)
+    return SkyTrainerNode(job) if provider_kind(job.provider).trainer_node == "cluster" else LocalTrainerNode(job)

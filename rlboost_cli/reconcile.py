@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 import yaml
 
+from contracts.provider_kinds import provider_kind
 from providers.base import InstanceState, Provider
 from rlboost_cli.node_client import controller_reachable, node_run_dir
 from rlboost_cli.pids import controller_alive
@@ -113,7 +114,7 @@ def provider_for(job: JobRow) -> Provider | None:
     # a controller on the trainer node launched from there: the stand-in node keeps the local
     # provider's records (a cloud provider lists by the job's tag from anywhere)
     run_dir = node_run_dir(job) if job.remote else job_run_dir(job)
-    if spec.provider == "local" and not run_dir.is_dir():
+    if provider_kind(spec.provider).runs_here and not run_dir.is_dir():
         return None
     return make_provider(spec, run_dir, job=job.name)
 
@@ -139,10 +140,11 @@ def gc(store: StateStore, *, names: list[str] | None = None, wait_s: float = 600
                 results.append(Reconciled(job.name, error=why))
                 continue
             take_over_node(job)
-        if job.provider == "local" and not job.active and not store.live_instances(job.id):
+        here = provider_kind(job.provider).runs_here
+        if here and not job.active and not store.live_instances(job.id):
             continue  # its processes were confirmed gone (a cloud job is still listed: see below)
         # a cloud provider lists by job name: one listing covers every run of that name
-        key = (job.provider, job.name, str(job_run_dir(job)) if job.provider == "local" else "")
+        key = (job.provider, job.name, str(job_run_dir(job)) if here else "")
         if key in cleaned and not store.live_instances(job.id):
             continue
         cleaned.add(key)

@@ -17,6 +17,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from contracts.provider_kinds import provider_kind
 from rlboost_cli.jobs_ref import resolve_job
 from rlboost_cli.ledger import CostSummary, summarize, summarize_all
 from rlboost_cli.metrics_log import METRICS_FILE
@@ -341,7 +342,7 @@ def _clocks(store: StateStore, row: JobRow) -> dict[str, Any]:
     billed = max(billed or 0.0, row.clock or 0.0) or None
     # the local provider bills on the spot trace's replayed clock; a cloud on the wall clock
     return {
-        "billing_clock": "trace" if row.provider == "local" else "wall",
+        "billing_clock": provider_kind(row.provider).billing_clock,
         "billed_s": billed,
         "wall_s": wall,
     }

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from contracts.perf import SYNC_COSTS, EngineModel
+from contracts.provider_kinds import provider_kind
 from contracts.spec import JobSpec
 from providers.pricing import Offer
 from providers.spot_market import AvailabilityTrace, SpotMarket
@@ -47,7 +48,7 @@ from trainer.policies.offload import (
 from trainer.policies.overlap import busy_between, busy_total, left_to_train, may_train_group, trained_part
 from trainer.policies.tail_batching import TailBatcher
 from trainer.policies.views import EngineView, ReqView
-from trainer.sampling import request_seed
+from trainer.sampling import request_id, request_seed
 from trainer.scheduling import FleetClock, fleet_goal
 from worker.engines import STATIC_BATCH_ENGINES
 
@@ -297,7 +298,8 @@ class Simulation:
     ) -> None:
         self.spec, self.policy = spec, policy
         self.sim = spec.simulate
-        self.scale = spec.local.time_scale if spec.provider == "local" else 1.0
+        # the local provider bills on the trace clock, which runs time_scale times the wall clock
+        self.scale = spec.local.time_scale if provider_kind(spec.provider).billing_clock == "trace" else 1.0
         if spec.local.capacity_scale != 1.0:
             trace = trace.scaled(spec.local.capacity_scale)
         self.market = SpotMarket(trace, notice_fraction=spec.local.notice_fraction, seed=spec.algorithm.seed)
@@ -553,7 +555,7 @@ class Simulation:
         if full is None:
             out: list[int] = []
             for i, pkey in enumerate(keys):
-                seeds = [request_seed(seed, f"s{k}-p{i}-g{g}") for g in range(G)]
+                seeds = [request_seed(seed, request_id(k, i, g)) for g in range(G)]
                 out.extend(self.lengths.lengths_from_key(pkey, seeds))
             full = np.asarray(out, np.int64)
             full.flags.writeable = False

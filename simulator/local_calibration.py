@@ -32,6 +32,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from contracts.perf import split_accelerator
+from contracts.provider_kinds import provider_kind
 from contracts.spec import JobSpec, PerfSpec
 
 _WORKER_IMPORTS = "import torch, worker.agent, trainer.torch_engine"
@@ -135,7 +136,7 @@ def one_process(acc: str | None) -> str:
 
 def needs_calibration(spec: JobSpec) -> bool:
     """Local jobs whose model really runs here (synthetic engines follow the perf table by design)."""
-    return spec.provider == "local" and spec.model.kind == "tiny-gpt"
+    return provider_kind(spec.provider).runs_here and spec.model.kind == "tiny-gpt"
 
 
 def process_start_s(repeats: int = 1) -> float:

@@ -30,6 +30,7 @@ from contracts.engine import Engine, GenRequest
 from contracts.spec import JobSpec
 from trainer import scheduling
 from trainer.coordinator import Coordinator, RolloutRequest
+from trainer.sampling import request_id
 from trainer.server import build_app
 from trainer.weights import WeightPublisher
 from worker.agent import WorkerAgent, WorkerConfig
@@ -87,7 +88,7 @@ class _Harness:
         return time.perf_counter() - t0
 
     async def step_s(self, step: int, version: int, prompts: list[list[int]]) -> float:
-        reqs = [RolloutRequest(f"s{step}-p{i}-g0", p, 1, group=f"p{i}") for i, p in enumerate(prompts)]
+        reqs = [RolloutRequest(request_id(step, i, 0), p, 1, group=f"p{i}") for i, p in enumerate(prompts)]
         t0 = time.perf_counter()
         await self.coord.run_step(step, version, reqs)
         return time.perf_counter() - t0

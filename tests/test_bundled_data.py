@@ -20,7 +20,10 @@ from providers.spot_market import TraceError, load_trace
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared" / "data"
 SIM_EXAMPLES = sorted((ROOT / "examples" / "simulate").glob("*.yaml"))
-PACKAGES = ("rlboost_cli", "providers", "templates", "worker", "trainer", "simulator")
+# every package the wheel ships (each with an __init__.py; the tests and benchmarks are not shipped)
+PACKAGES = tuple(
+    sorted(p.name for p in ROOT.iterdir() if (p / "__init__.py").is_file() and p.name not in ("tests", "benchmarks"))
+)
 
 
 def test_examples_name_only_bundled_data():

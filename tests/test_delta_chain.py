@@ -19,6 +19,7 @@ from trainer import weight_delta
 from trainer.delta_chain import compose_chunk
 from trainer.weights import WeightPublisher
 from worker.peer_server import WeightNode
+from worker.weight_pull import PullOptions
 
 
 @settings(max_examples=60, deadline=None)
@@ -86,7 +87,7 @@ def pull_behind(pub: WeightPublisher, models: list[dict], first: int, then: int)
         async with serve(pub) as (url, _), aiohttp.ClientSession() as s:
             for v in range(first + 1):
                 pub.publish(v, models[v])
-            node = WeightNode(TOKEN, "w0", parallel=2)
+            node = WeightNode(PullOptions(token=TOKEN, peer_id="w0", parallel=2))
             try:
                 await node.pull(url, first, s)
                 for v in range(first + 1, then + 1):

@@ -69,7 +69,7 @@ def _rank(rank: int, world: int, port: int, cases: list[tuple[str, ModelSpec, Ta
     torch.set_num_threads(1)
     from dataclasses import replace
 
-    from trainer import distributed
+    from trainer import collectives, distributed
 
     ctx = distributed.init("ddp")
     try:
@@ -78,7 +78,7 @@ def _rank(rank: int, world: int, port: int, cases: list[tuple[str, ModelSpec, Ta
             knobs = KNOBS.get(name)
             learner = _learner(model, task_spec, dist=replace(ctx, strategy=strategy), micro=2, knobs=knobs)  # 3 passes
             if rank == 0:
-                leader = distributed.LeaderLearner(learner)
+                leader = collectives.LeaderLearner(learner)
                 leader.warm_start(2)
                 samples = _samples(model, task_spec)
                 if name.endswith("-stream"):
@@ -95,9 +95,9 @@ def _rank(rank: int, world: int, port: int, cases: list[tuple[str, ModelSpec, Ta
                 if name == "fsdp-ppo":
                     assert metrics["updates"] == 6 and metrics["clip_frac"] > 0
                 save_file(leader.state_dict(), out)
-                distributed._broadcast(("stop", (), {}))
+                collectives.release_followers()
             else:
-                distributed.follow(learner)
+                collectives.follow(learner)
     finally:
         distributed.shutdown()
 

@@ -2,6 +2,7 @@
 imports inside functions count too, and nothing is run).
 
     contracts            the job file, engine interface, TLS, perf table, shipped data: imports nothing of ours
+    templates            what a node runs at boot (files, read by providers)
     trainer              the trainer node: learner, models, coordinator, weights
     worker               a spot node: the agent and engines (runs the trainer's models)
     providers            clouds, prices, spot market
@@ -23,7 +24,7 @@ ALLOWED: dict[str, set[str]] = {
     "templates": set(),
     "trainer": {"contracts"},
     "worker": {"contracts", "trainer"},
-    "providers": {"contracts"},
+    "providers": {"contracts", "templates"},
     "simulator": {"contracts", "trainer", "worker", "providers"},
     "rlboost_cli": {"contracts", "trainer", "worker", "providers", "simulator", "templates"},
 }
@@ -31,12 +32,61 @@ ALLOWED: dict[str, set[str]] = {
 
 def imported(tree: ast.AST) -> list[tuple[str, int]]:
     """(top-level package, line) of every absolute import in a module."""
+    return list(dict.fromkeys((name.split(".")[0], line) for name, line in imported_names(tree)))
+
+
+def imported_names(tree: ast.AST) -> list[tuple[str, int]]:
+    """(dotted name, line) of every absolute import; `from a import b` gives both `a` and `a.b`
+    (b may be a module)."""
     out = []
     for n in ast.walk(tree):
         if isinstance(n, ast.Import):
-            out += [(a.name.split(".")[0], n.lineno) for a in n.names]
+            out += [(a.name, n.lineno) for a in n.names]
         elif isinstance(n, ast.ImportFrom) and n.module and n.level == 0:
-            out.append((n.module.split(".")[0], n.lineno))
+            out += [(n.module, n.lineno)] + [(f"{n.module}.{a.name}", n.lineno) for a in n.names]
+    return out
+
+
+def module_cycles(root: Path, pkgs: list[str]) -> list[list[str]]:
+    """Circles in the module import graph (Tarjan's strongly connected components). Imports inside
+    functions and under TYPE_CHECKING count: a circle that works only because one side imports
+    late is still two modules that cannot be read, or moved, apart."""
+    mods: dict[str, Path] = {}
+    for pkg in pkgs:
+        for f in (root / pkg).rglob("*.py"):
+            name = ".".join(f.relative_to(root).with_suffix("").parts)
+            mods[name.removesuffix(".__init__")] = f
+    edges = {
+        m: {d for d, _ in imported_names(ast.parse(f.read_text(), str(f))) if d in mods and d != m}
+        for m, f in mods.items()
+    }
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in edges[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for m in sorted(mods):
+        if m not in index:
+            visit(m)
     return out
 
 
@@ -70,6 +120,22 @@ def test_allowed_graph_has_no_cycle() -> None:
 def test_no_forbidden_import() -> None:
     bad = forbidden(ROOT, ALLOWED)
     assert not bad, "imports against the layering (see this file's docstring):\n" + "\n".join(bad)
+
+
+def test_no_module_circle() -> None:
+    circles = module_cycles(ROOT, list(ALLOWED))
+    assert not circles, "modules that import each other (split what both need into a third):\n" + "\n".join(
+        " <-> ".join(c) for c in circles
+    )
+
+
+def test_circle_finder_sees_a_late_import(tmp_path: Path) -> None:
+    (tmp_path / "trainer").mkdir()
+    (tmp_path / "trainer" / "__init__.py").write_text("")
+    (tmp_path / "trainer" / "a.py").write_text("from trainer.b import x\n")
+    (tmp_path / "trainer" / "b.py").write_text("def f():\n    from trainer import a\n")
+    (tmp_path / "trainer" / "c.py").write_text("import trainer.a\n")
+    assert module_cycles(tmp_path, ["trainer"]) == [["trainer.a", "trainer.b"]]
 
 
 @pytest.mark.parametrize(

@@ -17,7 +17,8 @@ from tests.test_weight_swarm import TOKEN, assert_same, model, serve
 from trainer.region_fanout import RegionView, origin_grants, region_key
 from trainer.weight_tracker import Announce, SwarmTracker, decode_bits, encode_bits
 from trainer.weights import WeightPublisher
-from worker.peer_server import WeightNode
+from worker.peer_server import ServeOptions, WeightNode
+from worker.weight_pull import PullOptions
 
 # ---- the pure policy -------------------------------------------------------------------------
 
@@ -185,7 +186,7 @@ def test_node_env_and_worker_carry_the_region(monkeypatch: pytest.MonkeyPatch) -
     assert (env["RLBOOST_CLOUD"], env["RLBOOST_REGION"]) == ("gcp", "us-central1")
     for k, v in env.items():
         monkeypatch.setenv(k, v)
-    assert WeightNode.from_env(TOKEN, "w1", "spot").region == "gcp/us-central1"
+    assert WeightNode.from_env(TOKEN, "w1", "spot").opts.region == "gcp/us-central1"
 
 
 # ---- real pullers in two regions -------------------------------------------------------------------
@@ -200,7 +201,11 @@ def test_pullers_in_two_regions_get_one_copy_each_from_the_trainer_and_trade_wit
 
     async def go() -> list[WeightNode]:
         async with serve(pub) as (url, _), aiohttp.ClientSession() as s:
-            nodes = [WeightNode(TOKEN, f"w{i}", parallel=2, egress_bps=4e6, region=r) for i, r in enumerate(regions)]
+            link = ServeOptions(egress_bps=4e6)
+            nodes = [
+                WeightNode(PullOptions(token=TOKEN, peer_id=f"w{i}", parallel=2, region=r), link)
+                for i, r in enumerate(regions)
+            ]
             for n in nodes:
                 await n.start()
             try:
@@ -216,6 +221,6 @@ def test_pullers_in_two_regions_get_one_copy_each_from_the_trainer_and_trade_wit
     # every chunk left the trainer once per region: no peer bytes crossed a region boundary
     assert pub.counters.full_bytes == 2 * m.total_bytes, (pub.counters.full_bytes, m.total_bytes)
     for r in set(regions):
-        mine = [n for n in nodes if n.region == r]
+        mine = [n for n in nodes if n.opts.region == r]
         assert sum(n.last.from_peers for n in mine) == sum(n.server.counters.total for n in mine)  # type: ignore[union-attr]
     assert pub.stats()["swarm"]["1"]["origin_grants_by_region"] == {r: len(m.chunks) for r in set(regions)}

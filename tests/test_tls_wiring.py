@@ -147,7 +147,8 @@ def test_peer_server_in_a_tls_job_is_pinned_through_its_url():
     import asyncio
 
     from worker.chunk_http import HttpConn, SourceError
-    from worker.peer_server import PeerServer, WeightStore
+    from worker.peer_server import PeerServer, ServeOptions
+    from worker.weight_store import WeightStore
 
     def get(url: str, fingerprint: str | None = None, token: str = "tok") -> int | str:
         conn = HttpConn(url, token, 5, fingerprint)
@@ -160,7 +161,7 @@ def test_peer_server_in_a_tls_job_is_pinned_through_its_url():
             conn.close()
 
     async def main() -> list:
-        server = PeerServer(WeightStore(), "tok", tls=True)
+        server = PeerServer(WeightStore(), "tok", ServeOptions(tls=True))
         url = await server.start()
         try:
             bare = url.split("#")[0]

@@ -286,6 +286,7 @@ def test_a_worker_receives_into_its_store_and_pulls_when_the_broadcast_fails(ori
     import aiohttp
 
     from worker.peer_server import WeightNode
+    from worker.weight_pull import PullOptions
 
     v = origin.manifest.version
     transfer = Transfer(origin.manifest, ["w1"], fast())
@@ -294,7 +295,7 @@ def test_a_worker_receives_into_its_store_and_pulls_when_the_broadcast_fails(ori
 
     async def by_broadcast() -> tuple[dict, PullStats]:
         async with aiohttp.ClientSession() as s:
-            node = WeightNode("tok", "w1", serve=False)
+            node = WeightNode(PullOptions(token="tok", peer_id="w1"), serve=None)
             got = await node.pull(origin.url, v, s, broadcast=plan)
             held = node.store.latest_complete()
             assert held is not None and held.manifest.version == v and node.broadcasts == 1
@@ -313,7 +314,7 @@ def test_a_worker_receives_into_its_store_and_pulls_when_the_broadcast_fails(ori
 
     async def fallback() -> tuple[dict, int]:
         async with aiohttp.ClientSession() as s:
-            node = WeightNode("tok", "w1", serve=False)
+            node = WeightNode(PullOptions(token="tok", peer_id="w1"), serve=None)
             got = await node.pull(origin.url, v, s, broadcast=dead)
             await node.close()
             return {k: t.clone() for k, t in got.items()}, node.broadcast_fallbacks

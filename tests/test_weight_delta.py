@@ -19,6 +19,7 @@ from trainer.learner import Learner
 from trainer.tasks import EOS
 from trainer.weights import WeightPublisher, add_routes
 from worker.peer_server import WeightNode
+from worker.weight_pull import PullOptions
 
 
 def assert_same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
@@ -83,7 +84,7 @@ def test_delta_after_a_real_training_step_rebuilds_weights_exactly() -> None:
 
         async def go(pub: WeightPublisher = pub) -> tuple:
             async with serve(pub) as url, aiohttp.ClientSession() as s:
-                node = WeightNode("t", "w", serve=False)
+                node = WeightNode(PullOptions(token="t", peer_id="w"), serve=None)
                 await node.pull(url, 0, s)
                 full = node.last
                 got = await node.pull(url, 1, s)
@@ -111,7 +112,7 @@ def test_corrupt_delta_falls_back_to_the_full_chunk() -> None:
 
     async def go() -> tuple:
         async with serve(pub, break_delta) as url, aiohttp.ClientSession() as s:
-            node = WeightNode("t", "w", serve=False)
+            node = WeightNode(PullOptions(token="t", peer_id="w"), serve=None)
             await node.pull(url, 4, s)
             return await node.pull(url, 5, s), node.last
 
@@ -129,7 +130,7 @@ def test_worker_two_versions_behind_pulls_one_composed_delta() -> None:
 
     async def go() -> tuple:
         async with serve(pub) as url, aiohttp.ClientSession() as s:
-            node = WeightNode("t", "w", serve=False)
+            node = WeightNode(PullOptions(token="t", peer_id="w"), serve=None)
             await node.pull(url, 0, s)
             return await node.pull(url, 2, s), node.last
 

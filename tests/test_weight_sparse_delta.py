@@ -18,8 +18,10 @@ from pydantic import ValidationError
 from tests.test_weight_delta import assert_same, serve
 from trainer import weight_delta as wd
 from trainer.digest import hexdigest
-from trainer.weights import DeltaManifest, WeightPublisher, layout, tensor_views
+from trainer.weight_manifest import CODEC, CODEC_SPARSE, DENSE, SPARSE, ChunkInfo, DeltaManifest
+from trainer.weights import WeightPublisher, layout, tensor_views
 from worker.peer_server import WeightNode
+from worker.weight_pull import PullOptions
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
@@ -51,8 +53,6 @@ def buffer_of(tensors: dict[str, torch.Tensor]) -> tuple[list, bytearray]:
 
 
 def chunks_of(infos: list, total: int, chunk_bytes: int) -> list:
-    from trainer.weights import ChunkInfo
-
     spans = [(o, min(chunk_bytes, total - o)) for o in range(0, total, chunk_bytes)]
     return [ChunkInfo(index=i, offset=o, size=n, digest="0" * 64) for i, (o, n) in enumerate(spans)]
 
@@ -119,7 +119,7 @@ def test_small_steps_choose_sparse_and_rebuild_exactly(dtype, density) -> None:
     kind, payload = wd.encode_best(o, n, w)
     dense = wd.encode(o, n, w)
     assert dense is not None
-    assert kind == wd.SPARSE and len(payload) < len(dense)
+    assert kind == SPARSE and len(payload) < len(dense)
     out = bytearray(len(o))
     wd.decode_chunk(o, payload, memoryview(out), w, kind)
     assert bytes(out) == bytes(n)
@@ -166,7 +166,7 @@ def test_the_smaller_encoding_wins_when_every_element_changes() -> None:
     n = memoryview(perturb(old, rng, 1.0).view(torch.uint8).numpy())
     o = memoryview(old.view(torch.uint8).numpy())
     kind, payload = wd.encode_best(o, n, 4)
-    assert kind == wd.DENSE and payload == wd.encode(o, n, 4)
+    assert kind == DENSE and payload == wd.encode(o, n, 4)
     # an fp32 Adam step moves nearly every element by a few ulps: the differences compress better
     # than the XORs (no carry bits), by more than the margin, so sparse is chosen even here
     new = old * (1 + 1e-3 * torch.randn(50_000))
@@ -175,7 +175,7 @@ def test_the_smaller_encoding_wins_when_every_element_changes() -> None:
     assert dense is not None and sparse is not None
     kind, payload = wd.encode_best(o, n, 4)
     assert (kind, payload) == (
-        (wd.SPARSE, sparse) if len(sparse) < wd.SPARSE_MARGIN * len(dense) else (wd.DENSE, dense)
+        (SPARSE, sparse) if len(sparse) < wd.SPARSE_MARGIN * len(dense) else (DENSE, dense)
     )
 
 
@@ -382,19 +382,19 @@ def test_corrupted_payloads_raise_value_error_or_stay_in_bounds(data) -> None:
 def test_manifest_codec_and_encodings() -> None:
     chunk = {"index": 0, "size": 5, "digest": "0" * 64, "shuffle": 2}
     old = DeltaManifest.model_validate(
-        {"version": 1, "base": 0, "codec": wd.CODEC, "total_bytes": 5, "chunks": [chunk]}
+        {"version": 1, "base": 0, "codec": CODEC, "total_bytes": 5, "chunks": [chunk]}
     )  # what a publisher before the sparse encoding sends
-    assert old.chunks[0].encoding == wd.DENSE
+    assert old.chunks[0].encoding == DENSE
     with pytest.raises(ValidationError):
         DeltaManifest.model_validate(
-            {"version": 1, "base": 0, "codec": wd.CODEC, "total_bytes": 5, "chunks": [{**chunk, "encoding": "sparse"}]}
+            {"version": 1, "base": 0, "codec": CODEC, "total_bytes": 5, "chunks": [{**chunk, "encoding": "sparse"}]}
         )
     with pytest.raises(ValidationError):
         DeltaManifest.model_validate(
             {
                 "version": 1,
                 "base": 0,
-                "codec": wd.CODEC_SPARSE,
+                "codec": CODEC_SPARSE,
                 "total_bytes": 5,
                 "chunks": [{**chunk, "encoding": "rle"}],
             }
@@ -425,7 +425,7 @@ async def _pull_two(pub: WeightPublisher, v0: int, v1: int) -> tuple:
     async with serve(pub) as url, aiohttp.ClientSession() as s:
         async with s.get(f"{url}/v1/weights/{v1}/delta/{v0}/manifest") as r:
             dm = DeltaManifest.model_validate(await r.json())
-        node = WeightNode("t", "w", serve=False)
+        node = WeightNode(PullOptions(token="t", peer_id="w"), serve=None)
         await node.pull(url, v0, s)
         got = await node.pull(url, v1, s)
         return got, node.last, dm
@@ -442,9 +442,9 @@ def test_sparse_delta_pull_end_to_end_is_bit_exact(sparse) -> None:
     assert st.mode == "delta" and st.from_origin == 0 and st.retries == 0
     kinds = {d.encoding for d in dm.chunks if d.size}
     if sparse:
-        assert dm.codec == wd.CODEC_SPARSE and kinds == {wd.SPARSE, wd.DENSE}
+        assert dm.codec == CODEC_SPARSE and kinds == {SPARSE, DENSE}
     else:
-        assert dm.codec == wd.CODEC and kinds == {wd.DENSE}
+        assert dm.codec == CODEC and kinds == {DENSE}
     assert st.delta_bytes == dm.total_bytes < m1.total_bytes
 
 
@@ -470,7 +470,7 @@ def test_malformed_sparse_chunk_falls_back_to_the_full_chunk() -> None:
     delta = pub._get(1).delta
     assert delta is not None
     dm, payloads = delta.result()
-    i = next(d.index for d in dm.chunks if d.encoding == wd.SPARSE)
+    i = next(d.index for d in dm.chunks if d.encoding == SPARSE)
     bad = _payload(gaps=[3, 6, 10**6])
     payloads[i] = bad
     dm.chunks[i].size, dm.chunks[i].digest = len(bad), hexdigest(m1.digest, bad)

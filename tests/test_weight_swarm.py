@@ -14,8 +14,9 @@ from aiohttp import web
 from trainer.local_weights import open_local
 from trainer.weight_tracker import Announce, SwarmTracker, decode_bits, encode_bits
 from trainer.weights import WeightPublisher, add_routes
-from worker.peer_server import PeerServer, WeightNode, WeightStore
-from worker.weight_pull import PullStats, pull_weights
+from worker.peer_server import PeerServer, ServeOptions, WeightNode
+from worker.weight_pull import PullOptions, PullStats, pull_weights
+from worker.weight_store import WeightStore
 
 TOKEN = "tok"
 
@@ -89,7 +90,8 @@ def test_fanout_peers_carry_the_load_and_origin_sends_about_one_copy() -> None:
 
     async def go() -> list[tuple[dict, PullStats, int]]:
         async with serve(pub) as (url, _), aiohttp.ClientSession() as s:
-            nodes = [WeightNode(TOKEN, f"w{i}", parallel=2, egress_bps=4e6) for i in range(4)]
+            link = ServeOptions(egress_bps=4e6)
+            nodes = [WeightNode(PullOptions(token=TOKEN, peer_id=f"w{i}", parallel=2), link) for i in range(4)]
             for n in nodes:
                 await n.start()
             try:
@@ -143,7 +145,7 @@ def test_lying_peer_is_dropped_and_reported() -> None:
         try:
             async with serve(pub) as (url, _):
                 st = PullStats()
-                got = await pull_weights(url, 3, token=TOKEN, stats=st, peer_id="honest")
+                got = await pull_weights(url, 3, PullOptions(token=TOKEN, peer_id="honest"), stats=st)
                 view = pub.tracker.announce(3, Announce(peer_id="late", n_chunks=n))
                 return got, st, {"view": view, "liar": liar_url}
         finally:
@@ -163,12 +165,13 @@ def test_transfer_survives_its_peer_source_being_killed() -> None:
 
     async def go() -> tuple[dict, PullStats, int]:
         async with serve(pub) as (url, _), aiohttp.ClientSession() as s:
-            seed = WeightNode(TOKEN, "seed", egress_bps=1.5e6)  # slow enough to kill mid-transfer
+            slow = ServeOptions(egress_bps=1.5e6)  # slow enough to kill mid-transfer
+            seed = WeightNode(PullOptions(token=TOKEN, peer_id="seed"), slow)
             await seed.pull(url, 1, s)
             egress0 = pub.counters.full_bytes
             st = PullStats()
             task = asyncio.create_task(
-                pull_weights(url, 1, token=TOKEN, session=s, stats=st, peer_id="newcomer", parallel=2)
+                pull_weights(url, 1, PullOptions(token=TOKEN, peer_id="newcomer", parallel=2), session=s, stats=st)
             )
             while st.from_peers < 64 * 1024 and not task.done():
                 await asyncio.sleep(0.02)
@@ -191,7 +194,7 @@ def test_transfer_survives_origin_restart() -> None:
         async with serve(pub) as (url, runner):
             port = int(url.rsplit(":", 1)[1])
             st = PullStats()
-            task = asyncio.create_task(pull_weights(url, 2, token=TOKEN, stats=st, swarm=False, retries=8))
+            task = asyncio.create_task(pull_weights(url, 2, PullOptions(token=TOKEN, swarm=False, retries=8), stats=st))
             while st.bytes_received < 200 * 1024:
                 await asyncio.sleep(0.02)
             await runner.cleanup()  # the trainer's server dies mid-transfer ...
@@ -212,7 +215,7 @@ def test_gc_never_removes_a_version_being_pulled() -> None:
     async def go() -> tuple[dict, list[int], list[int]]:
         gate = asyncio.Event()  # the pull of version 1 cannot finish before the gate opens
         async with serve(pub, gate=gate) as (url, _):
-            task = asyncio.create_task(pull_weights(url, 1, token=TOKEN, peer_id="slow", parallel=1))
+            task = asyncio.create_task(pull_weights(url, 1, PullOptions(token=TOKEN, peer_id="slow", parallel=1)))
             while 1 not in pub.tracker.versions_in_use():
                 await asyncio.sleep(0.01)
             for v in range(2, 6):  # training races ahead while the worker still pulls version 1
@@ -294,7 +297,7 @@ def test_same_machine_engine_maps_the_publisher_buffer() -> None:
     async def go() -> tuple[dict, PullStats]:
         async with serve(pub) as (url, _):
             st = PullStats()
-            return await pull_weights(url, 1, token=TOKEN, stats=st, local=True), st
+            return await pull_weights(url, 1, PullOptions(token=TOKEN, local=True), stats=st), st
 
     got, st = run(go())
     assert_same(want, got)
@@ -308,7 +311,7 @@ def test_a_buffer_prepared_before_the_pull_is_the_one_the_pull_fills() -> None:
 
     async def go() -> tuple[dict, bool, bool]:
         async with serve(pub) as (url, _), aiohttp.ClientSession() as s:
-            node = WeightNode(TOKEN, "booting", serve=False)
+            node = WeightNode(PullOptions(token=TOKEN, peer_id="booting"), serve=None)
             await node.prepare("http://127.0.0.1:9", 1, s)  # nothing listens there: harmless, no buffer
             assert node._reserving is None
             await node.prepare(url, 1, s)
@@ -341,14 +344,14 @@ def test_a_busy_peer_turns_pullers_away_without_being_dropped() -> None:
 
     async def go() -> tuple[list[dict], list[PullStats], int, int]:
         async with serve(pub) as (url, _), aiohttp.ClientSession() as s:
-            seed = WeightNode(TOKEN, "seed", egress_bps=2e6, max_uploads=1)
+            seed = WeightNode(PullOptions(token=TOKEN, peer_id="seed"), ServeOptions(egress_bps=2e6, max_uploads=1))
             await seed.pull(url, 1, s)
             assert seed.server is not None
             egress0 = pub.counters.full_bytes
             stats = [PullStats() for _ in range(3)]
             got = await asyncio.gather(
                 *(
-                    pull_weights(url, 1, token=TOKEN, session=s, stats=st, peer_id=f"p{i}", parallel=2)
+                    pull_weights(url, 1, PullOptions(token=TOKEN, peer_id=f"p{i}", parallel=2), session=s, stats=st)
                     for i, st in enumerate(stats)
                 )
             )
@@ -371,7 +374,7 @@ def test_a_pull_right_after_prepare_soon_waits_for_the_prepared_buffer() -> None
 
     async def go() -> tuple[dict, bool]:
         async with serve(pub) as (url, _), aiohttp.ClientSession() as s:
-            node = WeightNode(TOKEN, "racing", serve=False)
+            node = WeightNode(PullOptions(token=TOKEN, peer_id="racing"), serve=None)
             made: list = []
             reserve = node.store.reserve
 

@@ -13,8 +13,9 @@ import pytest
 import torch
 from aiohttp import web
 
-from trainer.weights import Manifest, WeightPublisher, add_routes, tensor_views
-from worker.weight_pull import PullStats, WeightPullError, latest_version, pull_weights
+from trainer.weight_manifest import Manifest
+from trainer.weights import WeightPublisher, add_routes, tensor_views
+from worker.weight_pull import PullOptions, PullStats, WeightPullError, latest_version, pull_weights
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -80,7 +81,8 @@ def test_round_trip_multi_chunk_bit_exact() -> None:
     async def go() -> dict[str, torch.Tensor]:
         async with serve(pub) as url:
             assert await latest_version(url) == 3
-            return await pull_weights(url, 3, parallel=3, on_progress=lambda d, t: progress.append((d, t)), stats=stats)
+            opts = PullOptions(parallel=3)
+            return await pull_weights(url, 3, opts, on_progress=lambda d, t: progress.append((d, t)), stats=stats)
 
     got = run(go())
     assert_same(tensors, got)
@@ -108,7 +110,7 @@ def test_single_chunk_and_latest_none_and_token_header() -> None:
         async with serve(pub, record_auth) as url:
             assert await latest_version(url, token="s3cret") is None
             pub.publish(0, model(1))
-            return await pull_weights(url, 0, token="s3cret")
+            return await pull_weights(url, 0, PullOptions(token="s3cret"))
 
     assert_same(model(1), run(go()))
     assert len(pub.manifest(0).chunks) == 1
@@ -156,7 +158,7 @@ def test_always_corrupt_chunk_fails_after_retries() -> None:
 
     async def go() -> None:
         async with serve(pub, corrupt) as url:
-            await pull_weights(url, 1, retries=2)
+            await pull_weights(url, 1, PullOptions(retries=2))
 
     with pytest.raises(WeightPullError, match=r"version 1 chunk 0.*3 attempts.*blake3 mismatch"):
         run(go())
@@ -235,7 +237,7 @@ def test_publish_from_thread_while_serving_pinned_version() -> None:
         async with serve(pub) as url:
             t = threading.Thread(target=trainer)
             t.start()
-            out = [await pull_weights(url, 1, parallel=8) for _ in range(3)]
+            out = [await pull_weights(url, 1, PullOptions(parallel=8)) for _ in range(3)]
             await asyncio.to_thread(t.join)
             out.append(await pull_weights(url, 11))
             return out
@@ -309,7 +311,7 @@ def test_manifest_with_an_unknown_digest_or_a_wrong_root_is_refused() -> None:
 
     async def go(mw: Callable) -> None:
         async with serve(pub, mw) as url:
-            await pull_weights(url, 1, retries=0)
+            await pull_weights(url, 1, PullOptions(retries=0))
 
     with pytest.raises(WeightPullError, match="invalid manifest"):
         run(go(rewrite(digest="md5")))
@@ -332,7 +334,7 @@ def test_unknown_version_error_names_it() -> None:
 
 def test_unreachable_server_fails_within_deadline() -> None:
     async def go() -> None:
-        await pull_weights("http://127.0.0.1:9", 1, retries=1, timeout_s=2.0)
+        await pull_weights("http://127.0.0.1:9", 1, PullOptions(retries=1, timeout_s=2.0))
 
     with pytest.raises(WeightPullError, match=r"weight version 1.*2 attempts"):
         run(go())

@@ -18,21 +18,19 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from trainer import weight_delta
 from trainer.digest import hexdigest
+from trainer.weight_manifest import CODEC, CODEC_SPARSE, DENSE, DeltaChunk, DeltaManifest, Encoding, Manifest
 
-if TYPE_CHECKING:
-    from trainer.weights import DeltaManifest, Manifest
-
-Step = tuple["DeltaManifest", list["bytes | None"]]  # a version's delta from the one before
+Step = tuple[DeltaManifest, list[bytes | None]]  # a version's delta from the one before
 MapFn = Callable[[Callable[[Any], Any], Iterable[Any]], Iterable[Any]]
 
 
 def compose_chunk(
-    steps: list[tuple[bytes, weight_delta.Encoding]], newest: memoryview, width: int, sparse: bool
-) -> tuple[weight_delta.Encoding, bytes] | None:
+    steps: list[tuple[bytes, Encoding]], newest: memoryview, width: int, sparse: bool
+) -> tuple[Encoding, bytes] | None:
     """One chunk's delta from the chain's base to `newest` (that chunk in the chain's last version),
     given the chain's per-step deltas, oldest first. None: no net change. Raises ValueError when a
     step's payload is malformed (the caller offers no delta then)."""
@@ -43,7 +41,7 @@ def compose_chunk(
     if sparse:
         return weight_delta.encode_best(view, newest, width)
     p = weight_delta.encode(view, newest, width)
-    return (weight_delta.DENSE, p) if p is not None else None
+    return (DENSE, p) if p is not None else None
 
 
 class DeltaHistory:
@@ -84,15 +82,13 @@ class DeltaHistory:
     def compose(self, m: Manifest, data: memoryview, base: int, sparse: bool, map_fn: MapFn = map) -> Step | None:
         """Version m.version (its bytes: `data`) as one delta from `base`, or None when the chain does
         not reach back to `base` (the worker then pulls in full)."""
-        from trainer.weights import DeltaChunk, DeltaManifest
-
         with self._lock:
             chain = [self._steps.get(v) for v in range(base + 1, m.version + 1)]
         if base >= m.version or any(s is None for s in chain) or any(len(s[0].chunks) != len(m.chunks) for s in chain):  # type: ignore[index]
             return None
         steps: list[Step] = chain  # type: ignore[assignment]
 
-        def one(i: int) -> tuple[weight_delta.Encoding, bytes] | None:
+        def one(i: int) -> tuple[Encoding, bytes] | None:
             parts = [(p[i], dm.chunks[i].encoding) for dm, p in steps if p[i] is not None]
             c = m.chunks[i]
             newest = data[c.offset : c.offset + c.size]
@@ -111,14 +107,14 @@ class DeltaHistory:
                 size=len(e[1]) if e else 0,
                 digest=hexdigest(m.digest, e[1]) if e else None,
                 shuffle=steps[-1][0].chunks[i].shuffle,
-                encoding=e[0] if e else weight_delta.DENSE,
+                encoding=e[0] if e else DENSE,
             )
             for i, e in enumerate(encoded)
         ]
         dm = DeltaManifest(
             version=m.version,
             base=base,
-            codec=weight_delta.CODEC_SPARSE if sparse else weight_delta.CODEC,
+            codec=CODEC_SPARSE if sparse else CODEC,
             total_bytes=sum(d.size for d in chunks),
             chunks=chunks,
         )

@@ -8,9 +8,10 @@ execs `torchrun --nnodes N --node-rank R --nproc-per-node G --master-addr HEAD -
 SkyPilot's variables (SKYPILOT_NODE_IPS, SKYPILOT_NODE_RANK, SKYPILOT_NUM_GPUS_PER_NODE), or runs the
 trainer directly on a one-GPU, one-node cluster. Under torchrun, `python -m trainer` calls `init()`:
 rank 0 runs the runtime with a `LeaderLearner`, which broadcasts every learner call (warm start, train
-step, state dict, ...) to the other ranks, and those run `follow()`: the same call on their own
-Learner, so every collective lines up. Samples travel as pickled objects (broadcast_object_list): a
-step's token ids are small next to its gradients.
+step, state dict, ...) to the other ranks, and those run `run_follower()`: the same call on their own
+Learner, so every collective lines up. The collectives themselves (the gradient all-reduce, FSDP
+sharding, LeaderLearner / follow) are in trainer/collectives.py, which the learner imports; this
+module joins and leaves the process group, builds the followers' Learners and launches torchrun.
 
 Backends: nccl on GPUs, gloo on CPU (tests run 2 CPU processes).
 """
@@ -21,23 +22,14 @@ import argparse
 import os
 import shutil
 import sys
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch import nn
+
+from trainer.collectives import DistContext, follow, release_followers
 
 DEFAULT_PORT = 29517
-
-
-@dataclass(frozen=True)
-class DistContext:
-    rank: int
-    world_size: int
-    local_rank: int
-    strategy: str  # ddp | fsdp
-    device: str
 
 
 def launched() -> bool:
@@ -84,100 +76,13 @@ def run_follower(spec: Any, ctx: DistContext) -> int:
 def finish() -> None:
     """Rank 0, once the job is over: release the followers, leave the group."""
     if _CTX is not None and _CTX.rank == 0 and dist.is_initialized():
-        _broadcast(("stop", (), {}))
+        release_followers()
     shutdown()
 
 
 def shutdown() -> None:
     if dist.is_initialized():
         dist.destroy_process_group()
-
-
-# ---- training collectives ----------------------------------------------------------------------
-
-
-def all_reduce_grads(model: nn.Module) -> None:
-    """Sum gradients over ranks, as one flat buffer (one collective per step, not per tensor)."""
-    grads = [p.grad for p in model.parameters() if p.grad is not None]
-    if not grads:
-        return
-    flat = torch.cat([g.reshape(-1) for g in grads])
-    dist.all_reduce(flat)
-    offset = 0
-    for g in grads:
-        g.copy_(flat[offset : offset + g.numel()].view_as(g))
-        offset += g.numel()
-
-
-def shard_model(model: nn.Module, ctx: DistContext) -> None:
-    """FSDP2 (`fully_shard`): each transformer block, then the root; parameters become DTensors."""
-    from torch.distributed.fsdp import fully_shard
-
-    blocks = _blocks(model)
-    for block in blocks:
-        fully_shard(block)
-    fully_shard(model)
-
-
-def _blocks(model: nn.Module) -> list[nn.Module]:
-    for path in ("model.layers", "transformer.h", "gpt_neox.layers", "blocks"):
-        mod: Any = model
-        try:
-            for part in path.split("."):
-                mod = getattr(mod, part)
-        except AttributeError:
-            continue
-        if isinstance(mod, nn.ModuleList):
-            return list(mod)
-    return []
-
-
-# ---- rank 0 drives, the others follow ----------------------------------------------------------
-
-_CALLS = (
-    "warm_start",
-    "train_step",
-    "begin_step",
-    "add_groups",
-    "finish_step",
-    "state_dict",
-    "logprobs",
-    "load_state_dict",
-)
-
-
-def _broadcast(obj: Any) -> Any:
-    box = [obj]
-    dist.broadcast_object_list(box, src=0)
-    return box[0]
-
-
-class LeaderLearner:
-    """Rank 0's learner handle: each call is announced to every rank, then run here too."""
-
-    def __init__(self, learner: Any) -> None:
-        self.learner = learner
-
-    def __getattr__(self, name: str) -> Any:
-        if name not in _CALLS:
-            return getattr(self.learner, name)
-
-        def call(*args: Any, **kwargs: Any) -> Any:
-            _broadcast((name, args, kwargs))
-            return getattr(self.learner, name)(*args, **kwargs)
-
-        return call
-
-
-def follow(learner: Any) -> int:
-    """A non-zero rank: run what rank 0 announces until it says stop."""
-    while True:
-        name, args, kwargs = _broadcast(None)
-        if name == "stop":
-            return 0
-        if name not in _CALLS:
-            raise RuntimeError(f"unknown learner call {name!r} from rank 0")
-        getattr(learner, name)(*args, **kwargs)
 
 
 # ---- launcher ----------------------------------------------------------------------------------

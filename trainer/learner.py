@@ -1,6 +1,6 @@
 """The learner: the policy (TinyGPT or a Hugging Face causal LM) + AdamW, a supervised warm start,
 and one GRPO update per step; data-parallel or FSDP across torch.distributed ranks when given a
-DistContext (trainer/distributed.py).
+DistContext (trainer/collectives.py; launched by trainer/distributed.py).
 
 Deterministic given the seed: weights are initialised from a forked, seeded torch RNG (the global RNG
 is left alone), warm-start problems come from a seeded numpy Generator, and the model has no dropout
@@ -58,11 +58,11 @@ from trainer.grpo import (
     token_weights,
 )
 from trainer.model import TinyGPT, from_spec, left_pad
-from trainer.sampling import request_seed
+from trainer.sampling import request_id, request_seed
 from trainer.tasks import Problem, Task, make_task
 
 if TYPE_CHECKING:
-    from trainer.distributed import DistContext
+    from trainer.collectives import DistContext
 
 WARM_START_BATCH = 32
 GRAD_CLIP = 1.0
@@ -136,7 +136,7 @@ class Learner:
                 raise ValueError(
                     "algorithm.kl_coef > 0 needs trainer.strategy: ddp (the reference model is not sharded)"
                 )
-            from trainer.distributed import shard_model
+            from trainer.collectives import shard_model
 
             shard_model(self.model, dist)
         # One AdamW for the warm start and RL (see warm_start); no weight decay on a tiny model.
@@ -411,7 +411,7 @@ class Learner:
 
     def _update(self) -> float:
         if self.dist is not None and self.dist.strategy == "ddp":
-            from trainer.distributed import all_reduce_grads
+            from trainer.collectives import all_reduce_grads
 
             all_reduce_grads(self.model)
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), GRAD_CLIP)
@@ -528,7 +528,7 @@ def make_learner(spec, dist: DistContext | None = None):
     learner = Learner(spec.model, spec.algorithm, spec.task, seed=spec.algorithm.seed, dist=dist)
     if dist is None or dist.world_size == 1:
         return learner
-    from trainer.distributed import LeaderLearner
+    from trainer.collectives import LeaderLearner
 
     return LeaderLearner(learner)
 
@@ -546,12 +546,12 @@ def rollout_groups(
     """Generate `group_size` responses per problem on one engine, in process, and score them.
 
     The path used when no coordinator is involved (tests, benchmarks/learning_curve.py). Request ids
-    are `s{step}-p{i}-g{j}`, as trainer/runtime.py names them, and each request's sampling seed is
+    are request_id(step, i, j), as trainer/runtime.py names them, and each request's sampling seed is
     request_seed(job_seed, rid), so with the same prompts the curves of the two paths agree."""
     requests, meta = [], {}
     for i, p in enumerate(problems):
         for j in range(group_size):
-            rid = f"s{step}-p{i}-g{j}"
+            rid = request_id(step, i, j)
             requests.append(GenRequest(rid, p.prompt_ids, max_new_tokens, request_seed(job_seed, rid)))
             meta[rid] = (i, p)
     out: dict[str, list[int]] = {r.rid: [] for r in requests}

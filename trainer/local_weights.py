@@ -14,7 +14,7 @@ import mmap
 import os
 
 from trainer import digest
-from trainer.weights import Manifest
+from trainer.weight_manifest import Manifest
 
 
 def open_local(m: Manifest, threads: int = 4) -> mmap.mmap | None:

@@ -23,13 +23,16 @@ import torch
 from aiohttp import web
 
 from contracts import tls
+from contracts.provider_kinds import provider_kind
 from contracts.spec import JobSpec
+from contracts.worker_env import NOTICE_FILE, WorkerEnv
 from trainer import checkpoint, distributed, scheduling
 from trainer.broadcast_sender import BroadcastSender, Receiver
 from trainer.coordinator import Coordinator, RolloutRequest
 from trainer.evaluation import Evaluator, describe
 from trainer.learner import Sample, make_learner
 from trainer.policies.tail_batching import TailBatcher
+from trainer.sampling import request_id
 from trainer.server import build_app
 from trainer.streaming import GroupFeeder
 from trainer.synthetic_learner import SyntheticLearner
@@ -84,7 +87,7 @@ class TrainerRuntime:
         if spec.model.kind == "synthetic":  # no torch work: training takes tokens / train rate
             self.learner = SyntheticLearner(scheduling.trainer_tokens_per_s(spec))
         else:
-            # under torchrun: rank 0's handle that drives every rank (trainer/distributed.py)
+            # under torchrun: rank 0's handle that drives every rank (trainer/collectives.py)
             self.learner = make_learner(spec, distributed.current())
         ro = spec.rollout
         self.batcher = TailBatcher(spec.algorithm.prompts_per_step, ro.tail_over_launch) if ro.tail_batching else None
@@ -93,7 +96,7 @@ class TrainerRuntime:
         self.broadcaster = BroadcastSender(
             spec.weights.transport,
             Site(spec.trainer.cloud, spec.trainer.region, torch.cuda.is_available()),
-            local=spec.provider == "local",
+            local=provider_kind(spec.provider).runs_here,
             opts=BroadcastOptions(bind_host="0.0.0.0"),
         )
         # validation on held-out problems (task.eval_every), beside the steps (trainer/evaluation.py)
@@ -159,20 +162,21 @@ class TrainerRuntime:
 
     def start_reserved_engine(self, url: str) -> None:
         """The trainer cluster's own engine: a worker process on this node, same protocol."""
-        env = {
-            **os.environ,
-            "RLBOOST_TRAINER_URL": url,
-            "RLBOOST_JOB_TOKEN": self.token,
-            "RLBOOST_WORKER_ID": f"{self.spec.name}-reserved",
-            "RLBOOST_WORKER_KIND": "reserved",
-            "RLBOOST_ENGINE": self.spec.rollout.engine,
-            "RLBOOST_ACCELERATOR": scheduling.reserved_accelerator(self.spec),  # the whole trainer cluster
-        }
+        worker = WorkerEnv(
+            trainer_url=url,
+            token=self.token,
+            worker_id=f"{self.spec.name}-reserved",
+            kind="reserved",
+            engine=self.spec.rollout.engine,
+            accelerator=scheduling.reserved_accelerator(self.spec),  # the whole trainer cluster
+        )
+        # cloud and region as the trainer process has them, if at all
+        env = {**os.environ, **{k: v for k, v in worker.to_env().items() if v}}
         if self.tls_fingerprint:
             env[tls.ENV_FINGERPRINT] = self.tls_fingerprint
         for k in (tls.ENV_KEY_PEM, tls.ENV_CERT_PEM, tls.ENV_KEY, tls.ENV_CERT):
             env.pop(k, None)  # the engine needs only the pin, never the key
-        env.pop("RLBOOST_NOTICE_FILE", None)  # the reserved cluster is on-demand: no notices
+        env.pop(NOTICE_FILE, None)  # the reserved cluster is on-demand: no notices
         log_path = self.run_dir / "reserved-engine.log"
         with open(log_path, "ab") as out:
             self.engine_proc = subprocess.Popen(
@@ -304,7 +308,7 @@ class TrainerRuntime:
         requests, group_of = [], {}
         for i, prob in enumerate(problems):
             for g in range(algo.group_size):
-                rid = f"s{step}-p{i}-g{g}"
+                rid = request_id(step, i, g)
                 group_of[rid] = i
                 requests.append(RolloutRequest(rid, list(prob.prompt_ids), algo.max_new_tokens, group=f"p{i}"))
         migrated0 = self.coord.book.migrations

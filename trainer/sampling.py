@@ -25,6 +25,13 @@ def _splitmix64(x: np.ndarray) -> np.ndarray:
         return z ^ (z >> np.uint64(31))
 
 
+def request_id(step: int, prompt: int, sample: int) -> str:
+    """A rollout request's id: sample `sample` of prompt `prompt` in step `step`. Its sampling seed is
+    request_seed(job seed, id), so every path that names a request this way (the trainer, the in-process
+    learner, the simulator's lengths) draws the same response for it."""
+    return f"s{step}-p{prompt}-g{sample}"
+
+
 def request_seed(job_seed: int, rid: str) -> int:
     """A stable 63-bit seed for one request of a job."""
     h = hashlib.sha256(f"{job_seed}:{rid}".encode()).digest()

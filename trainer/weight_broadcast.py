@@ -35,7 +35,8 @@ from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from trainer.weights import ChunkInfo, HostBuffer, Manifest
+from trainer.weight_manifest import ChunkInfo, Manifest
+from trainer.weights import HostBuffer
 
 if TYPE_CHECKING:
     import torch

@@ -22,7 +22,8 @@ step itself changed are listed apart (their indices) and go last, so the order i
 the delta is applied to the old chunk or taken back from the new one.
 
 The publisher encodes each changed chunk both ways and sends the smaller (`encode_best`); the
-delta manifest records which per chunk (codec CODEC_SPARSE).
+delta manifest records which per chunk (codec CODEC_SPARSE; the codec and encoding names, like the
+delta manifest itself, are in trainer/weight_manifest.py).
 
 Decoding is exact by construction (XOR is its own inverse; the difference is added back modulo the
 element's width) and every rebuilt chunk is checked against the full manifest's digest. Both can be
@@ -35,19 +36,12 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 import zstandard
 
-if TYPE_CHECKING:
-    from trainer.weights import ChunkInfo, TensorInfo
+from trainer.weight_manifest import DENSE, SPARSE, ChunkInfo, Encoding, TensorInfo, itemsize
 
-CODEC = "xor-shuffle-zstd"  # every chunk dense (what publishers before the sparse encoding send)
-CODEC_SPARSE = "sparse-or-xor-shuffle-zstd"  # per chunk, DeltaChunk.encoding says which
-DENSE: Literal["xor-shuffle"] = "xor-shuffle"
-SPARSE: Literal["sparse"] = "sparse"
-Encoding = Literal["xor-shuffle", "sparse"]
 # The sparse form must be this much smaller to be chosen: when nearly every element changes the two
 # are within bytes of each other, and the dense XOR decodes faster than a scatter of every element.
 SPARSE_MARGIN = 0.99
@@ -67,8 +61,6 @@ _MAX_SPARSE_BYTES = 1 << 31  # the header's counts and sizes are uint32; chunks 
 
 def shuffle_widths(tensors: Sequence[TensorInfo], chunks: Sequence[ChunkInfo]) -> list[int]:
     """Per chunk, the element size of the tensor that covers most of it (the shuffle width)."""
-    from trainer.weights import itemsize
-
     widths = []
     t = 0
     for c in chunks:

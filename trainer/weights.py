@@ -1,8 +1,9 @@
 """Weight publisher: the trainer side of pull-based weight transfer.
 
 A published version is one contiguous host buffer (every tensor's raw bytes, 64-byte aligned) plus a
-manifest: the tensor table (name, dtype, shape, offset) and the chunk list with a digest each
-(BLAKE3 by default, trainer/digest.py). The buffer lives in a memfd on Linux, so chunks go out with
+manifest (trainer/weight_manifest.py, the schema shared with the delta codec and the puller): the
+tensor table (name, dtype, shape, offset) and the chunk list with a digest each (BLAKE3 by default,
+trainer/digest.py). The buffer lives in a memfd on Linux, so chunks go out with
 sendfile (no user-space copy) and the trainer's own engine can map the same pages
 (trainer/local_weights.py). Versions are immutable, so serving needs no locking beyond the version
 table.
@@ -35,16 +36,28 @@ import time
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import IO, TYPE_CHECKING, Literal, Protocol
+from typing import IO, TYPE_CHECKING, Protocol
 
 import numpy as np
 from aiohttp import web
-from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from trainer import weight_delta
 from trainer.delta_chain import DeltaHistory
 from trainer.digest import DEFAULT as DEFAULT_DIGEST
-from trainer.digest import HEX_PATTERN, Algorithm, hexdigest
+from trainer.digest import Algorithm, hexdigest
+from trainer.weight_manifest import (
+    CODEC,
+    CODEC_SPARSE,
+    DENSE,
+    ChunkInfo,
+    DeltaChunk,
+    DeltaManifest,
+    Encoding,
+    Manifest,
+    TensorInfo,
+    itemsize,
+    root_of,
+)
 from trainer.weight_tracker import SwarmTracker, add_swarm_route
 
 if TYPE_CHECKING:
@@ -58,95 +71,10 @@ _MAX_PARAM = 1 << 62  # path ints above this are nonsense, not a lookup miss
 _INT_RE = re.compile(r"[0-9]{1,19}")
 _RANGE_RE = re.compile(r"bytes=([0-9]*)-([0-9]*)")
 _SEND_SLICE = 1 << 20  # bytes per write from memory, or per sendfile call when a rate limit applies
-# dtype name -> bytes per element. torch is imported lazily: a worker's transfer path (and the
-# peer server) does not need it, and importing it costs seconds of CPU on a small node.
-ITEMSIZE = {
-    "float64": 8,
-    "float32": 4,
-    "float16": 2,
-    "bfloat16": 2,
-    "int64": 8,
-    "int32": 4,
-    "int16": 2,
-    "int8": 1,
-    "uint8": 1,
-    "bool": 1,
-    "float8_e4m3fn": 1,
-    "float8_e5m2": 1,
-}
 
 
-class TensorInfo(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    name: str = Field(min_length=1, max_length=1024)
-    dtype: str
-    shape: list[int]
-    offset: int = Field(ge=0)
-    nbytes: int = Field(ge=0)
-
-
-class ChunkInfo(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    index: int = Field(ge=0)
-    offset: int = Field(ge=0)
-    size: int = Field(ge=1)
-    digest: str = Field(pattern=HEX_PATTERN)
-
-
-class Manifest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    version: int = Field(ge=0)
-    format: Literal["raw"] = "raw"
-    total_bytes: int = Field(ge=0)
-    chunk_bytes: int = Field(ge=1)
-    digest: Algorithm = DEFAULT_DIGEST  # of every chunk, of the root, of delta payloads
-    root: str = Field(pattern=HEX_PATTERN)  # digest of the chunk digests, in order
-    tensors: list[TensorInfo]
-    chunks: list[ChunkInfo]
-    local_path: str | None = None  # same-machine readers may map the buffer here (local_weights.py)
-
-
-class DeltaChunk(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    index: int = Field(ge=0)
-    # compressed bytes on the wire; 0: the chunk did not change, or (when its digest differs between
-    # the two manifests) it goes in full
-    size: int = Field(ge=0)
-    digest: str | None = Field(default=None, pattern=HEX_PATTERN)  # of the compressed bytes
-    shuffle: int = Field(default=1, ge=1, le=8)  # element width (dense: the shuffle; sparse: the element)
-    encoding: weight_delta.Encoding = weight_delta.DENSE
-
-
-class DeltaManifest(BaseModel):
-    """Version `version` as a difference from `base`; rebuilt chunks are checked against the full
-    manifest's digests, so a delta can never produce weights other than the published ones."""
-
-    model_config = ConfigDict(extra="forbid")
-    version: int = Field(ge=0)
-    base: int = Field(ge=0)
-    # "xor-shuffle-zstd": every chunk dense; "sparse-or-xor-shuffle-zstd": each chunk's `encoding`
-    # says which (a worker that knows only the first rejects the second and pulls in full)
-    codec: Literal["xor-shuffle-zstd", "sparse-or-xor-shuffle-zstd"] = weight_delta.CODEC_SPARSE
-    total_bytes: int = Field(ge=0)  # compressed bytes of all changed chunks
-    chunks: list[DeltaChunk]
-
-    @model_validator(mode="after")
-    def _encodings_match_codec(self) -> DeltaManifest:
-        if self.codec == weight_delta.CODEC and any(d.encoding != weight_delta.DENSE for d in self.chunks):
-            raise ValueError(f"codec {self.codec} has dense chunks only")
-        return self
-
-
-def root_of(chunks: list[ChunkInfo], alg: Algorithm) -> str:
-    return hexdigest(alg, b"".join(bytes.fromhex(c.digest) for c in chunks))
-
-
-def itemsize(name: str) -> int:
-    if name not in ITEMSIZE:
-        raise ValueError(f"unsupported weight dtype {name!r}")
-    return ITEMSIZE[name]
-
-
+# torch is imported lazily: a worker's transfer path (and the peer server) does not need it, and
+# importing it costs seconds of CPU on a small node.
 def dtype_of(name: str) -> torch.dtype:
     import torch
 
@@ -413,12 +341,12 @@ class WeightPublisher:
 
         sparse = self.sparse_delta
 
-        def one(c: ChunkInfo) -> tuple[weight_delta.Encoding, bytes] | None:
+        def one(c: ChunkInfo) -> tuple[Encoding, bytes] | None:
             old, new = base.buf.view[c.offset : c.offset + c.size], pub.buf.view[c.offset : c.offset + c.size]
             if sparse:
                 return weight_delta.encode_best(old, new, shuffles[c.index])
             p = weight_delta.encode(old, new, shuffles[c.index])
-            return (weight_delta.DENSE, p) if p is not None else None
+            return (DENSE, p) if p is not None else None
 
         encoded = list(self._pool.map(one, m.chunks))
         payloads = [e[1] if e else None for e in encoded]
@@ -428,14 +356,14 @@ class WeightPublisher:
                 size=len(e[1]) if e else 0,
                 digest=hexdigest(m.digest, e[1]) if e else None,
                 shuffle=shuffles[i],
-                encoding=e[0] if e else weight_delta.DENSE,
+                encoding=e[0] if e else DENSE,
             )
             for i, e in enumerate(encoded)
         ]
         dm = DeltaManifest(
             version=m.version,
             base=base.manifest.version,
-            codec=weight_delta.CODEC_SPARSE if sparse else weight_delta.CODEC,
+            codec=CODEC_SPARSE if sparse else CODEC,
             total_bytes=sum(d.size for d in dchunks),
             chunks=dchunks,
         )

@@ -1,7 +1,8 @@
 """`python -m worker`: a rollout worker. Configured by environment (set by the node's bootstrap):
 
-RLBOOST_TRAINER_URL, RLBOOST_JOB_TOKEN, RLBOOST_WORKER_ID, RLBOOST_WORKER_KIND (spot | reserved),
-RLBOOST_ENGINE (torch), RLBOOST_NOTICE (aws | gcp | file: where preemption notices come from),
+contracts/worker_env.py's WorkerEnv (RLBOOST_TRAINER_URL, RLBOOST_JOB_TOKEN, RLBOOST_WORKER_ID,
+RLBOOST_WORKER_KIND spot | reserved, RLBOOST_ENGINE, RLBOOST_ACCELERATOR, RLBOOST_CLOUD, RLBOOST_REGION),
+RLBOOST_NOTICE (aws | gcp | file: where preemption notices come from),
 RLBOOST_NOTICE_FILE (the local provider's notice file), RLBOOST_METADATA_URL (metadata server override),
 RLBOOST_TLS_FINGERPRINT (sha256 of the trainer's certificate; required when the trainer URL is https).
 """
@@ -13,31 +14,33 @@ import logging
 import os
 import sys
 
+from contracts.worker_env import TORCH_THREADS, WorkerEnv, WorkerEnvError
 from worker.agent import WorkerAgent, WorkerConfig
 from worker.notice import watcher_from_env
 
 
 def main() -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    missing = [k for k in ("RLBOOST_TRAINER_URL", "RLBOOST_JOB_TOKEN", "RLBOOST_WORKER_ID") if not os.environ.get(k)]
-    if missing:
-        print(f"error: {', '.join(missing)} not set (the node bootstrap sets them)", file=sys.stderr)
+    try:
+        env = WorkerEnv.from_env(os.environ)
+    except WorkerEnvError as e:
+        print(f"error: {e}", file=sys.stderr)
         return 2
     try:
         import torch
 
-        torch.set_num_threads(int(os.environ.get("RLBOOST_TORCH_THREADS", "1")))
+        torch.set_num_threads(int(os.environ.get(TORCH_THREADS, "1")))
     except ImportError:
         pass
     cfg = WorkerConfig(
-        trainer_url=os.environ["RLBOOST_TRAINER_URL"],
-        token=os.environ["RLBOOST_JOB_TOKEN"],
-        worker_id=os.environ["RLBOOST_WORKER_ID"],
-        kind=os.environ.get("RLBOOST_WORKER_KIND", "spot"),
-        engine=os.environ.get("RLBOOST_ENGINE", "torch"),
-        accelerator=os.environ.get("RLBOOST_ACCELERATOR") or None,
-        cloud=os.environ.get("RLBOOST_CLOUD") or None,
-        region=os.environ.get("RLBOOST_REGION") or None,
+        trainer_url=env.trainer_url,
+        token=env.token,
+        worker_id=env.worker_id,
+        kind=env.kind,
+        engine=env.engine,
+        accelerator=env.accelerator,
+        cloud=env.cloud,
+        region=env.region,
     )
     fp = os.environ.get("RLBOOST_TLS_FINGERPRINT") or None
     if fp:

@@ -1,10 +1,11 @@
 """A worker's side of peer fan-out: hold pulled weights, serve them to other workers, announce them.
 
-`WeightStore` holds the version being pulled (its verified chunks are served as they land, so a
-swarm of newcomers trades chunks before any of them is complete) and the last complete version
-(the base for a delta, and what newcomers fetch from this worker). `PeerServer` serves the store
-with the same routes as the trainer, behind the same job token. `WeightNode` is what the agent
-uses: it starts the server, pulls through the store, and keeps announcing what it holds.
+The `WeightStore` (worker/weight_store.py) holds the version being pulled (its verified chunks are
+served as they land, so a swarm of newcomers trades chunks before any of them is complete) and the
+last complete version (the base for a delta, and what newcomers fetch from this worker).
+`PeerServer` serves the store with the same routes as the trainer, behind the same job token, as
+`ServeOptions` say. `WeightNode` is what the agent uses: it starts the server, pulls through the
+store (worker/weight_pull.py, with the node's `PullOptions`), and keeps announcing what it holds.
 
 Reachability: a worker advertises http://RLBOOST_PEER_HOST:port (bind host, default 127.0.0.1;
 RLBOOST_PEER_URL overrides what is advertised); in a TLS job it serves https with its own self-signed
@@ -24,10 +25,9 @@ import logging
 import os
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -38,113 +38,15 @@ from contracts.tls import ENV_FINGERPRINT
 from trainer.region_fanout import region_key
 from trainer.weight_broadcast import BroadcastError
 from trainer.weight_tracker import encode_bits
-from trainer.weights import ChunkInfo, HostBuffer, Manifest, RateLimit, ServeCounters, add_chunk_routes
+from trainer.weights import RateLimit, ServeCounters, add_chunk_routes
 from worker.weight_broadcast import receive_to_store
-from worker.weight_pull import PullStats, WeightPullError, get_manifest, pull_weights
+from worker.weight_pull import PullOptions, PullStats, WeightPullError, get_manifest, pull_weights
+from worker.weight_store import WeightStore
 
 if TYPE_CHECKING:
     import torch
 
 log = logging.getLogger("rlboost.weights")
-
-
-@dataclass
-class Held:
-    manifest: Manifest
-    buf: HostBuffer
-    have: set[int] = field(default_factory=set)
-    complete: bool = False
-
-
-class WeightStore:
-    """Versions this worker holds. Thread-safe: fetch threads mark chunks, the loop serves them."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._held: dict[int, Held] = {}
-        self._spare: list[HostBuffer] = []  # paged-in buffers: of dropped versions, or reserved ahead
-
-    def buffer(self, size: int) -> HostBuffer:
-        """A buffer for the next pull: a recycled one when it fits (first-touch page faults cost
-        about as much as the transfer itself on a busy host), else a new one."""
-        with self._lock:
-            for b in self._spare:
-                if b.size == size and b.sending == 0:
-                    self._spare.remove(b)
-                    return b
-        return HostBuffer(size, shareable=False)
-
-    def has_spare(self, size: int) -> bool:
-        with self._lock:
-            return any(b.size == size for b in self._spare)
-
-    def reserve(self, size: int) -> None:
-        """Allocate and page in a receive buffer ahead of a pull (on a thread): at boot while the
-        engine builds, and after each pull for the next one. The pull then lands in memory that is
-        already mapped: first-touch faults cost as much as the transfer on the VMs measured here."""
-        buf = HostBuffer(size, shareable=False).page_in()
-        with self._lock:
-            self._keep_spare(buf)
-
-    def _keep_spare(self, buf: HostBuffer) -> None:  # under the lock
-        self._spare = [*self._spare, buf][-2:]
-
-    def begin(self, m: Manifest, buf: HostBuffer) -> Callable[[int], None]:
-        held = Held(m, buf)
-        with self._lock:
-            old = self._held.get(m.version)
-            if old is not None and old.buf is not buf:
-                self._keep_spare(old.buf)
-            self._held[m.version] = held
-
-        def mark(i: int) -> None:
-            with self._lock:
-                held.have.add(i)
-
-        return mark
-
-    def complete(self, version: int) -> None:
-        """`version` is whole: it becomes the one served and the delta base; older ones go."""
-        with self._lock:
-            held = self._held.get(version)
-            if held is None:
-                return
-            held.complete = True
-            for v in [v for v, h in self._held.items() if v != version and (h.complete or v < version)]:
-                self._keep_spare(self._held.pop(v).buf)  # reused only once no chunk of it is being sent
-
-    def abandon(self, version: int) -> None:
-        with self._lock:
-            h = self._held.get(version)
-            if h is not None and not h.complete:
-                self._keep_spare(self._held.pop(version).buf)
-
-    def base_for(self, m: Manifest) -> Held | None:
-        """A complete held version laid out like `m`: a delta from it can rebuild `m`."""
-        with self._lock:
-            cands = [h for v, h in self._held.items() if h.complete and v < m.version]
-        for h in sorted(cands, key=lambda h: -h.manifest.version):
-            if h.manifest.tensors == m.tensors and h.manifest.chunk_bytes == m.chunk_bytes:
-                return h
-        return None
-
-    def latest_complete(self) -> Held | None:
-        with self._lock:
-            done = [h for h in self._held.values() if h.complete]
-        return max(done, key=lambda h: h.manifest.version) if done else None
-
-    # ChunkSource, for the routes
-    def manifest(self, version: int) -> Manifest | None:
-        with self._lock:
-            h = self._held.get(version)
-        return h.manifest if h else None
-
-    def chunk_buffer(self, version: int, index: int) -> tuple[ChunkInfo, HostBuffer] | None:
-        with self._lock:
-            h = self._held.get(version)
-            if h is None or index not in h.have:
-                return None
-        return h.manifest.chunks[index], h.buf
 
 
 def _auth(token: str) -> Callable:
@@ -160,29 +62,37 @@ def _auth(token: str) -> Callable:
     return check
 
 
+@dataclass(frozen=True)
+class ServeOptions:
+    """How a worker serves the weights it holds to other workers."""
+
+    host: str = "127.0.0.1"  # bind address
+    port: int = 0  # 0: any free port
+    advertise: str | None = None  # the URL the tracker relays to pullers (None: scheme://host:port)
+    tls: bool = False  # a TLS job: https with a self-signed certificate, pinned through the URL
+    max_uploads: int = 4  # chunk bodies sent at once; beyond that, 429 (the puller asks another holder)
+    egress_bps: float | None = None  # benchmarks: an emulated NIC
+
+
 class PeerServer:
-    def __init__(
-        self,
-        store: WeightStore,
-        token: str,
-        egress_bps: float | None = None,
-        tls: bool = False,
-        max_uploads: int = 4,
-    ) -> None:
-        self.store, self.token, self.tls, self.max_uploads = store, token, tls, max_uploads
+    def __init__(self, store: WeightStore, token: str, opts: ServeOptions | None = None) -> None:
+        self.store, self.token = store, token
+        self.opts = opts if opts is not None else ServeOptions()
         self._tls_dir: tempfile.TemporaryDirectory | None = None
         self.counters = ServeCounters()
-        self.limit = RateLimit(egress_bps) if egress_bps else None
+        self.limit = RateLimit(self.opts.egress_bps) if self.opts.egress_bps else None
         self._runner: web.AppRunner | None = None
         self.url: str | None = None
 
-    async def start(self, host: str = "127.0.0.1", port: int = 0, advertise: str | None = None) -> str:
+    async def start(self) -> str:
+        """Bind and serve; returns the URL to advertise."""
+        host, port, advertise = self.opts.host, self.opts.port, self.opts.advertise
         app = web.Application(middlewares=[_auth(self.token)])
-        add_chunk_routes(app, self.store, self.counters, self.limit, self.max_uploads)
+        add_chunk_routes(app, self.store, self.counters, self.limit, self.opts.max_uploads)
         self._runner = web.AppRunner(app, handle_signals=False, access_log=None)
         await self._runner.setup()
         ssl_ctx, pin = None, ""
-        if self.tls:  # a TLS job: peers get this worker's own self-signed certificate, pinned via the URL
+        if self.opts.tls:  # a TLS job: peers get this worker's own self-signed certificate, pinned via the URL
             from contracts.tls import make_self_signed, server_context
 
             self._tls_dir = tempfile.TemporaryDirectory(prefix="rlboost-peer-tls-")
@@ -208,30 +118,17 @@ class WeightNode:
     """The agent's weight transfer: pull through the store, serve peers, announce, report."""
 
     def __init__(
-        self,
-        token: str,
-        peer_id: str,
-        *,
-        serve: bool = True,
-        host: str = "127.0.0.1",
-        port: int = 0,
-        advertise: str | None = None,
-        parallel: int = 4,
-        local: bool = False,
-        egress_bps: float | None = None,
-        ingress_bps: float | None = None,
-        seed_every_s: float = 2.0,
-        tls: bool = False,
-        max_uploads: int = 4,
-        region: str | None = None,
-        cross_region_bps: float | None = None,
+        self, pull: PullOptions, serve: ServeOptions | None = ServeOptions(), *, seed_every_s: float = 2.0
     ) -> None:
-        self.token, self.peer_id = token, peer_id
-        self.region, self.cross_region_bps = region, cross_region_bps  # the latter: benchmarks only
+        """`pull`: how every version is pulled; it must name the job token and this worker's peer
+        id (its `peer_url` and `as_tensors` are set per pull). `serve`: how verified chunks are
+        served to peers (None: not at all)."""
+        if pull.token is None or pull.peer_id is None:
+            raise ValueError("a weight node needs the job token and its peer id (PullOptions.token, .peer_id)")
+        self.opts = pull
+        self.token, self.peer_id = pull.token, pull.peer_id
         self.store = WeightStore()
-        self.server = PeerServer(self.store, token, egress_bps, tls=tls, max_uploads=max_uploads) if serve else None
-        self.host, self.port, self.advertise = host, port, advertise
-        self.parallel, self.local, self.ingress_bps = parallel, local, ingress_bps
+        self.server = PeerServer(self.store, self.token, serve) if serve is not None else None
         self.seed_every_s = seed_every_s
         self.last: PullStats | None = None
         self._base_url: str | None = None
@@ -245,19 +142,21 @@ class WeightNode:
     def from_env(cls, token: str, peer_id: str, kind: str) -> WeightNode:
         env = os.environ
         reserved = kind == "reserved"  # on the trainer's machine: shared memory, nothing to serve
-        return cls(
-            token,
-            peer_id,
-            serve=env.get("RLBOOST_PEER_SERVE", "0" if reserved else "1") == "1",
+        pull = PullOptions(
+            token=token,
+            peer_id=peer_id,
+            parallel=int(env.get("RLBOOST_PULL_PARALLEL", "4")),
+            local=env.get("RLBOOST_WEIGHTS_LOCAL", "1" if reserved else "0") == "1",
+            region=region_key(env.get("RLBOOST_CLOUD"), env.get("RLBOOST_REGION")),
+        )
+        serve = ServeOptions(
             host=env.get("RLBOOST_PEER_HOST", "127.0.0.1"),
             port=int(env.get("RLBOOST_PEER_PORT", "0")),
             advertise=env.get("RLBOOST_PEER_URL") or None,
-            parallel=int(env.get("RLBOOST_PULL_PARALLEL", "4")),
             max_uploads=int(env.get("RLBOOST_PEER_UPLOADS", "4")),
-            local=env.get("RLBOOST_WEIGHTS_LOCAL", "1" if reserved else "0") == "1",
             tls=bool(env.get(ENV_FINGERPRINT)),  # a TLS job: the job token never crosses in clear
-            region=region_key(env.get("RLBOOST_CLOUD"), env.get("RLBOOST_REGION")),
         )
+        return cls(pull, serve if env.get("RLBOOST_PEER_SERVE", "0" if reserved else "1") == "1" else None)
 
     async def __aenter__(self) -> WeightNode:
         return self  # the server starts with the first pull
@@ -272,7 +171,7 @@ class WeightNode:
     async def start(self) -> None:
         if self.server is not None and self.server.url is None:
             try:
-                await self.server.start(self.host, self.port, self.advertise)
+                await self.server.start()
             except OSError as e:  # serving is an optimisation: pull without it
                 log.warning("peer server could not start (%s); not serving weights to peers", e)
                 self.server = None
@@ -295,7 +194,7 @@ class WeightNode:
         The agent calls this as soon as it knows the version to pull, before building its engine,
         so the buffer's first-touch cost overlaps the engine's start instead of the pull. Failure
         is harmless: the pull allocates its own buffer and reports any real error itself."""
-        if self.local or self._reserving is not None:
+        if self.opts.local or self._reserving is not None:
             return
         try:
             m = await get_manifest(base_url, version, token=self.token, session=session)
@@ -342,19 +241,11 @@ class WeightNode:
                 tensors = await pull_weights(
                     base_url,
                     version,
-                    token=self.token,
+                    replace(self.opts, peer_url=self.peer_url, as_tensors=as_tensors),
                     session=session,
-                    parallel=self.parallel,
                     stats=stats,
                     store=self.store,
-                    peer_id=self.peer_id,
-                    peer_url=self.peer_url,
-                    local=self.local,
-                    ingress_bps=self.ingress_bps,
-                    region=self.region,
-                    cross_region_bps=self.cross_region_bps,
                     on_progress=bar.update if bar else None,
-                    as_tensors=as_tensors,
                 )
         finally:
             if bar:
@@ -399,7 +290,7 @@ class WeightNode:
             "n_chunks": n,
             "have": encode_bits(range(n), n),
             "done": True,
-            "region": self.region,
+            "region": self.opts.region,
         }
         url = f"{self._base_url.rstrip('/')}/v1/weights/{held.manifest.version}/swarm"
         with contextlib.suppress(aiohttp.ClientError, asyncio.TimeoutError):

@@ -15,12 +15,12 @@ from pydantic import ValidationError
 
 from trainer.weight_broadcast import BroadcastError, BroadcastPlan, receive
 from trainer.weights import HostBuffer, tensor_views
-from worker.weight_pull import PullStats, pull_weights
+from worker.weight_pull import PullOptions, PullStats, pull_weights
 
 if TYPE_CHECKING:
     import torch
 
-    from worker.peer_server import WeightStore
+    from worker.weight_store import WeightStore
 
 
 @dataclass
@@ -52,7 +52,8 @@ async def receive_or_pull(
         return tensor_views(buf.view, plan.manifest.tensors)
     except BroadcastError as e:
         st.mode, st.fallback_reason = "http", str(e)
-    out = await pull_weights(base_url, plan.version, token=token, stats=pull_stats, swarm=False, delta=False)
+    opts = PullOptions(token=token, swarm=False, delta=False)
+    out = await pull_weights(base_url, plan.version, opts, stats=pull_stats)
     st.seconds = time.monotonic() - t0
     return out
 

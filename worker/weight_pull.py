@@ -1,7 +1,8 @@
 """Pull client for published weights (trainer/weights.py is the server side).
 
-A pull reads the manifest, then fetches chunks on `parallel` threads, each with its own keep-alive
-connection, straight into one buffer that the engine then loads from (tensors are views into it).
+A pull reads the manifest, then fetches chunks on `parallel` threads (the worker's `PullOptions` say
+how many, and everything else about how it pulls), each with its own keep-alive connection, straight
+into one buffer that the engine then loads from (tensors are views into it).
 Every chunk is hashed as it lands and counts only when its digest matches the manifest's
 (trainer/digest.py: BLAKE3 unless the manifest says otherwise).
 
@@ -39,28 +40,46 @@ from pydantic import ValidationError
 from trainer import digest
 from trainer.retry import Backoff, aretry, retry
 from trainer.weight_delta import decode_chunk
+from trainer.weight_manifest import DeltaManifest, Manifest, itemsize, root_of
 from trainer.weight_tracker import decode_bits, encode_bits
-from trainer.weights import (
-    DeltaManifest,
-    HostBuffer,
-    Manifest,
-    RateLimit,
-    itemsize,
-    root_of,
-    tensor_views,
-)
+from trainer.weights import HostBuffer, RateLimit, tensor_views
 from worker.chunk_http import HttpConn, Partial, SourceError
 
 if TYPE_CHECKING:
     import torch
 
-    from worker.peer_server import WeightStore
+    from worker.weight_store import Held, WeightStore
 
 ORIGIN = "origin"
 
 
 class WeightPullError(RuntimeError):
     """A weight pull failed for good (after retries, or on an answer retrying cannot fix)."""
+
+
+@dataclass(frozen=True)
+class PullOptions:
+    """How a worker pulls: the same for every version it pulls (`pull_weights` takes what changes
+    per call: the version, the session, the stats, the store, the progress callback)."""
+
+    token: str | None = None  # the job token, sent as a Bearer header to the trainer and to peers
+    parallel: int = 4  # fetch threads, each with its own keep-alive connection
+    retries: int = 5  # origin attempts per chunk, and retries of each control-plane request
+    timeout_s: float = 30.0  # bounds each request
+    swarm: bool = True  # ask the trainer's tracker for peers (False: everything from the trainer)
+    delta: bool = True  # with a store: pull as a delta from the version it holds, when offered
+    local: bool = False  # map the trainer's buffer when on the same machine
+    region: str | None = None  # this worker's `cloud/region`, reported to the tracker
+    peer_id: str | None = None  # this puller's name in the tracker
+    peer_url: str | None = None  # where this puller serves verified chunks to peers (None: nowhere)
+    announce_s: float = 0.25  # how often the tracker hears what this puller holds
+    # benchmarks only: an emulated NIC, no digest check, bytes left in the store (return {}, so torch
+    # is never imported), and an emulated slow link for bytes from the trainer or from a peer in
+    # another region
+    ingress_bps: float | None = None
+    verify: bool = True
+    as_tensors: bool = True
+    cross_region_bps: float | None = None
 
 
 @dataclass
@@ -114,7 +133,6 @@ def _retryable(status: int) -> bool:
 def fetch_into(
     conn: HttpConn,
     path: str,
-    size: int,
     expect: str,
     dest: memoryview,
     part: Partial,
@@ -123,10 +141,12 @@ def fetch_into(
     stop: threading.Event | None = None,
     verify: bool = True,
 ) -> int:
-    """Fill dest[:size] with the body at `path`, resuming at part.got. Returns bytes read off the wire.
+    """Fill `dest` (all of it: the body is len(dest) bytes) with the body at `path`, resuming at
+    part.got. Returns bytes read off the wire.
 
     Raises SourceError (the source failed; `part` keeps what arrived) or _Corrupt (hash mismatch;
     `part` is reset, since none of the bytes can be trusted)."""
+    size = len(dest)
     headers = {"Range": f"bytes={part.got}-{size - 1}"} if part.got else {}
     status, h = conn.request(path, headers)
     if status == 200:
@@ -306,31 +326,45 @@ class _BothLimits:
 
 @dataclass
 class _Ctx:
+    """One pull: what its phases and fetch threads share (the options, the manifest, the buffer the
+    chunks land in, the counters)."""
+
     base: str  # origin base URL
     version: int
-    token: str | None
-    timeout_s: float
-    limit: RateLimit | None
-    stop: threading.Event
-    stats: PullStats
-    verify: bool
+    opts: PullOptions
+    cl: _Client
+    m: Manifest
+    buf: HostBuffer
+    mark: Callable[[int], None]  # chunk i is verified in `buf` (a store serves it to peers from then on)
+    stop: threading.Event = field(default_factory=threading.Event)
     lock: threading.Lock = field(default_factory=threading.Lock)
     done_bytes: int = 0
+    peer_region: dict[str, str | None] = field(default_factory=dict)
+    limit: RateLimit | None = field(init=False)
     # benchmarks: bytes from another region (the trainer, or a peer the tracker says is elsewhere)
     # also pass this slower bucket
-    region: str | None = None
-    cross_limit: RateLimit | None = None
-    peer_region: dict[str, str | None] = field(default_factory=dict)
+    cross_limit: RateLimit | None = field(init=False)
+    pool: cf.ThreadPoolExecutor = field(init=False)  # the fetch threads
+
+    def __post_init__(self) -> None:
+        o = self.opts
+        self.limit = RateLimit(o.ingress_bps) if o.ingress_bps else None
+        self.cross_limit = RateLimit(o.cross_region_bps, burst=64 << 10) if o.cross_region_bps else None
+        self.pool = cf.ThreadPoolExecutor(max_workers=max(1, o.parallel), thread_name_prefix="pull")
+
+    @property
+    def stats(self) -> PullStats:
+        return self.cl.stats
 
     def limit_for(self, src: str) -> Any:
-        if self.cross_limit is None or (src != ORIGIN and self.peer_region.get(src) == self.region):
+        if self.cross_limit is None or (src != ORIGIN and self.peer_region.get(src) == self.opts.region):
             return self.limit
         return _BothLimits(self.limit, self.cross_limit) if self.limit else self.cross_limit
 
     def conn(self, pool: dict[str, HttpConn], src: str) -> HttpConn:
         if src not in pool:
             try:
-                pool[src] = HttpConn(self.base if src == ORIGIN else src, self.token, self.timeout_s)
+                pool[src] = HttpConn(self.base if src == ORIGIN else src, self.opts.token, self.opts.timeout_s)
             except ValueError as e:  # a peer URL that is no URL (the tracker relays what peers say)
                 raise SourceError(str(e), retryable=False) from e
         return pool[src]
@@ -342,8 +376,9 @@ class _Ctx:
                 setattr(self.stats, k, getattr(self.stats, k) + v)
 
 
-def _full_loop(ctx: _Ctx, plan: _Plan, m: Manifest, buf: HostBuffer, mark: Callable[[int], None]) -> None:
+def _full_loop(ctx: _Ctx, plan: _Plan) -> None:
     """One fetch thread: take a chunk, fetch it from its source, verify, repeat."""
+    m, buf = ctx.m, ctx.buf
     pool: dict[str, HttpConn] = {}
     try:
         while (job := plan.take()) is not None:
@@ -356,13 +391,12 @@ def _full_loop(ctx: _Ctx, plan: _Plan, m: Manifest, buf: HostBuffer, mark: Calla
                 n = fetch_into(
                     ctx.conn(pool, src),
                     f"/v1/weights/{ctx.version}/chunks/{c}",
-                    info.size,
                     info.digest,
                     dest,
                     part,
                     limit=ctx.limit_for(src),
                     stop=ctx.stop,
-                    verify=ctx.verify,
+                    verify=ctx.opts.verify,
                 )
             except (SourceError, _Corrupt) as e:
                 corrupt = isinstance(e, _Corrupt)
@@ -396,8 +430,9 @@ def _full_loop(ctx: _Ctx, plan: _Plan, m: Manifest, buf: HostBuffer, mark: Calla
             if src == ORIGIN:
                 ctx.count(n, from_origin=n)
             else:
-                ctx.count(n, from_peers=n, from_peers_elsewhere=n if ctx.peer_region.get(src) != ctx.region else 0)
-            mark(c)
+                elsewhere = n if ctx.peer_region.get(src) != ctx.opts.region else 0
+                ctx.count(n, from_peers=n, from_peers_elsewhere=elsewhere)
+            ctx.mark(c)
             with ctx.lock:
                 ctx.done_bytes += info.size
             plan.done(c, src)
@@ -408,27 +443,29 @@ def _full_loop(ctx: _Ctx, plan: _Plan, m: Manifest, buf: HostBuffer, mark: Calla
             conn.close()
 
 
-def _delta_loop(
-    ctx: _Ctx,
-    todo: list[int],
-    lock: threading.Lock,
-    dm: DeltaManifest,
-    m: Manifest,
-    base_buf: HostBuffer,
-    buf: HostBuffer,
-    rebuilt: set[int],
-    mark: Callable[[int], None],
-) -> None:
+@dataclass
+class _DeltaJob:
+    """The delta phase's work, shared by its threads."""
+
+    dm: DeltaManifest
+    base_buf: HostBuffer  # the held version the deltas apply to
+    todo: list[int]  # changed chunks no thread has taken yet
+    rebuilt: set[int]  # chunks in place and verified (copied unchanged, or rebuilt from their delta)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+def _delta_loop(ctx: _Ctx, job: _DeltaJob) -> None:
     """One delta thread: fetch a compressed chunk delta, rebuild the chunk, verify it against the
-    full manifest. A chunk that fails stays out of `rebuilt` and is fetched in full afterwards."""
-    conn = HttpConn(ctx.base, ctx.token, ctx.timeout_s)
+    full manifest. A chunk that fails stays out of `job.rebuilt` and is fetched in full afterwards."""
+    dm, m, buf, base_buf = job.dm, ctx.m, ctx.buf, job.base_buf
+    conn = HttpConn(ctx.base, ctx.opts.token, ctx.opts.timeout_s)
     scratch = bytearray(max((d.size for d in dm.chunks), default=0))
     try:
         while not ctx.stop.is_set():
-            with lock:
-                if not todo:
+            with job.lock:
+                if not job.todo:
                     return
-                c = todo.pop()
+                c = job.todo.pop()
             d, info = dm.chunks[c], m.chunks[c]
             sl = slice(info.offset, info.offset + info.size)
             payload = memoryview(scratch)[: d.size]
@@ -439,7 +476,6 @@ def _delta_loop(
                     n = fetch_into(
                         conn,
                         f"/v1/weights/{ctx.version}/delta/{dm.base}/chunks/{c}",
-                        d.size,
                         d.digest or "",
                         payload,
                         part,
@@ -458,8 +494,8 @@ def _delta_loop(
             except (SourceError, _Corrupt, ValueError):
                 ok = False  # fetched in full afterwards
             if ok:
-                rebuilt.add(c)
-                mark(c)
+                job.rebuilt.add(c)
+                ctx.mark(c)
                 with ctx.lock:
                     ctx.done_bytes += info.size
     finally:
@@ -588,45 +624,29 @@ async def get_manifest(
 async def pull_weights(
     base_url: str,
     version: int,
+    opts: PullOptions | None = None,
     *,
-    token: str | None = None,
     session: aiohttp.ClientSession | None = None,
-    parallel: int = 4,
-    retries: int = 5,
-    timeout_s: float = 30.0,
-    on_progress: Callable[[int, int], None] | None = None,
     stats: PullStats | None = None,
     store: WeightStore | None = None,
-    peer_id: str | None = None,
-    peer_url: str | None = None,
-    swarm: bool = True,
-    delta: bool = True,
-    local: bool = False,
-    ingress_bps: float | None = None,
-    verify: bool = True,
-    announce_s: float = 0.25,
-    as_tensors: bool = True,
-    region: str | None = None,
-    cross_region_bps: float | None = None,
+    on_progress: Callable[[int, int], None] | None = None,
 ) -> dict[str, torch.Tensor]:
     """Fetch, verify and load weight `version`; returns tensors that are views into one buffer.
 
-    `timeout_s` bounds each request; `retries` bounds origin attempts per chunk. With a `store`
-    (worker/peer_server.py) verified chunks are served to peers as they land, and the version held
-    before is the base for a delta. `swarm` asks the trainer's tracker for peers; `local` maps the
-    trainer's buffer when on the same machine; `region` (`cloud/region`) is this worker's, reported
-    to the tracker. `verify=False`, `as_tensors=False` (return {} and leave the bytes in the store,
-    so torch is never imported) and `cross_region_bps` (an emulated slow link for bytes from the
-    trainer or from a peer in another region) exist for benchmarks only."""
+    `opts` (PullOptions) says how: threads, timeouts, retries, the swarm, the region. With a `store`
+    (worker/weight_store.py) verified chunks are served to peers as they land, and the version held
+    before is the base for a delta. `on_progress(done_bytes, total_bytes)` is called from the event
+    loop as chunks land."""
+    o = opts if opts is not None else PullOptions()
     base = base_url.rstrip("/")
     st = stats if stats is not None else PullStats()
     st.version, t0 = version, time.monotonic()
     own = session is None
-    cl = _Client(session or aiohttp.ClientSession(), token, timeout_s, retries, st)
+    cl = _Client(session or aiohttp.ClientSession(), o.token, o.timeout_s, o.retries, st)
     try:
         m = await _manifest(cl, base, version)
         st.total_bytes, st.chunks = m.total_bytes, len(m.chunks)
-        if local and m.local_path:
+        if o.local and m.local_path:
             from trainer.local_weights import open_local
 
             mapped = await asyncio.to_thread(open_local, m)
@@ -637,76 +657,37 @@ async def pull_weights(
                 return tensor_views(mapped, m.tensors)
         buf = store.buffer(m.total_bytes) if store is not None else HostBuffer(m.total_bytes, shareable=False)
         mark = store.begin(m, buf) if store is not None else (lambda _c: None)
-        ctx = _Ctx(
-            base,
-            version,
-            token,
-            timeout_s,
-            RateLimit(ingress_bps) if ingress_bps else None,
-            threading.Event(),
-            st,
-            verify,
-            region=region,
-            cross_limit=RateLimit(cross_region_bps, burst=64 << 10) if cross_region_bps else None,
-        )
-        pool = cf.ThreadPoolExecutor(max_workers=max(1, parallel), thread_name_prefix="pull")
+        ctx = _Ctx(base, version, o, cl, m, buf, mark)
         try:
             todo = list(range(len(m.chunks)))
-            held = store.base_for(m) if (store is not None and delta) else None
+            held = store.base_for(m) if (store is not None and o.delta) else None
             if held is not None:
-                todo = await _delta_phase(cl, ctx, pool, parallel, m, held, buf, mark, base, version)
+                todo = await _delta_phase(ctx, held)
             if todo:
-                await _full_phase(
-                    cl,
-                    ctx,
-                    pool,
-                    parallel,
-                    m,
-                    buf,
-                    mark,
-                    todo,
-                    base,
-                    version,
-                    on_progress,
-                    swarm,
-                    peer_id,
-                    peer_url,
-                    retries,
-                    announce_s,
-                )
+                await _full_phase(ctx, todo, on_progress)
         except BaseException:
             if store is not None:
                 store.abandon(version)
             raise
         finally:
             ctx.stop.set()
-            pool.shutdown(wait=False)
+            ctx.pool.shutdown(wait=False)
         if store is not None:
             store.complete(version)
         if on_progress:
             on_progress(m.total_bytes, m.total_bytes)
-        return tensor_views(buf.view, m.tensors) if as_tensors else {}
+        return tensor_views(buf.view, m.tensors) if o.as_tensors else {}
     finally:
         if own:
             await cl.session.close()
         st.seconds = time.monotonic() - t0
 
 
-async def _delta_phase(
-    cl: _Client,
-    ctx: _Ctx,
-    pool: cf.ThreadPoolExecutor,
-    parallel: int,
-    m: Manifest,
-    held: Any,
-    buf: HostBuffer,
-    mark: Callable[[int], None],
-    base: str,
-    version: int,
-) -> list[int]:
+async def _delta_phase(ctx: _Ctx, held: Held) -> list[int]:
     """Rebuild what a delta from the held version can give; returns the chunks still to fetch."""
-    body = await cl.get_json(
-        f"{base}/v1/weights/{version}/delta/{held.manifest.version}/manifest", "weight delta", missing_ok=True
+    m, buf, version = ctx.m, ctx.buf, ctx.version
+    body = await ctx.cl.get_json(
+        f"{ctx.base}/v1/weights/{version}/delta/{held.manifest.version}/manifest", "weight delta", missing_ok=True
     )
     try:
         dm = DeltaManifest.model_validate(body) if body is not None else None
@@ -723,74 +704,57 @@ async def _delta_phase(
             # Unchanged, and the held bytes were verified against this very hash: copy, no re-hash.
             buf.view[info.offset : info.offset + info.size] = held.buf.view[old.offset : old.offset + old.size]
             rebuilt.add(d.index)
-            mark(d.index)
+            ctx.mark(d.index)
             ctx.stats.unchanged_chunks += 1
         elif d.size > 0 and d.digest:
             changed.append(d.index)
-    lock = threading.Lock()
+    job = _DeltaJob(dm, held.buf, changed, rebuilt)
     loop = asyncio.get_running_loop()
-    n = max(1, min(parallel, len(changed)))
-    futs = [
-        loop.run_in_executor(pool, _delta_loop, ctx, changed, lock, dm, m, held.buf, buf, rebuilt, mark)
-        for _ in range(n if changed else 0)
-    ]
+    n = max(1, min(ctx.opts.parallel, len(changed)))
+    futs = [loop.run_in_executor(ctx.pool, _delta_loop, ctx, job) for _ in range(n if changed else 0)]
     await asyncio.gather(*futs)
     return [c for c in range(len(m.chunks)) if c not in rebuilt]
 
 
-async def _full_phase(
-    cl: _Client,
-    ctx: _Ctx,
-    pool: cf.ThreadPoolExecutor,
-    parallel: int,
-    m: Manifest,
-    buf: HostBuffer,
-    mark: Callable[[int], None],
-    todo: list[int],
-    base: str,
-    version: int,
-    on_progress: Callable[[int, int], None] | None,
-    swarm: bool,
-    peer_id: str | None,
-    peer_url: str | None,
-    retries: int,
-    announce_s: float,
-) -> None:
+async def _full_phase(ctx: _Ctx, todo: list[int], on_progress: Callable[[int, int], None] | None) -> None:
+    """Fetch the chunks in `todo` from peers and the trainer, announcing to the tracker meanwhile."""
+    o, m, cl, base, version = ctx.opts, ctx.m, ctx.cl, ctx.base, ctx.version
+    parallel = max(1, o.parallel)
     loop = asyncio.get_running_loop()
     need = asyncio.Event()
-    seed = hash((peer_id, version)) & 0xFFFF_FFFF
+    seed = hash((o.peer_id, version)) & 0xFFFF_FFFF
 
     def on_need() -> None:  # from a fetch thread
         with contextlib.suppress(RuntimeError):  # the loop is closing
             loop.call_soon_threadsafe(need.set)
 
-    plan = _Plan(f"weight version {version}", todo, retries, seed, on_need)
+    plan = _Plan(f"weight version {version}", todo, o.retries, seed, on_need)
     have = set(range(len(m.chunks))) - set(todo)
-    if not swarm:
+    if not o.swarm:
         plan.update(None, None, grant_all=True)
-    futs = [loop.run_in_executor(pool, _full_loop, ctx, plan, m, buf, mark) for _ in range(max(1, parallel))]
+    futs = [loop.run_in_executor(ctx.pool, _full_loop, ctx, plan) for _ in range(parallel)]
     gathered = asyncio.gather(*futs)
-    pid = peer_id or f"puller-{id(plan):x}"
+    pid = o.peer_id or f"puller-{id(plan):x}"
     failures = 0
     reported = 0
     rate = _Rate()
     try:
         while not gathered.done():
-            if swarm and not plan.grant_all:
+            if o.swarm and not plan.grant_all:
                 with ctx.lock:
                     rate.add(ctx.done_bytes)
                 # Grants for ~0.1 s of this puller's own rate: a fast lone puller keeps its threads
                 # fed between announces; a link-limited one in a swarm leaves chunks for the others.
-                want = max(4, min(16, round(rate.per_s * 0.1 / m.chunk_bytes / max(1, parallel)))) * max(1, parallel)
+                want = max(4, min(16, round(rate.per_s * 0.1 / m.chunk_bytes / parallel))) * parallel
                 plan.low_water = want // 2
                 body = {
                     "peer_id": pid,
-                    "url": peer_url,
+                    "url": o.peer_url,
                     "n_chunks": len(m.chunks),
                     "have": encode_bits(have | (set(todo) - plan.todo), len(m.chunks)),
                     "want": want,
                     "bad": sorted(plan.new_bad),
-                    "region": ctx.region,
+                    "region": o.region,
                 }
                 try:
                     status, view = await cl.post_json(f"{base}/v1/weights/{version}/swarm", body)
@@ -802,7 +766,7 @@ async def _full_phase(
                         n = len(m.chunks)
                         listed = [p for p in view.get("peers", []) if p.get("url")]
                         peers = {p["url"]: decode_bits(p["have"], n) for p in listed}
-                        peers.pop(peer_url, None)
+                        peers.pop(o.peer_url, None)
                         ctx.peer_region.update({p["url"]: p.get("region") for p in listed})
                         plan.update(peers, {c for c in view.get("origin", []) if isinstance(c, int) and 0 <= c < n})
                     else:
@@ -819,7 +783,7 @@ async def _full_phase(
                     reported = d
             need.clear()
             waiter = asyncio.ensure_future(need.wait())
-            await asyncio.wait([gathered, waiter], timeout=announce_s, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait([gathered, waiter], timeout=o.announce_s, return_when=asyncio.FIRST_COMPLETED)
             waiter.cancel()
             await asyncio.sleep(0.01)  # idle threads ask often: keep the tracker's load bounded
         await gathered
@@ -832,9 +796,9 @@ async def _full_phase(
         raise plan.error if isinstance(plan.error, WeightPullError) else WeightPullError(str(plan.error))
     if plan.todo:
         raise WeightPullError(f"weight version {version}: {len(plan.todo)} chunks never arrived")
-    if swarm and failures < 3:  # done: releases this puller's grants and lets GC see it finished
+    if o.swarm and failures < 3:  # done: releases this puller's grants and lets GC see it finished
         n = len(m.chunks)
-        body = {"peer_id": pid, "url": peer_url, "n_chunks": n, "have": encode_bits(range(n), n), "done": True}
-        body["bad"], body["region"] = sorted(plan.new_bad), ctx.region
+        body = {"peer_id": pid, "url": o.peer_url, "n_chunks": n, "have": encode_bits(range(n), n), "done": True}
+        body["bad"], body["region"] = sorted(plan.new_bad), o.region
         with contextlib.suppress(aiohttp.ClientError, asyncio.TimeoutError, ValueError):
             await cl.post_json(f"{base}/v1/weights/{version}/swarm", body)

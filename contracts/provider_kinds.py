@@ -1,0 +1,131 @@
+"""What each provider kind can do, for code that must not branch on a provider's name.
+
+One record per `provider:` value of the job file. The job file's rules (contracts/spec.py), the CLI,
+the simulator and the trainer ask a record (`provider_kind(spec.provider).runs_here`) instead of
+comparing the name; each provider class in `providers/` exposes its own (`LocalProvider.kind`) and
+providers/__init__.py builds the class the name maps to. Declarative only: it imports nothing of
+ours, so that contracts/spec.py can read it. A new provider adds a record here and a class there.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+
+class UnknownProviderError(ValueError):
+    """A provider name with no record; the message names the known ones."""
+
+
+@dataclass(frozen=True)
+class ProviderKind:
+    name: str
+    # the clouds it launches on (the job file's trainer.cloud and candidates' clouds)
+    clouds: tuple[str, ...]
+    # instances are processes on this machine: no cloud, no credentials, records under the run dir
+    runs_here: bool
+    # the clock instances are billed on: the replayed spot trace's (scaled by local.time_scale), or wall time
+    billing_clock: Literal["trace", "wall"]
+    # launches only into the regions the job file names (rather than picking regions itself)
+    needs_regions: bool
+    # can carry `file_mounts:` and `workdir:` to its nodes
+    file_transfer: bool
+    # `file_mounts:` sources must be local paths (no s3:// or gs:// buckets)
+    copies_local_files_only: bool
+    # what hosts a `controller: trainer` job's controller: a process on this machine standing in for
+    # the node, the job's trainer cluster, or nothing (the node would get no cloud credentials)
+    trainer_node: Literal["process", "cluster"] | None
+    # the trainer clouds whose node can host the controller (it learns its public address from the
+    # cloud's metadata service); `controller:` defaults to `trainer` there
+    trainer_node_clouds: tuple[str, ...]
+    # how long `down` waits for a controller (or trainer node) to confirm the job stopped
+    confirm_timeout_s: float
+    # how long a reconcile waits for terminations to be confirmed
+    reconcile_wait_s: float
+    # where a spot worker learns of its preemption: a file the provider writes, or its cloud's metadata service
+    preemption_notices: Literal["file", "metadata"]
+    # where its prices come from (providers/prices.py, providers/pricing.py)
+    pricing_source: Literal["local-table", "skypilot-catalog", "aws-live", "bundled-catalog"]
+    # the templates/ files its nodes boot from (none: a local process needs none)
+    boot_templates: tuple[str, ...]
+
+
+PROVIDER_KINDS: dict[str, ProviderKind] = {
+    k.name: k
+    for k in (
+        ProviderKind(
+            name="local",
+            clouds=("local",),
+            runs_here=True,
+            billing_clock="trace",
+            needs_regions=False,
+            file_transfer=True,
+            copies_local_files_only=True,
+            trainer_node="process",
+            trainer_node_clouds=(),
+            confirm_timeout_s=60.0,
+            reconcile_wait_s=60.0,
+            preemption_notices="file",
+            pricing_source="local-table",
+            boot_templates=(),
+        ),
+        ProviderKind(
+            name="skypilot",
+            clouds=("aws", "gcp", "azure", "lambda", "runpod"),
+            runs_here=False,
+            billing_clock="wall",
+            needs_regions=False,
+            file_transfer=True,
+            copies_local_files_only=False,
+            trainer_node="cluster",
+            trainer_node_clouds=("aws", "gcp"),
+            confirm_timeout_s=900.0,
+            reconcile_wait_s=600.0,
+            preemption_notices="metadata",
+            pricing_source="skypilot-catalog",
+            boot_templates=("trainer.sky.yaml", "worker.sky.yaml", "node.sky.yaml"),
+        ),
+        ProviderKind(
+            name="aws",
+            clouds=("aws",),
+            runs_here=False,
+            billing_clock="wall",
+            needs_regions=True,
+            file_transfer=False,
+            copies_local_files_only=False,
+            trainer_node=None,
+            trainer_node_clouds=(),
+            confirm_timeout_s=900.0,
+            reconcile_wait_s=600.0,
+            preemption_notices="metadata",
+            pricing_source="aws-live",
+            boot_templates=("node_boot.sh",),
+        ),
+        ProviderKind(
+            name="gcp",
+            clouds=("gcp",),
+            runs_here=False,
+            billing_clock="wall",
+            needs_regions=True,
+            file_transfer=False,
+            copies_local_files_only=False,
+            trainer_node=None,
+            trainer_node_clouds=(),
+            confirm_timeout_s=900.0,
+            reconcile_wait_s=600.0,
+            preemption_notices="metadata",
+            pricing_source="bundled-catalog",
+            boot_templates=("node_boot.sh",),
+        ),
+    )
+}
+
+
+def provider_kind(name: str) -> ProviderKind:
+    """The record of provider `name`; UnknownProviderError (naming the known ones) for any other."""
+    try:
+        return PROVIDER_KINDS[name]
+    except KeyError:
+        raise UnknownProviderError(
+            f"provider: unknown provider {name!r} (known: {', '.join(PROVIDER_KINDS)})"
+        ) from None

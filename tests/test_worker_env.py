@@ -1,0 +1,39 @@
+"""The worker's environment as one typed record (contracts/worker_env.py): what the controller and the
+trainer write is what `python -m worker` reads, and a bad environment is named before anything starts."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from contracts.worker_env import NAMES, REQUIRED, WorkerEnv, WorkerEnvError
+
+
+def test_round_trip() -> None:
+    env = WorkerEnv(trainer_url="https://h:1", token="t", worker_id="w1", kind="reserved", engine="vllm", region="eu")
+    got = env.to_env()
+    assert set(got) == set(NAMES.values())
+    assert got["RLBOOST_CLOUD"] == "" and got["RLBOOST_WORKER_KIND"] == "reserved"
+    assert WorkerEnv.from_env(got) == env
+
+
+def test_missing_variables_are_named() -> None:
+    with pytest.raises(WorkerEnvError) as e:
+        WorkerEnv.from_env({"RLBOOST_JOB_TOKEN": "t", "RLBOOST_TRAINER_URL": ""})
+    assert str(e.value).startswith("RLBOOST_TRAINER_URL, RLBOOST_WORKER_ID not set")
+    assert {NAMES[k] for k in REQUIRED} == {"RLBOOST_TRAINER_URL", "RLBOOST_JOB_TOKEN", "RLBOOST_WORKER_ID"}
+
+
+def test_bad_kind_is_named() -> None:
+    env = {**WorkerEnv(trainer_url="http://h:1", token="t", worker_id="w").to_env(), "RLBOOST_WORKER_KIND": "gpu"}
+    with pytest.raises(WorkerEnvError, match="RLBOOST_WORKER_KIND='gpu': must be spot or reserved"):
+        WorkerEnv.from_env(env)
+
+
+def test_worker_process_refuses_a_bad_environment() -> None:
+    env = {"PATH": "/usr/bin:/bin", "RLBOOST_JOB_TOKEN": "t"}
+    p = subprocess.run([sys.executable, "-m", "worker"], env=env, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2
+    assert "RLBOOST_TRAINER_URL, RLBOOST_WORKER_ID not set" in p.stderr

@@ -248,11 +248,11 @@ def serve_main(args: argparse.Namespace) -> None:
     """The trainer: publish, then serve weights + a stats route until killed."""
     from aiohttp import web
 
-    from trainer.weights import RateLimit, WeightPublisher, add_routes
+    from trainer.weights import PublishOptions, RateLimit, WeightPublisher, add_routes
 
     # no next-buffer paging in the background: it would run during the measurements (see `publish`)
     pub = WeightPublisher(
-        chunk_bytes=args.chunk_kib * 1024, egress_bps=args.link_bps or None, keep=4, prepare_next=False
+        PublishOptions(chunk_bytes=args.chunk_kib * 1024, egress_bps=args.link_bps or None, keep=4, prepare_next=False)
     )
     timings: dict = {}
     if args.model == "hf":
@@ -553,7 +553,7 @@ def bench_publish(args: argparse.Namespace) -> None:
     version (the gap stands for the training step between two publishes)."""
     import torch
 
-    from trainer.weights import HostBuffer, WeightPublisher, layout, tensor_views
+    from trainer.weights import HostBuffer, PublishOptions, WeightPublisher, layout, tensor_views
 
     for gib in args.gib:
         nbytes = int(gib * (1 << 30))
@@ -572,7 +572,7 @@ def bench_publish(args: argparse.Namespace) -> None:
         for _ in range(args.runs):
             memcpy.append(copy_into(HostBuffer(total).page_in()))
             fresh.append(copy_into(HostBuffer(total)))
-        pub = WeightPublisher(keep=1, delta=False)
+        pub = WeightPublisher(PublishOptions(keep=1, delta=False))
         stage = []
         for v in range(args.runs + 1):
             pub.stage(v, t).result()

@@ -13,6 +13,7 @@ import signal
 import sys
 import time
 from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 
 import httpx
@@ -42,29 +43,12 @@ from rlboost_cli.progress import JobProgress
 from rlboost_cli.state import StateStore, StepMetrics, UnknownInstanceError
 from rlboost_cli.step_numbers import shown
 from trainer.policies.fleet import StepSample
-from trainer.retry import Backoff as RetryBackoff
+from trainer.policies.reconcile import BACKOFF_CAP_S, CandidateBackoff, reconcile_fleet
 from trainer.scheduling import FleetClock, fleet_goal
 
 
 class Stop(Exception):
     """Raised by the SIGTERM handler (`rlboost down`) to unwind into teardown."""
-
-
-@dataclass
-class Backoff:
-    """Per-candidate capacity backoff with jitter; a candidate that keeps failing cools down."""
-
-    failures: int = 0
-    until: float = 0.0
-
-    def fail(self, now: float, base: float = 1.0, cap: float = 30.0) -> None:
-        self.failures += 1
-        policy = RetryBackoff(base_s=base, cap_s=cap, jitter=(0.5, 1.0), max_doublings=6)
-        self.until = now + policy.delay(self.failures - 1)
-
-    def ok(self) -> None:
-        self.failures = 0
-        self.until = 0.0
 
 
 @dataclass
@@ -81,7 +65,7 @@ class Controller:
     record_rollouts: bool = False
     trainer_boot_timeout_s: float = 300.0
     poll_s: float = 0.25
-    backoff_cap_s: float = 30.0  # a candidate that keeps failing cools down up to this long
+    backoff_cap_s: float = BACKOFF_CAP_S  # a candidate that keeps failing cools down up to this long
     teardown_wait_s: float = 60.0  # how long teardown waits for the provider to confirm terminations
 
     def __post_init__(self) -> None:
@@ -90,7 +74,7 @@ class Controller:
         self.trainer_id = f"{self.prefix}-trainer"
         self.trainer_url: str | None = None
         self.worker_seq = 0
-        self.backoff = {o.key: Backoff() for o in self.spot_offers}
+        self.backoff = {o.key: CandidateBackoff() for o in self.spot_offers}
         self.worker_offer: dict[str, str] = {}  # worker id -> offer key (async capacity errors back off it)
         from trainer.scheduling import fleet_policy, placement_tracker
 
@@ -365,55 +349,59 @@ class Controller:
     def _reconcile_workers(self, progress: JobProgress) -> None:
         """Keep the fleet policy's number of spot workers, cheapest expected $/token first."""
         live = [i for i in self._live_workers() if i.state != InstanceState.NOTICE.value]
-        want = self.fleet_target - len(live)
-        now = time.monotonic()
-        for offer in self.placement.order(self.spot_offers, self.provider.clock()):
-            if want <= 0:
-                return
-            bo = self.backoff[offer.key]
-            if now < bo.until:
-                continue
-            self.worker_seq += 1
-            iid = f"{self.prefix}-w{self.worker_seq:03d}"
-            req = LaunchRequest(
-                instance_id=iid,
-                job=self.spec.name,
-                role=Role.WORKER,
-                kind=InstanceKind.SPOT,
-                cloud=offer.cloud,
-                region=offer.region,
-                accelerator=offer.accelerator,
-                hourly_price=offer.hourly_price,
-                env={
-                    **WorkerEnv(
-                        trainer_url=self.trainer_url or "",
-                        token=self.token,
-                        worker_id=iid,
-                        kind="spot",
-                        engine=self.spec.rollout.engine,
-                        accelerator=offer.accelerator or None,
-                        cloud=offer.cloud,
-                        region=offer.region or None,
-                    ).to_env(),
-                    EXTRAS_ENV: ",".join(node_extras(self.spec, Role.WORKER)),
-                    **(self.tls.worker_env if self.tls else {}),
-                },
-                command=[sys.executable, "-m", "worker"],
-                **self._node_files(),
+        order = self.placement.order(self.spot_offers, self.provider.clock())
+        reconcile_fleet(
+            self.fleet_target - len(live),
+            order,
+            self.backoff,
+            time.monotonic(),
+            partial(self._launch_worker, progress),
+            key=lambda o: o.key,
+            cap=self.backoff_cap_s,
+        )
+
+    def _launch_worker(self, progress: JobProgress, offer: Offer) -> bool:
+        """One spot worker at `offer`; False when the provider refused it for capacity."""
+        self.worker_seq += 1
+        iid = f"{self.prefix}-w{self.worker_seq:03d}"
+        req = LaunchRequest(
+            instance_id=iid,
+            job=self.spec.name,
+            role=Role.WORKER,
+            kind=InstanceKind.SPOT,
+            cloud=offer.cloud,
+            region=offer.region,
+            accelerator=offer.accelerator,
+            hourly_price=offer.hourly_price,
+            env={
+                **WorkerEnv(
+                    trainer_url=self.trainer_url or "",
+                    token=self.token,
+                    worker_id=iid,
+                    kind="spot",
+                    engine=self.spec.rollout.engine,
+                    accelerator=offer.accelerator or None,
+                    cloud=offer.cloud,
+                    region=offer.region or None,
+                ).to_env(),
+                EXTRAS_ENV: ",".join(node_extras(self.spec, Role.WORKER)),
+                **(self.tls.worker_env if self.tls else {}),
+            },
+            command=[sys.executable, "-m", "worker"],
+            **self._node_files(),
+        )
+        self.worker_offer[iid] = offer.key
+        try:
+            self._launch(req, offer.on_demand_price)
+        except CapacityError as e:
+            self.placement.capacity_failure(offer.key)
+            self.store.add_event(
+                self.job_id, "capacity-unavailable", self.redact(str(e)) or "", iid, self.provider.clock()
             )
-            self.worker_offer[iid] = offer.key
-            try:
-                self._launch(req, offer.on_demand_price)
-            except CapacityError as e:
-                self.placement.capacity_failure(offer.key)
-                bo.fail(now, cap=self.backoff_cap_s)
-                self.store.add_event(
-                    self.job_id, "capacity-unavailable", self.redact(str(e)) or "", iid, self.provider.clock()
-                )
-                continue
-            self.placement.launched(iid, offer.key, self.provider.clock())
-            progress.note(f"launched spot worker {iid} ({offer.describe()})")
-            want -= 1
+            return False
+        self.placement.launched(iid, offer.key, self.provider.clock())
+        progress.note(f"launched spot worker {iid} ({offer.describe()})")
+        return True
 
     def _size_fleet(self, rec: dict, progress: JobProgress) -> None:
         """After a step, as the simulator: the fleet policy picks the size from the step's measured

@@ -1,9 +1,11 @@
 """Discrete-event replay of one job under one policy, on a virtual clock.
 
 What runs for real (the same functions as `rlboost launch`):
-  SpotMarket.choose_victims, the controller's reconcile loop (placement order, capacity backoff),
-  the task's prompt sampler and request seeds, LengthModel (the synthetic workload's lengths),
-  LengthStats, plan_dispatch, plan_migrations, the offload policies, TailBatcher.
+  SpotMarket.choose_victims; the controller's reconcile (reconcile_fleet: placement order, capacity
+  backoff) and fleet policy; the coordinator's tick cadence (TickCadence: when offload and migration
+  are reconsidered), offload_tick and step_progress (remote_rates), plan_dispatch, plan_migrations;
+  the task's prompt sampler and request ids and seeds, LengthModel (the synthetic workload's lengths),
+  LengthStats, TailBatcher.
 What is modelled:
   engines (continuous batching, step_time(n), prefill stalls - the synthetic engine's model; a torch
   engine batches statically, each batch after a dispatch round trip), training (tokens / train rate),
@@ -46,6 +48,7 @@ from trainer.policies.offload import (
     step_progress,
 )
 from trainer.policies.overlap import busy_between, busy_total, left_to_train, may_train_group, trained_part
+from trainer.policies.reconcile import CandidateBackoff, reconcile_fleet
 from trainer.policies.tail_batching import TailBatcher
 from trainer.policies.views import EngineView, ReqView
 from trainer.sampling import request_id, request_seed
@@ -324,6 +327,7 @@ class Simulation:
             overlap=self.overlap,
             min_box_s=spec.rollout.offload_min_box_s,
         )
+        self.cadence = scheduling.tick_cadence(spec)
         self.migration = scheduling.migration_config(spec) if policy.migration else None
         if policy.migration and self.migration is None:
             from trainer.policies.migration import MigrationConfig
@@ -344,7 +348,7 @@ class Simulation:
         self.coordinating_until = -INF
         self.works: dict[tuple, Work] = {}  # CPU work under way where cores are shared (simulator/cores.py)
         self.static_batch = spec.rollout.engine in STATIC_BATCH_ENGINES
-        self.backoff: dict[str, tuple[int, float]] = {o.key: (0, 0.0) for o in self.spot_offers}
+        self.backoff = {o.key: CandidateBackoff() for o in self.spot_offers}
         self.events: list = []
         self.seq = 0
         self.now = 0.0
@@ -540,7 +544,7 @@ class Simulation:
             e.heap.clear()
         self._step = s
         s.prev_step_s = self.step_log[-1]["step_s"] if self.step_log else 0.0
-        s.tick = max(0.1, s.prev_step_s * 0.02)
+        s.tick = self.cadence.period(s.prev_step_s, 0.0)
         self.push(self.now, "tick", k)
         self._dispatch()
 
@@ -585,9 +589,10 @@ class Simulation:
             for e in self.engines:
                 e.offloaded = False  # every remote engine is gone: the trainer's engine generates again
         s.ticks += 1
-        s.tick = max(0.1, 0.02 * max(s.prev_step_s, self.now - s.t0))
-        if self.migration is not None and not s.queue and (s.changed or s.ticks % 5 == 0):
-            # (as the coordinator: reconsider when slots freed up, else every 5th tick)
+        s.tick = self.cadence.period(s.prev_step_s, self.now - s.t0)
+        if self.migration is not None and self.cadence.migrate_now(
+            queue_empty=not s.queue, changed=s.changed, tick=s.ticks
+        ):
             s.changed = False
             self._migrate(s)
         self._dispatch()
@@ -882,9 +887,9 @@ class Simulation:
         on_reserved = np.isin(s.eng[open_idx], [e.idx for e in reserved])
         return step_progress(
             elapsed=self.now - s.t0,
-            remote_full_rates=[e.model.rate(e.cap) for e in remote],
-            remote_seq_rates=[1.0 / e.model.step_time(1) for e in remote],
-            remote_models=[e.model for e in remote],
+            # a modelled engine's measured rate is its model's: given as unmeasured, so that
+            # remote_rates takes the model's own numbers (not a measurement scaled back and forth)
+            remote=[EngineView(e.id, e.kind, e.cap, len(e.live), 0.0, e.model, True) for e in remote],
             generated=gen,
             budget_left=self.spec.algorithm.max_new_tokens - gen,
             held_tokens=float(s.held[s.done].sum() + gen.sum()),
@@ -1123,7 +1128,7 @@ class Simulation:
         if self.trainer_up > t:
             cand.append(t + p)
         elif self._want() > 0 and self.spot_offers:
-            cand.append(max(t + p, min(until for _, until in self.backoff.values())))
+            cand.append(max(t + p, min(b.until for b in self.backoff.values())))
         for e in self.alive:
             if e.kind == "spot" and e.kill_at < INF:
                 cand.append(t + p if e.killed_at < INF else max(t + p, e.kill_at))
@@ -1171,29 +1176,27 @@ class Simulation:
         return closed + open_ + (now - self.bill_start_trainer) / 3600 * self.trainer_offer.hourly_price
 
     def _reconcile(self, t: float, T: float) -> None:
-        want = self._want()
-        for offer in self.placement.order(self.spot_offers, T):
-            if want <= 0:
-                return
-            fails, until = self.backoff[offer.key]
-            if t < until:
-                continue
+        """The controller's reconcile (trainer/policies/reconcile.py), launching into the replayed market."""
+
+        def launch(offer: Offer) -> bool:
             self.worker_seq += 1
             iid = f"w{self.worker_seq:05d}"
             alive = sum(1 for e in self.alive if e.kind == "spot" and not e.victim)
             if alive >= self.market.capacity(T):
-                fails += 1
-                delay = min(30.0, 1.0 * 2 ** min(fails - 1, 6)) * self.rng.uniform(0.5, 1.0)
-                self.backoff[offer.key] = (fails, t + delay)
                 self.placement.capacity_failure(offer.key)
-                continue
-            self.backoff[offer.key] = (0, 0.0)
+                return False
+            # a replayed instance runs as soon as the market grants it: the provider's RUNNING, for
+            # which the controller resets the candidate's backoff
+            self.backoff[offer.key].ok()
             model = scheduling.engine_model_for(self.spec, offer.accelerator)
             e = self._new_engine(iid, "spot", model, offer)
             e.started = T
             self.placement.launched(iid, offer.key, T)
             self._start_work(("boot", e.idx), self.sim.boot_s)
-            want -= 1
+            return True
+
+        order = self.placement.order(self.spot_offers, T)
+        reconcile_fleet(self._want(), order, self.backoff, t, launch, key=lambda o: o.key, rng=self.rng)
 
     def _on_drain(self, idx: int) -> None:
         e = self.engines[idx]

@@ -165,7 +165,7 @@ def calibrate(
     from trainer.learner import Learner
     from trainer.tasks import make_task
     from trainer.torch_engine import TorchEngine
-    from trainer.weights import WeightPublisher
+    from trainer.weights import PublishOptions, WeightPublisher
     from worker.engines import STATIC_BATCH_ENGINES
 
     t_start = time.perf_counter()
@@ -220,7 +220,7 @@ def calibrate(
             finishes.append(time.perf_counter() - t1)
         warm_step = timed(lambda: learner.warm_start(1), repeats=4) if algo.warm_start_steps else 0.0
 
-        publisher = WeightPublisher(prepare_next=False)
+        publisher = WeightPublisher(PublishOptions(prepare_next=False))
         versions = iter(range(10**6))
         # the trainer publishes every version: host copy, hashes, the delta to the last one
         publish = timed(lambda: publisher.publish(next(versions), learner.state_dict()))

@@ -17,7 +17,7 @@ from contracts.spec import SpecError, parse_spec
 from tests.test_weight_swarm import TOKEN, assert_same, serve
 from trainer import weight_delta
 from trainer.delta_chain import compose_chunk
-from trainer.weights import WeightPublisher
+from trainer.weights import PublishOptions, WeightPublisher
 from worker.peer_server import WeightNode
 from worker.weight_pull import PullOptions
 
@@ -104,7 +104,7 @@ def pull_behind(pub: WeightPublisher, models: list[dict], first: int, then: int)
 
 def test_a_worker_four_versions_behind_pulls_one_composed_delta_bit_exactly() -> None:
     models = chain(6)
-    pub = WeightPublisher(chunk_bytes=16 * 1024)
+    pub = WeightPublisher(PublishOptions(chunk_bytes=16 * 1024))
     got, (st_, said) = pull_behind(pub, models, 1, 5)
     assert_same(models[5], got)
     assert st_.mode == "delta" and st_.unchanged_chunks > 0  # type: ignore[attr-defined]
@@ -118,17 +118,18 @@ def test_a_worker_four_versions_behind_pulls_one_composed_delta_bit_exactly() ->
 
 def test_a_worker_behind_the_history_budget_pulls_in_full_and_the_trainer_says_how_far_back() -> None:
     models = chain(6)
-    probe = WeightPublisher(chunk_bytes=16 * 1024)
+    probe = WeightPublisher(PublishOptions(chunk_bytes=16 * 1024))
     for v in range(6):
         probe.publish(v, models[v])
     asyncio.run(probe.wait_delta(5, 4))  # the deltas are made in the background
     sizes = probe.history.stats()["bytes_by_version"]
     budget = sizes["4"] + sizes["5"]  # room for the last two steps only
 
-    got, (st_, said) = pull_behind(WeightPublisher(chunk_bytes=16 * 1024, delta_history_bytes=budget), models, 1, 5)
+    opts = PublishOptions(chunk_bytes=16 * 1024, delta_history_bytes=budget)
+    got, (st_, said) = pull_behind(WeightPublisher(opts), models, 1, 5)
     assert_same(models[5], got)
     assert said["oldest_base"] == 3 and st_.mode == "full"  # type: ignore[attr-defined]
-    pub = WeightPublisher(chunk_bytes=16 * 1024, delta_history_bytes=budget)
+    pub = WeightPublisher(opts)
     got, (st_, said) = pull_behind(pub, models, 3, 5)
     assert_same(models[5], got)
     assert said["oldest_base"] == 3 and st_.mode == "delta"  # type: ignore[attr-defined]
@@ -137,7 +138,7 @@ def test_a_worker_behind_the_history_budget_pulls_in_full_and_the_trainer_says_h
 
 def test_a_jump_sends_in_full_the_chunks_whose_delta_is_no_smaller() -> None:
     models = chain(5, noisy={2, 3})
-    pub = WeightPublisher(chunk_bytes=16 * 1024)
+    pub = WeightPublisher(PublishOptions(chunk_bytes=16 * 1024))
     got, (st_, _) = pull_behind(pub, models, 1, 4)
     assert_same(models[4], got)
     m = pub.manifest(4)
@@ -154,7 +155,7 @@ def test_the_history_budget_is_a_job_file_key_checked_by_name() -> None:
     assert parse_spec({**job, "trainer": {"delta_history_mib": 0}}).trainer.delta_history_mib == 0
     with pytest.raises(SpecError, match=r"trainer\.delta_history_mib"):
         parse_spec({**job, "trainer": {"delta_history_mib": -1}})
-    pub = WeightPublisher(chunk_bytes=16 * 1024, delta_history_bytes=0)  # none kept: v-1 still served
+    pub = WeightPublisher(PublishOptions(chunk_bytes=16 * 1024, delta_history_bytes=0))  # none kept: v-1 still served
     models = chain(3)
     for v in range(3):
         pub.publish(v, models[v])

@@ -16,7 +16,7 @@ from providers.bootstrap import node_env
 from tests.test_weight_swarm import TOKEN, assert_same, model, serve
 from trainer.region_fanout import RegionView, origin_grants, region_key
 from trainer.weight_tracker import Announce, SwarmTracker, decode_bits, encode_bits
-from trainer.weights import WeightPublisher
+from trainer.weights import PublishOptions, WeightPublisher
 from worker.peer_server import ServeOptions, WeightNode
 from worker.weight_pull import PullOptions
 
@@ -194,7 +194,7 @@ def test_node_env_and_worker_carry_the_region(monkeypatch: pytest.MonkeyPatch) -
 
 def test_pullers_in_two_regions_get_one_copy_each_from_the_trainer_and_trade_within_their_region() -> None:
     # Leases that never lapse: no chunk is granted twice in a region, whatever the machine's load.
-    pub = WeightPublisher(chunk_bytes=16 * 1024, egress_bps=4e6, tracker=SwarmTracker(lease_s=1e9))
+    pub = WeightPublisher(PublishOptions(chunk_bytes=16 * 1024, egress_bps=4e6), tracker=SwarmTracker(lease_s=1e9))
     want = model()
     m = pub.publish(1, want)
     regions = ["aws/us-east-1", "aws/us-east-1", "gcp/europe-west4", "gcp/europe-west4"]

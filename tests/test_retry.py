@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from rlboost_cli.controller import Backoff as CandidateCooldown
+from trainer.policies.reconcile import CandidateBackoff, reconcile_fleet
 from trainer.retry import Backoff, aretry, retry
 from worker.weight_pull import PULL_BACKOFF
 
@@ -98,8 +98,8 @@ def test_aretry_follows_the_same_schedule():
 
 
 def test_candidate_cooldown_uses_the_policy():
-    """The controller's per-candidate cool-down: 1 s doubling, at most 64 s (or the cap), x0.5-1.0."""
-    cd = CandidateCooldown()
+    """The per-candidate cool-down (controller and simulator): 1 s doubling, at most 64 s (or the cap), x0.5-1.0."""
+    cd = CandidateBackoff()
     for failures, raw in [(1, 1.0), (2, 2.0), (7, 64.0), (9, 64.0)]:
         while cd.failures < failures:
             cd.fail(100.0, cap=600.0)
@@ -108,3 +108,22 @@ def test_candidate_cooldown_uses_the_policy():
     assert 5.0 <= cd.until - 100.0 <= 10.0
     cd.ok()
     assert cd.failures == 0 and cd.until == 0.0
+
+
+def test_reconcile_launches_one_per_candidate_and_backs_off_the_refusals():
+    backoff = {k: CandidateBackoff() for k in "abc"}
+    backoff["b"].until = 50.0  # still cooling down at t=10
+    tried: list[str] = []
+
+    def launch(key: str) -> bool:
+        tried.append(key)
+        return key != "c"  # c has no capacity
+
+    n = reconcile_fleet(3, list("abc"), backoff, 10.0, launch, key=lambda k: k, rng=random.Random(0))
+    assert n == 1 and tried == ["a", "c"]
+    assert backoff["c"].failures == 1 and 10.5 <= backoff["c"].until <= 11.0
+    assert backoff["a"].failures == 0  # a launch alone does not reset: the provider's RUNNING does (ok())
+    tried.clear()
+    assert reconcile_fleet(1, list("abc"), backoff, 10.0, launch, key=lambda k: k) == 1 and tried == ["a"]
+    assert reconcile_fleet(0, list("abc"), backoff, 10.0, launch, key=lambda k: k) == 0 and tried == ["a"]
+

@@ -129,4 +129,6 @@ def test_the_platform_is_measured_with_the_real_parts():
 
     engine = TorchEngine(spec.model, dtype="float32", max_batch=BATCH, eos_id=-1)
     p = measure_platform(spec, PlatformProbe(learner.state_dict(), train_step, engine, prompt, task.eos_id))
-    assert 0 < p.dispatch_s < 1.0 and 0 < p.pull_s < 5.0
+    # the round trip is what a step takes beyond its compute: a few ms, which a busy machine can hide
+    # entirely (then 0); the pull always takes time
+    assert 0 <= p.dispatch_s < 1.0 and 0 < p.pull_s < 5.0

@@ -15,6 +15,7 @@ from contracts.spec import JobSpec, load_spec
 from simulator import cli as sim_cli
 from trainer.policies.lengths import LengthStats
 from trainer.policies.offload import NoOffload, PredictiveOffload, offload_tick, step_progress
+from trainer.policies.views import EngineView
 
 PAPER = Path(__file__).resolve().parents[1] / "examples/simulate/paper-h100.yaml"
 
@@ -108,9 +109,7 @@ def _progress(remote: int = 1, unfinished: int = 4):
     gen = np.full(unfinished, 100.0)
     return step_progress(
         elapsed=10.0,
-        remote_full_rates=[m.full_rate()] * remote,
-        remote_seq_rates=[1 / m.step_time(1)] * remote,
-        remote_models=[m] * remote,
+        remote=[EngineView(f"w{i}", "spot", m.capacity, 0, 0.0, m) for i in range(remote)],
         generated=gen,
         budget_left=1000 - gen,
         held_tokens=float(gen.sum()),

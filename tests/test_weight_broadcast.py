@@ -34,7 +34,7 @@ from trainer.weight_broadcast import (
     choose_transport,
     receive,
 )
-from trainer.weights import HostBuffer, WeightPublisher, add_routes
+from trainer.weights import HostBuffer, PublishOptions, WeightPublisher, add_routes
 from worker.weight_pull import PullStats
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -56,7 +56,7 @@ class Origin:
     """A real publisher serving the version over HTTP (the fallback) on a thread of its own."""
 
     def __init__(self, tensors: dict[str, torch.Tensor], version: int = 5, chunk_bytes: int = CHUNK) -> None:
-        self.pub = WeightPublisher(chunk_bytes=chunk_bytes)
+        self.pub = WeightPublisher(PublishOptions(chunk_bytes=chunk_bytes))
         self.manifest = self.pub.publish(version, tensors)
         self.loop = asyncio.new_event_loop()
         ready = threading.Event()

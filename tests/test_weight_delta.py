@@ -17,7 +17,7 @@ from trainer import weight_delta
 from trainer.grpo import Sample
 from trainer.learner import Learner
 from trainer.tasks import EOS
-from trainer.weights import WeightPublisher, add_routes
+from trainer.weights import PublishOptions, WeightPublisher, add_routes
 from worker.peer_server import WeightNode
 from worker.weight_pull import PullOptions
 
@@ -78,7 +78,7 @@ def test_delta_after_a_real_training_step_rebuilds_weights_exactly() -> None:
     bf16_before = {k: v.to(torch.bfloat16) for k, v in before.items()}
     bf16_after = {k: v.to(torch.bfloat16) for k, v in after.items()}
     for v0, v1, label in ((before, after, "fp32"), (bf16_before, bf16_after, "bf16")):
-        pub = WeightPublisher(chunk_bytes=64 * 1024)
+        pub = WeightPublisher(PublishOptions(chunk_bytes=64 * 1024))
         pub.publish(0, v0)
         m1 = pub.publish(1, v1)
 
@@ -99,7 +99,7 @@ def test_delta_after_a_real_training_step_rebuilds_weights_exactly() -> None:
 
 def test_corrupt_delta_falls_back_to_the_full_chunk() -> None:
     before, after = learner_after_steps()
-    pub = WeightPublisher(chunk_bytes=64 * 1024)
+    pub = WeightPublisher(PublishOptions(chunk_bytes=64 * 1024))
     pub.publish(4, before)
     pub.publish(5, after)
 
@@ -123,7 +123,7 @@ def test_corrupt_delta_falls_back_to_the_full_chunk() -> None:
 
 def test_worker_two_versions_behind_pulls_one_composed_delta() -> None:
     # (beyond the trainer's delta history it pulls in full: tests/test_delta_chain.py)
-    pub = WeightPublisher(chunk_bytes=64 * 1024, keep=3)
+    pub = WeightPublisher(PublishOptions(chunk_bytes=64 * 1024, keep=3))
     vs = [{"w": torch.full((5000,), float(i))} for i in range(3)]
     for i, v in enumerate(vs):
         pub.publish(i, v)

@@ -19,7 +19,7 @@ from tests.test_weight_delta import assert_same, serve
 from trainer import weight_delta as wd
 from trainer.digest import hexdigest
 from trainer.weight_manifest import CODEC, CODEC_SPARSE, DENSE, SPARSE, ChunkInfo, DeltaManifest
-from trainer.weights import WeightPublisher, layout, tensor_views
+from trainer.weights import PublishOptions, WeightPublisher, layout, tensor_views
 from worker.peer_server import WeightNode
 from worker.weight_pull import PullOptions
 
@@ -434,7 +434,7 @@ async def _pull_two(pub: WeightPublisher, v0: int, v1: int) -> tuple:
 @pytest.mark.parametrize("sparse", [True, False])
 def test_sparse_delta_pull_end_to_end_is_bit_exact(sparse) -> None:
     v0, v1 = model_versions()
-    pub = WeightPublisher(chunk_bytes=24 * 1024 + 2, sparse_delta=sparse)  # edges inside elements too
+    pub = WeightPublisher(PublishOptions(chunk_bytes=24 * 1024 + 2, sparse_delta=sparse))  # edges inside elements too
     pub.publish(0, v0)
     m1 = pub.publish(1, v1)
     got, st, dm = asyncio.run(_pull_two(pub, 0, 1))
@@ -453,7 +453,7 @@ def test_sparse_delta_sizes_beat_dense_on_small_steps() -> None:
     del v0["scale"], v1["scale"]
     sizes = {}
     for sparse in (True, False):
-        pub = WeightPublisher(chunk_bytes=64 * 1024, sparse_delta=sparse)
+        pub = WeightPublisher(PublishOptions(chunk_bytes=64 * 1024, sparse_delta=sparse))
         pub.publish(0, v0)
         pub.publish(1, v1)
         sizes[sparse] = asyncio.run(_pull_two(pub, 0, 1))[2].total_bytes
@@ -464,7 +464,7 @@ def test_malformed_sparse_chunk_falls_back_to_the_full_chunk() -> None:
     """A sparse payload that passes its digest but cannot be decoded (a position past the chunk):
     the worker counts a retry and fetches that chunk in full."""
     v0, v1 = model_versions()
-    pub = WeightPublisher(chunk_bytes=64 * 1024)
+    pub = WeightPublisher(PublishOptions(chunk_bytes=64 * 1024))
     pub.publish(0, v0)
     m1 = pub.publish(1, v1)
     delta = pub._get(1).delta

@@ -13,7 +13,7 @@ from aiohttp import web
 
 from trainer.local_weights import open_local
 from trainer.weight_tracker import Announce, SwarmTracker, decode_bits, encode_bits
-from trainer.weights import WeightPublisher, add_routes
+from trainer.weights import PublishOptions, WeightPublisher, add_routes
 from worker.peer_server import PeerServer, ServeOptions, WeightNode
 from worker.weight_pull import PullOptions, PullStats, pull_weights
 from worker.weight_store import WeightStore
@@ -83,7 +83,7 @@ def run(coro) -> object:
 
 
 def test_fanout_peers_carry_the_load_and_origin_sends_about_one_copy() -> None:
-    pub = WeightPublisher(chunk_bytes=16 * 1024, egress_bps=4e6)  # a slow trainer uplink
+    pub = WeightPublisher(PublishOptions(chunk_bytes=16 * 1024, egress_bps=4e6))  # a slow trainer uplink
     want = model()
     m = pub.publish(1, want)
     assert len(m.chunks) > 20
@@ -128,7 +128,7 @@ class LyingPeer:
 
 
 def test_lying_peer_is_dropped_and_reported() -> None:
-    pub = WeightPublisher(chunk_bytes=16 * 1024)
+    pub = WeightPublisher(PublishOptions(chunk_bytes=16 * 1024))
     want = model(2)
     m = pub.publish(3, want)
     liar = LyingPeer(pub)
@@ -159,7 +159,7 @@ def test_lying_peer_is_dropped_and_reported() -> None:
 
 
 def test_transfer_survives_its_peer_source_being_killed() -> None:
-    pub = WeightPublisher(chunk_bytes=32 * 1024)
+    pub = WeightPublisher(PublishOptions(chunk_bytes=32 * 1024))
     want = model(4, n=256 * 1024)  # ~1.5 MB
     m = pub.publish(1, want)
 
@@ -186,7 +186,7 @@ def test_transfer_survives_its_peer_source_being_killed() -> None:
 
 
 def test_transfer_survives_origin_restart() -> None:
-    pub = WeightPublisher(chunk_bytes=32 * 1024, egress_bps=3e6)
+    pub = WeightPublisher(PublishOptions(chunk_bytes=32 * 1024, egress_bps=3e6))
     want = model(5, n=256 * 1024)
     pub.publish(2, want)
 
@@ -208,7 +208,7 @@ def test_transfer_survives_origin_restart() -> None:
 
 
 def test_gc_never_removes_a_version_being_pulled() -> None:
-    pub = WeightPublisher(chunk_bytes=32 * 1024, keep=1, delta=False)
+    pub = WeightPublisher(PublishOptions(chunk_bytes=32 * 1024, keep=1, delta=False))
     want = model(6, n=128 * 1024)
     pub.publish(1, want)
 
@@ -255,7 +255,7 @@ def test_tracker_grants_each_chunk_once_and_expires_dead_pullers() -> None:
 
 
 def test_peer_server_needs_the_job_token_and_serves_only_verified_chunks() -> None:
-    pub = WeightPublisher(chunk_bytes=16 * 1024)
+    pub = WeightPublisher(PublishOptions(chunk_bytes=16 * 1024))
     m = pub.publish(1, model())
 
     async def go() -> None:
@@ -285,7 +285,7 @@ def test_peer_server_needs_the_job_token_and_serves_only_verified_chunks() -> No
 
 
 def test_same_machine_engine_maps_the_publisher_buffer() -> None:
-    pub = WeightPublisher(chunk_bytes=16 * 1024)
+    pub = WeightPublisher(PublishOptions(chunk_bytes=16 * 1024))
     want = model(7)
     m = pub.publish(1, want)
     if m.local_path is None:
@@ -305,7 +305,7 @@ def test_same_machine_engine_maps_the_publisher_buffer() -> None:
 
 
 def test_a_buffer_prepared_before_the_pull_is_the_one_the_pull_fills() -> None:
-    pub = WeightPublisher(chunk_bytes=16 * 1024)
+    pub = WeightPublisher(PublishOptions(chunk_bytes=16 * 1024))
     want = model(9)
     m = pub.publish(1, want)
 
@@ -338,7 +338,7 @@ def test_a_buffer_prepared_before_the_pull_is_the_one_the_pull_fills() -> None:
 
 
 def test_a_busy_peer_turns_pullers_away_without_being_dropped() -> None:
-    pub = WeightPublisher(chunk_bytes=32 * 1024)
+    pub = WeightPublisher(PublishOptions(chunk_bytes=32 * 1024))
     want = model(10, n=128 * 1024)
     pub.publish(1, want)
 
@@ -368,7 +368,7 @@ def test_a_busy_peer_turns_pullers_away_without_being_dropped() -> None:
 
 
 def test_a_pull_right_after_prepare_soon_waits_for_the_prepared_buffer() -> None:
-    pub = WeightPublisher(chunk_bytes=16 * 1024)
+    pub = WeightPublisher(PublishOptions(chunk_bytes=16 * 1024))
     want = model(12)
     pub.publish(1, want)
 

@@ -14,7 +14,7 @@ import torch
 from aiohttp import web
 
 from trainer.weight_manifest import Manifest
-from trainer.weights import WeightPublisher, add_routes, tensor_views
+from trainer.weights import PublishOptions, WeightPublisher, add_routes, tensor_views
 from worker.weight_pull import PullOptions, PullStats, WeightPullError, latest_version, pull_weights
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -71,7 +71,7 @@ def run(coro: Awaitable) -> object:
 
 
 def test_round_trip_multi_chunk_bit_exact() -> None:
-    pub = WeightPublisher(chunk_bytes=1000)
+    pub = WeightPublisher(PublishOptions(chunk_bytes=1000))
     tensors = model()
     m = pub.publish(3, tensors)
     assert len(m.chunks) > 10 and m.total_bytes == sum(c.size for c in m.chunks)
@@ -119,7 +119,7 @@ def test_single_chunk_and_latest_none_and_token_header() -> None:
 
 @pytest.mark.parametrize("alg", ["blake3", "sha256"])
 def test_corrupted_chunk_is_detected_and_refetched(alg: Literal["blake3", "sha256"]) -> None:
-    pub = WeightPublisher(chunk_bytes=2048, digest_alg=alg)
+    pub = WeightPublisher(PublishOptions(chunk_bytes=2048, digest_alg=alg))
     assert pub.publish(1, model()).digest == alg
     hits: dict[str, int] = {}
     corrupted: list[int] = []
@@ -146,7 +146,7 @@ def test_corrupted_chunk_is_detected_and_refetched(alg: Literal["blake3", "sha25
 
 
 def test_always_corrupt_chunk_fails_after_retries() -> None:
-    pub = WeightPublisher(chunk_bytes=2048)
+    pub = WeightPublisher(PublishOptions(chunk_bytes=2048))
     pub.publish(1, model())
 
     @web.middleware
@@ -165,7 +165,7 @@ def test_always_corrupt_chunk_fails_after_retries() -> None:
 
 
 def test_broken_connection_mid_chunk_resumes_with_range() -> None:
-    pub = WeightPublisher(chunk_bytes=64 * 1024)
+    pub = WeightPublisher(PublishOptions(chunk_bytes=64 * 1024))
     tensors = model(width=512)  # several 64 KiB chunks
     m = pub.publish(5, tensors)
     assert len(m.chunks) >= 3
@@ -201,7 +201,7 @@ def test_broken_connection_mid_chunk_resumes_with_range() -> None:
 
 
 def test_gc_keeps_newest_and_pinned() -> None:
-    pub = WeightPublisher(chunk_bytes=4096, keep=2)
+    pub = WeightPublisher(PublishOptions(chunk_bytes=4096, keep=2))
     small = {"w": torch.ones(3)}
     pub.publish(1, small)
     pub.pin(1)
@@ -225,7 +225,7 @@ def test_gc_keeps_newest_and_pinned() -> None:
 
 
 def test_publish_from_thread_while_serving_pinned_version() -> None:
-    pub = WeightPublisher(chunk_bytes=1500, keep=1)
+    pub = WeightPublisher(PublishOptions(chunk_bytes=1500, keep=1))
     pub.publish(1, model(1))
     pub.pin(1)
 
@@ -250,7 +250,7 @@ def test_publish_from_thread_while_serving_pinned_version() -> None:
 
 
 def test_bad_params_are_400_or_404_never_500() -> None:
-    pub = WeightPublisher(chunk_bytes=1000)
+    pub = WeightPublisher(PublishOptions(chunk_bytes=1000))
     m = pub.publish(2, model())
     base = "/v1/weights"
     cases = {
@@ -295,7 +295,7 @@ def test_bad_params_are_400_or_404_never_500() -> None:
 
 
 def test_manifest_with_an_unknown_digest_or_a_wrong_root_is_refused() -> None:
-    pub = WeightPublisher(chunk_bytes=2048)
+    pub = WeightPublisher(PublishOptions(chunk_bytes=2048))
     pub.publish(1, model())
 
     def rewrite(**changes: object) -> Callable:
@@ -359,7 +359,7 @@ def test_pull_rate_estimate_is_smoothed_bytes_per_second() -> None:
 
 
 def test_publisher_stages_the_next_version_into_a_buffer_paged_in_meanwhile() -> None:
-    pub = WeightPublisher(chunk_bytes=4096)
+    pub = WeightPublisher(PublishOptions(chunk_bytes=4096))
     pub.publish(0, model(0))
     assert pub._next is not None
     prepared = pub._next[1].result()
@@ -369,6 +369,6 @@ def test_publisher_stages_the_next_version_into_a_buffer_paged_in_meanwhile() ->
     pub.publish(2, model(2, width=8))  # another size: the prepared buffer does not fit
     assert pub._versions[2].buf.size == pub.manifest(2).total_bytes  # type: ignore[union-attr]
     assert_same(model(2, width=8), tensor_views(pub._versions[2].buf.view, pub.manifest(2).tensors))  # type: ignore[union-attr]
-    off = WeightPublisher(prepare_next=False)
+    off = WeightPublisher(PublishOptions(prepare_next=False))
     off.publish(0, model(0))
     assert off._next is None

@@ -43,6 +43,7 @@ from trainer.policies.offload import (
     offload_tick,
     step_progress,
 )
+from trainer.policies.tick import TickCadence
 from trainer.policies.views import EngineView, ReqView
 from trainer.rollout_book import ProtocolViolation, Response, RolloutBook
 from trainer.sampling import request_seed
@@ -146,8 +147,7 @@ class CoordinatorConfig:
     migration: MigrationConfig | None = field(default_factory=MigrationConfig)
     max_new_tokens: int = 0  # the response budget (for length statistics); 0: learn from requests
     perf: dict[str, AcceleratorPerf] = field(default_factory=dict)  # priors per accelerator
-    tick_s: float = 0.1  # how often offload and migration are reconsidered (at least) ...
-    tick_fraction: float = 0.02  # ... or this fraction of the previous step's duration, if longer
+    tick: TickCadence = field(default_factory=TickCadence)  # when offload and migration are reconsidered
     binary_tokens: bool = True  # ask workers for binary token frames
     flush_s: float = 0.02  # how often workers send tokens
 
@@ -161,6 +161,8 @@ class StepMarks:
     offload_at: float | None = None
     gen_end: float | None = None
     next_offload_check: float = 0.0  # the offload policy said no until then
+    ticks: int = 0
+    changed: bool = False  # a slot freed up or an engine joined since the last migration round
 
 
 class Coordinator:
@@ -288,7 +290,7 @@ class Coordinator:
                 if not self.book.outstanding(step):
                     break
                 with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(self._changed.wait(), timeout=self.cfg.tick_s)
+                    await asyncio.wait_for(self._changed.wait(), timeout=self.cfg.tick.tick_s)
                 await asyncio.sleep(0.002)  # coalesce a burst of events into one round
             self._drain_completed()
         finally:
@@ -301,10 +303,8 @@ class Coordinator:
         return done
 
     def tick_period(self, elapsed: float = 0.0) -> float:
-        """Decisions every tick_s, or every tick_fraction of the step's expected length (the last step's,
-        or how long this one has run): long steps need fewer."""
         last = self.step_log[-1]["step_s"] if self.step_log else 0.0
-        return max(self.cfg.tick_s, max(last, elapsed) * self.cfg.tick_fraction)
+        return self.cfg.tick.period(last, elapsed)
 
     def end_step(self, train_busy_s: float = 0.0, train_tokens: int = 0, busy_during_tail_s: float = 0.0) -> dict:
         """The trainer finished the step (trained and published): let the offload policy learn."""
@@ -507,7 +507,11 @@ class Coordinator:
             for c in self.engines.values():
                 c.offloaded = False
             self._full_dispatch = True
-        if self.cfg.migration is not None and not self.book.queue:
+        m.ticks += 1
+        if self.cfg.migration is not None and self.cfg.tick.migrate_now(
+            queue_empty=not self.book.queue, changed=m.changed, tick=m.ticks
+        ):
+            m.changed = False
             await self._migrate(now)
 
     def progress(self, now: float) -> StepProgress:
@@ -515,20 +519,6 @@ class Coordinator:
         v = self.step_version
         m = self.marks
         views = self._engine_views(now)
-        remote = [e for e in views if e.remote and e.accepting]
-        full_rates: list[float] = []
-        seq_rates: list[float] = []
-        for e in remote:
-            if e.tokens_per_s > 0 and e.active > 0:
-                scale = (e.model.rate(e.capacity) / e.model.rate(e.active)) if e.model else e.capacity / e.active
-                full_rates.append(e.tokens_per_s * scale)
-            elif e.model is not None:
-                full_rates.append(e.model.rate(e.capacity))
-            else:
-                full_rates.append(-1.0)  # unknown: filled with the mean below
-            seq_rates.append(1.0 / e.seq_time(1))
-        known = [r for r in full_rates if r > 0]
-        fill = sum(known) / len(known) if known else 0.0
         unfinished = [
             r for r in self.book.responses.values() if r.version == v and not r.done and m and r.step == m.step
         ]
@@ -537,14 +527,9 @@ class Coordinator:
         held = sum(r.generated for r in self.book.responses.values() if m and r.step == m.step)
         reserved = {c.id for c in self.engines.values() if c.kind == "reserved"}
         ctx = sum(len(r.prompt) + int(g) for r, g in zip(unfinished, gen.tolist()) if r.engine in reserved)
-        models = tuple(e.model for e in remote if e.model is not None)
-        if len(models) != len(remote):
-            models = ()  # some engine has no model: fall back to the measured-rate estimate
         return step_progress(
             elapsed=now - (m.t0 if m else now),
-            remote_full_rates=[r if r > 0 else fill for r in full_rates],
-            remote_seq_rates=seq_rates,
-            remote_models=models,
+            remote=[e for e in views if e.remote and e.accepting],
             generated=gen,
             budget_left=left,
             held_tokens=float(held),
@@ -719,7 +704,7 @@ class Coordinator:
             if any(why == "aborted" for why in msg.reasons):
                 self._full_dispatch = True  # requeued work
             self._dirty.add(conn.id)
-            self._changed.set()
+            self._slots_changed()
         elif isinstance(msg, P.Ready):
             if msg.capacity is not None:
                 conn.capacity = msg.capacity
@@ -731,7 +716,7 @@ class Coordinator:
                 self._full_dispatch = True
                 if self.marks is not None:
                     self.marks.next_offload_check = 0.0  # the remote pool changed
-                self._changed.set()
+                self._slots_changed()
         elif isinstance(msg, P.Heartbeat):
             conn.tokens_per_s = msg.tokens_per_s
         elif isinstance(msg, P.Draining):
@@ -742,6 +727,12 @@ class Coordinator:
             self._changed.set()
         elif isinstance(msg, P.Hello):
             raise ProtocolViolation("second hello on one connection")
+
+    def _slots_changed(self) -> None:
+        """Slots freed up or an engine joined: the next tick reconsiders migration (TickCadence)."""
+        if self.marks is not None:
+            self.marks.changed = True
+        self._changed.set()
 
     async def _abort(self, engine_id: str, rids: list[str]) -> None:
         conn = self.engines.get(engine_id)

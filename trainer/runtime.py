@@ -38,7 +38,7 @@ from trainer.streaming import GroupFeeder
 from trainer.synthetic_learner import SyntheticLearner
 from trainer.tasks import make_task
 from trainer.weight_broadcast import BroadcastOptions, Site
-from trainer.weights import WeightPublisher
+from trainer.weights import PublishOptions, WeightPublisher
 
 log = logging.getLogger("rlboost.trainer")
 
@@ -91,7 +91,7 @@ class TrainerRuntime:
             self.learner = make_learner(spec, distributed.current())
         ro = spec.rollout
         self.batcher = TailBatcher(spec.algorithm.prompts_per_step, ro.tail_over_launch) if ro.tail_batching else None
-        self.publisher = WeightPublisher(delta_history_bytes=spec.trainer.delta_history_mib << 20)
+        self.publisher = WeightPublisher(PublishOptions(delta_history_bytes=spec.trainer.delta_history_mib << 20))
         # weights.transport: torch / auto on GPUs: remote workers get each version by broadcast
         self.broadcaster = BroadcastSender(
             spec.weights.transport,

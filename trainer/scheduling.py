@@ -17,6 +17,7 @@ from trainer.policies.lengths import LengthModel
 from trainer.policies.migration import MigrationConfig
 from trainer.policies.offload import OffloadPolicy, make_offload
 from trainer.policies.placement import PlacementTracker
+from trainer.policies.tick import TickCadence
 from trainer.protocol import MOUNTED_PATH_KEY
 
 if TYPE_CHECKING:
@@ -75,6 +76,11 @@ def migration_config(spec: JobSpec) -> MigrationConfig | None:
     return MigrationConfig(min_gain_s=spec.rollout.migration_min_gain_s)
 
 
+def tick_cadence(spec: JobSpec) -> TickCadence:
+    """When this job's coordinator reconsiders a step (the simulator replays the same ticks)."""
+    return TickCadence()
+
+
 def coordinator_config(spec: JobSpec, eos_id: int) -> CoordinatorConfig:
     """This job's CoordinatorConfig (trainer/coordinator.py); weights_url is set once the server is up."""
     from trainer.coordinator import CoordinatorConfig  # aiohttp and the rest: only where a coordinator runs
@@ -95,6 +101,7 @@ def coordinator_config(spec: JobSpec, eos_id: int) -> CoordinatorConfig:
         max_new_tokens=spec.algorithm.max_new_tokens,
         perf=perf_table(spec),
         flush_s=spec.rollout.flush_s,
+        tick=tick_cadence(spec),
     )
 
 

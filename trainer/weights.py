@@ -203,43 +203,51 @@ class ChunkSource(Protocol):
     def chunk_buffer(self, version: int, index: int) -> tuple[ChunkInfo, HostBuffer] | None: ...
 
 
+@dataclass(frozen=True)
+class PublishOptions:
+    """How the trainer publishes: the same for every version (`WeightPublisher.stage` takes what
+    changes per call: the version and its tensors)."""
+
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES  # bytes per chunk (the last one may be shorter); >= 1
+    keep: int = 2  # newest versions always held (pinned or in-flight ones stay as well); >= 1
+    delta: bool = True  # offer each version as a delta from the one before it
+    # offer each changed chunk's delta in the smaller of the sparse and the dense encoding (False:
+    # dense only, the codec every worker understands; kept for comparisons)
+    sparse_delta: bool = True
+    hash_threads: int = 4  # threads that hash chunks and encode deltas
+    digest_alg: Algorithm = DEFAULT_DIGEST  # the chunk digest (trainer/digest.py)
+    egress_bps: float | None = None  # cap on bytes/s served to workers, an emulated uplink (None or 0: none)
+    # after each version, page in a buffer for the next one in the background (one more model-sized
+    # buffer of host memory), so the copy that blocks training runs at memory speed instead of
+    # paying first-touch page faults
+    prepare_next: bool = True
+    # memory for past versions' deltas, from which a worker several versions behind gets one
+    # composed delta
+    delta_history_bytes: int = 512 << 20
+
+
 class WeightPublisher:
     """Holds recent versions in host memory and serves them. A version stays while it is among the
     newest `keep`, pinned by an in-flight step, or being pulled by a live worker (the tracker)."""
 
-    def __init__(
-        self,
-        chunk_bytes: int = DEFAULT_CHUNK_BYTES,
-        keep: int = 2,
-        *,
-        delta: bool = True,
-        sparse_delta: bool = True,
-        hash_threads: int = 4,
-        digest_alg: Algorithm = DEFAULT_DIGEST,
-        egress_bps: float | None = None,
-        tracker: SwarmTracker | None = None,
-        prepare_next: bool = True,
-        delta_history_bytes: int = 512 << 20,
-    ) -> None:
-        """`prepare_next`: after each version, page in a buffer for the next one in the background
-        (one more model-sized buffer of host memory), so the copy that blocks training runs at
-        memory speed instead of paying first-touch page faults. `sparse_delta`: offer each changed
-        chunk's delta in the smaller of the sparse and the dense encoding (False: dense only, the
-        codec every worker understands; kept for comparisons). `delta_history_bytes`: memory for past
-        versions' deltas, from which a worker several versions behind gets one composed delta."""
-        if chunk_bytes < 1 or keep < 1:
+    def __init__(self, opts: PublishOptions = PublishOptions(), *, tracker: SwarmTracker | None = None) -> None:
+        """`opts` (PublishOptions) says how: chunk size, versions kept, deltas, digests, the egress
+        cap. `tracker`: the swarm tracker to use (None: a fresh one). `keep`, `digest_alg` and
+        `limit` are read at each use, so they may be changed on the publisher afterwards."""
+        if opts.chunk_bytes < 1 or opts.keep < 1:
             raise ValueError("chunk_bytes and keep must be >= 1")
-        self.chunk_bytes = chunk_bytes
-        self.keep = keep
-        self.delta_enabled = delta
-        self.sparse_delta = sparse_delta
-        self.digest_alg = digest_alg
+        self.opts = opts
+        self.chunk_bytes = opts.chunk_bytes
+        self.keep = opts.keep
+        self.delta_enabled = opts.delta
+        self.sparse_delta = opts.sparse_delta
+        self.digest_alg = opts.digest_alg
         self.tracker = tracker if tracker is not None else SwarmTracker()
-        self.history = DeltaHistory(delta_history_bytes)
+        self.history = DeltaHistory(opts.delta_history_bytes)
         self.counters = ServeCounters()
-        self.limit = RateLimit(egress_bps) if egress_bps else None
+        self.limit = RateLimit(opts.egress_bps) if opts.egress_bps else None
         self.last_copy_s = 0.0
-        self._pool = cf.ThreadPoolExecutor(max_workers=hash_threads, thread_name_prefix="weights")
+        self._pool = cf.ThreadPoolExecutor(max_workers=opts.hash_threads, thread_name_prefix="weights")
         # Orchestration runs apart from the leaf work it waits on, so the pool can never deadlock.
         self._jobs = cf.ThreadPoolExecutor(max_workers=1, thread_name_prefix="weights-publish")
         # composed deltas on a thread of their own: a slow one never holds up the next publish
@@ -249,7 +257,7 @@ class WeightPublisher:
         self._versions: dict[int, _Published] = {}
         self._pins: Counter[int] = Counter()
         self._latest: int | None = None
-        self.prepare_next = prepare_next
+        self.prepare_next = opts.prepare_next
         self._next: tuple[int, cf.Future] | None = None  # (size, future of a paged-in HostBuffer)
 
     # ---- publishing (training thread) ---------------------------------------------------

@@ -31,6 +31,7 @@ import numpy as np
 
 from contracts.perf import EngineModel
 from trainer.policies.lengths import LengthStats
+from trainer.policies.views import EngineView
 
 
 @dataclass(frozen=True)
@@ -264,12 +265,33 @@ def trainer_idle(box_at: float | None, gen_end: float, busy_during_tail: float) 
     return max(0.0, (gen_end - box_at) - busy_during_tail)
 
 
+def remote_rates(remote: Sequence[EngineView]) -> tuple[list[float], list[float], tuple[EngineModel, ...]]:
+    """The remote engines' full-batch and one-sequence rates, and their models (all or none): a
+    measured rate is carried to a full batch by the model's shape (or linearly without one); an engine
+    neither measured nor modelled counts as the mean of the others."""
+    full_rates: list[float] = []
+    seq_rates: list[float] = []
+    for e in remote:
+        if e.tokens_per_s > 0 and e.active > 0:
+            scale = (e.model.rate(e.capacity) / e.model.rate(e.active)) if e.model else e.capacity / e.active
+            full_rates.append(e.tokens_per_s * scale)
+        elif e.model is not None:
+            full_rates.append(e.model.rate(e.capacity))
+        else:
+            full_rates.append(-1.0)  # unknown: filled with the mean below
+        seq_rates.append(1.0 / e.seq_time(1))
+    known = [r for r in full_rates if r > 0]
+    fill = sum(known) / len(known) if known else 0.0
+    models = tuple(e.model for e in remote if e.model is not None)
+    if len(models) != len(remote):
+        models = ()  # some engine has no model: fall back to the measured-rate estimate
+    return [r if r > 0 else fill for r in full_rates], seq_rates, models
+
+
 def step_progress(
     *,
     elapsed: float,
-    remote_full_rates: Sequence[float],
-    remote_seq_rates: Sequence[float],
-    remote_models: Sequence[EngineModel],
+    remote: Sequence[EngineView],
     generated: np.ndarray,
     budget_left: np.ndarray,
     held_tokens: float,
@@ -278,12 +300,12 @@ def step_progress(
     stats: LengthStats,
 ) -> StepProgress:
     """What the offload policy sees, from one clock's measurements (the live coordinator's and the
-    simulator's alike): the ready remote engines' full-batch and one-sequence rates (and their models,
-    all or none), every unfinished response's generated tokens and remaining budget, the step's tokens
-    so far, and the context (prompt + partial) that would move off the reserved engine."""
+    simulator's alike): the ready remote engines (remote_rates), every unfinished response's generated
+    tokens and remaining budget, the step's tokens so far, and the context (prompt + partial) that
+    would move off the reserved engine."""
     unfinished = int(generated.size)
     exp = stats.expected_remaining(generated, budget_left) if unfinished else np.zeros(0)
-    models = tuple(remote_models)
+    remote_full_rates, remote_seq_rates, models = remote_rates(remote)
     prefill_rate = sum(m.prefill_tokens_per_s * m.replicas * m.speed for m in models)
     return StepProgress(
         elapsed=elapsed,

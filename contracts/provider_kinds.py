@@ -9,7 +9,7 @@ ours, so that contracts/spec.py can read it. A new provider adds a record here a
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 
@@ -50,6 +50,24 @@ class ProviderKind:
     boot_templates: tuple[str, ...]
 
 
+# a cloud's own API: one cloud, the regions the job names, a boot script (gcp differs in its prices)
+_AWS = ProviderKind(
+    name="aws",
+    clouds=("aws",),
+    runs_here=False,
+    billing_clock="wall",
+    needs_regions=True,
+    file_transfer=False,
+    copies_local_files_only=False,
+    trainer_node=None,
+    trainer_node_clouds=(),
+    confirm_timeout_s=900.0,
+    reconcile_wait_s=600.0,
+    preemption_notices="metadata",
+    pricing_source="aws-live",
+    boot_templates=("node_boot.sh",),
+)
+
 PROVIDER_KINDS: dict[str, ProviderKind] = {
     k.name: k
     for k in (
@@ -85,38 +103,8 @@ PROVIDER_KINDS: dict[str, ProviderKind] = {
             pricing_source="skypilot-catalog",
             boot_templates=("trainer.sky.yaml", "worker.sky.yaml", "node.sky.yaml"),
         ),
-        ProviderKind(
-            name="aws",
-            clouds=("aws",),
-            runs_here=False,
-            billing_clock="wall",
-            needs_regions=True,
-            file_transfer=False,
-            copies_local_files_only=False,
-            trainer_node=None,
-            trainer_node_clouds=(),
-            confirm_timeout_s=900.0,
-            reconcile_wait_s=600.0,
-            preemption_notices="metadata",
-            pricing_source="aws-live",
-            boot_templates=("node_boot.sh",),
-        ),
-        ProviderKind(
-            name="gcp",
-            clouds=("gcp",),
-            runs_here=False,
-            billing_clock="wall",
-            needs_regions=True,
-            file_transfer=False,
-            copies_local_files_only=False,
-            trainer_node=None,
-            trainer_node_clouds=(),
-            confirm_timeout_s=900.0,
-            reconcile_wait_s=600.0,
-            preemption_notices="metadata",
-            pricing_source="bundled-catalog",
-            boot_templates=("node_boot.sh",),
-        ),
+        _AWS,
+        replace(_AWS, name="gcp", clouds=("gcp",), pricing_source="bundled-catalog"),
     )
 }
 

@@ -20,6 +20,7 @@ import httpx
 from rich.console import Console
 
 from contracts.spec import JobSpec
+from contracts.status import TrainerStatus
 from contracts.tls import https_url
 from contracts.worker_env import WorkerEnv
 from providers.base import (
@@ -454,7 +455,8 @@ class Controller:
         try:
             r = self.http.get(f"{self.trainer_url}/v1/status")
             r.raise_for_status()
-            return r.json()
+            # the document as contracts/status.py defines it (a ValidationError is a ValueError)
+            return TrainerStatus.model_validate(r.json()).model_dump(mode="json")
         except (httpx.HTTPError, ValueError):
             return None
 

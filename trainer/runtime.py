@@ -25,6 +25,7 @@ from aiohttp import web
 from contracts import tls
 from contracts.provider_kinds import provider_kind
 from contracts.spec import JobSpec
+from contracts.status import TrainerStatus
 from contracts.worker_env import NOTICE_FILE, WorkerEnv
 from trainer import checkpoint, distributed, scheduling
 from trainer.broadcast_sender import BroadcastSender, Receiver
@@ -111,29 +112,30 @@ class TrainerRuntime:
         self.shutdown_requested = asyncio.Event()
 
     def status(self) -> dict:
+        """The status document (contracts/status.py), as JSON-ready data."""
         c = self.coord
         last = self.history[-1] if self.history else None
-        return {
-            "phase": self.phase,
-            "step": self.step,
-            "steps": self.spec.algorithm.steps,
-            "version": self.publisher.latest if self.publisher.latest is not None else -1,
-            "reward": last["reward"] if last else None,
+        return TrainerStatus(
+            phase=self.phase,
+            step=self.step,
+            steps=self.spec.algorithm.steps,
+            version=self.publisher.latest if self.publisher.latest is not None else -1,
+            reward=last["reward"] if last else None,
             # a custom reward's failures so far (kind -> count), each scored 0.0 (contracts/rewards.py)
-            "reward_errors": dict(self.task.custom.errors) if self.task.custom else {},
-            "tokens_total": c.tokens_total if c else 0,
-            "responses_total": c.responses_total if c else 0,
-            "migrated": c.book.migrations if c else 0,
-            "redispatched": c.book.redispatches if c else 0,
-            "rejected_frames": c.rejected_frames if c else 0,
-            "offloads": c.offloads if c else 0,
-            "tail_migrations": c.tail_migrations if c else 0,
-            "workers": c.workers_snapshot() if c else [],
-            "weights": {**self.publisher.stats(), "broadcast": self.broadcaster.stats()},
-            "history": self.history,
-            "evals": self.evals,
-            "eval": self.evals[-1] if self.evals else None,  # the last one
-        }
+            reward_errors=dict(self.task.custom.errors) if self.task.custom else {},
+            tokens_total=c.tokens_total if c else 0,
+            responses_total=c.responses_total if c else 0,
+            migrated=c.book.migrations if c else 0,
+            redispatched=c.book.redispatches if c else 0,
+            rejected_frames=c.rejected_frames if c else 0,
+            offloads=c.offloads if c else 0,
+            tail_migrations=c.tail_migrations if c else 0,
+            workers=c.workers_snapshot() if c else [],
+            weights={**self.publisher.stats(), "broadcast": self.broadcaster.stats()},
+            history=self.history,
+            evals=self.evals,
+            eval=self.evals[-1] if self.evals else None,
+        ).model_dump(mode="json")
 
     async def serve(self, host: str, port: int) -> tuple[web.AppRunner, str]:
         spec = self.spec

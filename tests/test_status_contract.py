@@ -1,0 +1,45 @@
+"""The trainer's status document is one model (contracts/status.py): what a real TrainerRuntime serves
+validates, and a document with a field missing, renamed or of the wrong type is refused by name."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from contracts.spec import AlgorithmSpec, JobSpec, TaskSpec
+from contracts.status import TrainerStatus
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory) -> dict:
+    from trainer.runtime import TrainerRuntime
+
+    spec = JobSpec(
+        name="st",
+        algorithm=AlgorithmSpec(max_new_tokens=8, steps=2, warm_start_steps=0),
+        task=TaskSpec(name="reverse", min_len=3, max_len=4),
+        rollout={"max_workers": 0},
+    )
+    return TrainerRuntime(spec, "token", tmp_path_factory.mktemp("st")).status()
+
+
+def test_the_runtime_serves_the_model(served: dict) -> None:
+    doc = TrainerStatus.model_validate(served)
+    assert doc.phase == "starting" and doc.version == -1 and doc.workers == [] and doc.steps == 2
+    assert TrainerStatus.model_validate(doc.model_dump(mode="json")) == doc
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        (lambda d: d.pop("tokens_total"), "tokens_total"),
+        (lambda d: d.update(tokens=1), "tokens"),
+        (lambda d: d.update(step="two"), "step"),
+        (lambda d: d.update(workers=[{"worker_id": "w"}]), "workers.0"),
+    ],
+)
+def test_a_wrong_document_is_refused_by_name(served: dict, change, field: str) -> None:
+    doc = dict(served)
+    change(doc)
+    with pytest.raises(ValidationError, match=field.replace(".", r"\.")):
+        TrainerStatus.model_validate(doc)

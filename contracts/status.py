@@ -18,7 +18,7 @@ class WorkerStatus(BaseModel):
     kind: str  # reserved | spot | on-demand
     engine: str
     state: str  # pulling | ready | draining | gone
-    version: int
+    version: int | None  # the weights it holds (None: none yet, as it connects)
     tokens_per_s: float
     tokens: int
     active: int  # responses it holds

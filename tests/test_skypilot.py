@@ -5,7 +5,6 @@ and a whole controller run: capacity backoff, preemption, replacement, teardown.
 from __future__ import annotations
 
 import io
-import json
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -15,6 +14,7 @@ import pytest
 import yaml
 
 import tests.sky_fake  # noqa: F401  (offline SkyPilot first)
+from contracts.status import TrainerStatus
 from providers.base import InstanceKind, InstanceState, LaunchRequest, Role
 from providers.skypilot import SkyPilotProvider
 from tests.cloud_worlds import write_spec
@@ -214,6 +214,28 @@ def test_prices_fall_back_to_the_bundled_snapshot_without_skypilots_catalog(monk
 
 
 # ---- a whole controller run on the fake -----------------------------------------------------
+def status_doc(phase: str) -> str:
+    """A trainer's status document (contracts/status.py) in `phase`, with nothing done yet."""
+    zero = dict.fromkeys(
+        ("step", "tokens_total", "responses_total", "migrated", "redispatched", "rejected_frames", "offloads"), 0
+    )
+    doc = TrainerStatus(
+        phase=phase,
+        steps=1,
+        version=-1,
+        reward=None,
+        reward_errors={},
+        tail_migrations=0,
+        workers=[],
+        weights={},
+        history=[],
+        evals=[],
+        eval=None,
+        **zero,
+    )
+    return doc.model_dump_json()
+
+
 class TrainerStub:
     """The trainer's /v1/status as the controller reads it: running, then done."""
 
@@ -224,7 +246,7 @@ class TrainerStub:
         class H(BaseHTTPRequestHandler):
             def do_GET(self) -> None:
                 done = time.monotonic() > stub.until
-                body = json.dumps({"phase": "done" if done else "running", "step": 0, "history": []}).encode()
+                body = status_doc("done" if done else "rollout").encode()
                 self.send_response(200)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(body)))

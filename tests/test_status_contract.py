@@ -7,7 +7,7 @@ import pytest
 from pydantic import ValidationError
 
 from contracts.spec import AlgorithmSpec, JobSpec, TaskSpec
-from contracts.status import TrainerStatus
+from contracts.status import TrainerStatus, WorkerStatus
 
 
 @pytest.fixture(scope="module")
@@ -27,6 +27,19 @@ def test_the_runtime_serves_the_model(served: dict) -> None:
     doc = TrainerStatus.model_validate(served)
     assert doc.phase == "starting" and doc.version == -1 and doc.workers == [] and doc.steps == 2
     assert TrainerStatus.model_validate(doc.model_dump(mode="json")) == doc
+
+
+def test_every_engine_the_coordinator_knows_fits_the_model() -> None:
+    """An engine as it connects (no weights yet, nothing measured) and one at work."""
+    from trainer import scheduling
+    from trainer.coordinator import Coordinator, EngineConn
+
+    spec = JobSpec(name="st", rollout={"max_workers": 0})
+    coord = Coordinator(scheduling.coordinator_config(spec, eos_id=2))
+    coord.engines["new"] = EngineConn("new", "spot", "torch", 8, ws=None)  # type: ignore[arg-type]
+    coord.engines["busy"] = EngineConn("busy", "reserved", "torch", 8, None, "ready", 3, tokens=40)  # type: ignore[arg-type]
+    snap = coord.workers_snapshot()
+    assert [WorkerStatus.model_validate(w).version for w in snap] == [None, 3]
 
 
 @pytest.mark.parametrize(

@@ -92,8 +92,8 @@ def _install_wheel(tmp: Path) -> Path:
 @pytest.mark.integration
 def test_installed_package_simulates_every_example_from_anywhere(tmp_path):
     site = _install_wheel(tmp_path)
-    assert (site / "providers" / "data" / "traces" / "SOURCES.md").is_file()
-    assert (site / "providers" / "data" / "traces" / "LICENSE-bamboo").is_file()
+    assert (site / "contracts" / "data" / "traces" / "SOURCES.md").is_file()
+    assert (site / "contracts" / "data" / "traces" / "LICENSE-bamboo").is_file()
     # the examples copied alone (with the task file paper-h100 names), run from an unrelated directory
     shutil.copytree(ROOT / "examples", tmp_path / "ex", ignore=shutil.ignore_patterns("*.md"))
     cwd = tmp_path / "elsewhere"

@@ -455,8 +455,9 @@ class Controller:
         try:
             r = self.http.get(f"{self.trainer_url}/v1/status")
             r.raise_for_status()
-            # the document as contracts/status.py defines it (a ValidationError is a ValueError)
-            return TrainerStatus.model_validate(r.json()).model_dump(mode="json")
+            doc = r.json()
+            TrainerStatus.model_validate(doc)  # as contracts/status.py defines it (a ValidationError is a ValueError)
+            return doc
         except (httpx.HTTPError, ValueError):
             return None
 

@@ -112,30 +112,34 @@ class TrainerRuntime:
         self.shutdown_requested = asyncio.Event()
 
     def status(self) -> dict:
-        """The status document (contracts/status.py), as JSON-ready data."""
+        """The status document, as JSON-ready data; checked against its model (contracts/status.py),
+        so a field that drifts fails here, by name. (Checking costs a fraction of the JSON encoding
+        that follows; building the model and dumping it again would double that.)"""
         c = self.coord
         last = self.history[-1] if self.history else None
-        return TrainerStatus(
-            phase=self.phase,
-            step=self.step,
-            steps=self.spec.algorithm.steps,
-            version=self.publisher.latest if self.publisher.latest is not None else -1,
-            reward=last["reward"] if last else None,
+        doc = {
+            "phase": self.phase,
+            "step": self.step,
+            "steps": self.spec.algorithm.steps,
+            "version": self.publisher.latest if self.publisher.latest is not None else -1,
+            "reward": last["reward"] if last else None,
             # a custom reward's failures so far (kind -> count), each scored 0.0 (contracts/rewards.py)
-            reward_errors=dict(self.task.custom.errors) if self.task.custom else {},
-            tokens_total=c.tokens_total if c else 0,
-            responses_total=c.responses_total if c else 0,
-            migrated=c.book.migrations if c else 0,
-            redispatched=c.book.redispatches if c else 0,
-            rejected_frames=c.rejected_frames if c else 0,
-            offloads=c.offloads if c else 0,
-            tail_migrations=c.tail_migrations if c else 0,
-            workers=c.workers_snapshot() if c else [],
-            weights={**self.publisher.stats(), "broadcast": self.broadcaster.stats()},
-            history=self.history,
-            evals=self.evals,
-            eval=self.evals[-1] if self.evals else None,
-        ).model_dump(mode="json")
+            "reward_errors": dict(self.task.custom.errors) if self.task.custom else {},
+            "tokens_total": c.tokens_total if c else 0,
+            "responses_total": c.responses_total if c else 0,
+            "migrated": c.book.migrations if c else 0,
+            "redispatched": c.book.redispatches if c else 0,
+            "rejected_frames": c.rejected_frames if c else 0,
+            "offloads": c.offloads if c else 0,
+            "tail_migrations": c.tail_migrations if c else 0,
+            "workers": c.workers_snapshot() if c else [],
+            "weights": {**self.publisher.stats(), "broadcast": self.broadcaster.stats()},
+            "history": self.history,
+            "evals": self.evals,
+            "eval": self.evals[-1] if self.evals else None,  # the last one
+        }
+        TrainerStatus.model_validate(doc)
+        return doc
 
     async def serve(self, host: str, port: int) -> tuple[web.AppRunner, str]:
         spec = self.spec

@@ -12,9 +12,9 @@ import difflib
 import math
 import re
 from functools import cache
-from importlib import resources
 from pathlib import Path
 
+from contracts.bundled_data import bundled_path
 from providers.catalog import Catalog, Offer, load_catalog, parse_accelerator
 
 BUNDLED = {"aws": "aws_vms.csv", "gcp": "gcp_vms.csv"}
@@ -25,8 +25,7 @@ def bundled_catalog(cloud: str) -> Catalog | None:
     name = BUNDLED.get(cloud)
     if name is None:
         return None
-    with resources.as_file(resources.files("contracts").joinpath("data", name)) as path:
-        return load_catalog(Path(path), cloud=cloud)
+    return load_catalog(bundled_path(name), cloud=cloud)
 
 
 def sky_catalog_present(cloud: str) -> bool:

@@ -357,7 +357,6 @@ class Controller:
             self.backoff,
             time.monotonic(),
             partial(self._launch_worker, progress),
-            key=lambda o: o.key,
             cap=self.backoff_cap_s,
         )
 

@@ -1196,7 +1196,7 @@ class Simulation:
             return True
 
         order = self.placement.order(self.spot_offers, T)
-        reconcile_fleet(self._want(), order, self.backoff, t, launch, key=lambda o: o.key, rng=self.rng)
+        reconcile_fleet(self._want(), order, self.backoff, t, launch, rng=self.rng)
 
     def _on_drain(self, idx: int) -> None:
         e = self.engines[idx]

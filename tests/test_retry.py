@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+from dataclasses import dataclass
 
 import pytest
 
@@ -110,20 +111,28 @@ def test_candidate_cooldown_uses_the_policy():
     assert cd.failures == 0 and cd.until == 0.0
 
 
+@dataclass(frozen=True)
+class Candidate:
+    key: str
+    hourly_price: float = 1.0
+    throughput: float = 1.0
+
+
 def test_reconcile_launches_one_per_candidate_and_backs_off_the_refusals():
+    offers = {k: Candidate(k) for k in "abc"}
     backoff = {k: CandidateBackoff() for k in "abc"}
     backoff["b"].until = 50.0  # still cooling down at t=10
     tried: list[str] = []
 
-    def launch(key: str) -> bool:
-        tried.append(key)
-        return key != "c"  # c has no capacity
+    def launch(offer: Candidate) -> bool:
+        tried.append(offer.key)
+        return offer.key != "c"  # c has no capacity
 
-    n = reconcile_fleet(3, list("abc"), backoff, 10.0, launch, key=lambda k: k, rng=random.Random(0))
+    n = reconcile_fleet(3, list(offers.values()), backoff, 10.0, launch, rng=random.Random(0))
     assert n == 1 and tried == ["a", "c"]
     assert backoff["c"].failures == 1 and 10.5 <= backoff["c"].until <= 11.0
     assert backoff["a"].failures == 0  # a launch alone does not reset: the provider's RUNNING does (ok())
     tried.clear()
-    assert reconcile_fleet(1, list("abc"), backoff, 10.0, launch, key=lambda k: k) == 1 and tried == ["a"]
-    assert reconcile_fleet(0, list("abc"), backoff, 10.0, launch, key=lambda k: k) == 0 and tried == ["a"]
+    assert reconcile_fleet(1, list(offers.values()), backoff, 10.0, launch) == 1 and tried == ["a"]
+    assert reconcile_fleet(0, list(offers.values()), backoff, 10.0, launch) == 0 and tried == ["a"]
 

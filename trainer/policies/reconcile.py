@@ -9,9 +9,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
+from trainer.policies.placement import OfferLike
 from trainer.retry import Backoff
 
-OfferT = TypeVar("OfferT")
+OfferT = TypeVar("OfferT", bound=OfferLike)
 
 BACKOFF_CAP_S = 30.0  # a candidate that keeps failing cools down up to this long
 
@@ -41,7 +42,6 @@ def reconcile_fleet(
     now: float,
     launch: Callable[[OfferT], bool],
     *,
-    key: Callable[[OfferT], str],
     cap: float = BACKOFF_CAP_S,
     rng: random.Random | None = None,
 ) -> int:
@@ -52,7 +52,7 @@ def reconcile_fleet(
     for offer in ordered:
         if launched >= want:
             break
-        bo = backoff[key(offer)]
+        bo = backoff[offer.key]
         if now < bo.until:
             continue
         if launch(offer):

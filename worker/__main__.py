@@ -32,16 +32,7 @@ def main() -> int:
         torch.set_num_threads(int(os.environ.get(TORCH_THREADS, "1")))
     except ImportError:
         pass
-    cfg = WorkerConfig(
-        trainer_url=env.trainer_url,
-        token=env.token,
-        worker_id=env.worker_id,
-        kind=env.kind,
-        engine=env.engine,
-        accelerator=env.accelerator,
-        cloud=env.cloud,
-        region=env.region,
-    )
+    cfg = WorkerConfig(**env.model_dump())  # the same fields; the rest keep the agent's defaults
     fp = os.environ.get("RLBOOST_TLS_FINGERPRINT") or None
     if fp:
         from contracts.tls import normalize_fingerprint

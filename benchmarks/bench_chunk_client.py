@@ -1,17 +1,17 @@
-"""The hand-written chunk client (worker/chunk_http.py) against aiohttp and httpx, pulling the same
+"""The hand-written chunk client (weights/chunk_http.py) against aiohttp and httpx, pulling the same
 weight chunks from the real publisher over loopback (issue 16: keep it only if a library costs more
 than 5 % of pull throughput).
 
     .venv/bin/python benchmarks/bench_chunk_client.py --mib 512 --runs 5
 
-The trainer's publisher (trainer/weights.py, the chunk routes a worker pulls from) runs in its own
+The trainer's publisher (weights/publisher.py, the chunk routes a worker pulls from) runs in its own
 process, as in a job (bench_weights.Trainer). Each client pulls every chunk of version 0 on
 --parallel keep-alive connections (a worker's default, 4) into one paged-in buffer and checks each
 chunk's BLAKE3 digest, as a worker's pull does. The clients take turns within each run, so a busy
 machine slows all of them alike; the figure is the median of --runs, with the client's CPU seconds
 (all threads) per GiB beside it.
 
-- raw: worker.chunk_http.HttpConn + weight_pull.fetch_into on a thread per connection (the pull's own code).
+- raw: weights.chunk_http.HttpConn + weight_pull.fetch_into on a thread per connection (the pull's own code).
 - aiohttp: one event loop, a coroutine per connection, bodies read with readany() and hashed as they land.
 - aiohttp+threads: the same, with each chunk hashed on a worker thread after it landed (BLAKE3 frees the GIL).
 - httpx: a thread per connection, each with its own httpx.Client, bodies read with iter_raw().
@@ -37,10 +37,10 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import aiohttp  # noqa: E402
 import httpx  # noqa: E402
 
-from trainer import digest  # noqa: E402
-from trainer.weight_manifest import Manifest  # noqa: E402
-from worker.chunk_http import PIECE, HttpConn, Partial  # noqa: E402
-from worker.weight_pull import fetch_into  # noqa: E402
+from contracts import digest  # noqa: E402
+from contracts.weight_manifest import Manifest  # noqa: E402
+from weights.chunk_http import PIECE, HttpConn, Partial  # noqa: E402
+from weights.pull import fetch_into  # noqa: E402
 
 MiB = 1 << 20
 

@@ -25,9 +25,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from contracts.spec import JobSpec, load_spec
 from providers.pricing import spot_offers, trainer_offer
 from providers.spot_market import constant_trace
+from rollout import scheduling
 from simulator import PRESETS
 from simulator.core import SimResult, Simulation
-from trainer import scheduling
 
 JOB = Path(__file__).resolve().parents[1] / "examples/simulate/paper-h100.yaml"
 KINDS = ("synthetic", "tiny-gpt", "hf")

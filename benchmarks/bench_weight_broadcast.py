@@ -1,5 +1,5 @@
-"""The torch.distributed weight broadcast (gloo, trainer/weight_broadcast.py) against the HTTP pull
-(worker/weight_pull.py) of the same version, on loopback: N member processes hold the version
+"""The torch.distributed weight broadcast (gloo, weights/broadcast.py) against the HTTP pull
+(weights/pull.py) of the same version, on loopback: N member processes hold the version
 (verified chunk by chunk) either way; medians of several runs, ratio broadcast / HTTP.
 
     .venv/bin/python benchmarks/bench_weight_broadcast.py --mib 256 --members 4 --runs 5
@@ -33,10 +33,10 @@ def member(mode: str, plan_file: str, name: str, base_url: str) -> int:
     """A member process: import, say ready, wait for go, receive or pull, say done."""
     import torch
 
-    from trainer.weight_broadcast import BroadcastPlan, receive
-    from trainer.weights import HostBuffer
-    from worker.weight_pull import PullOptions, pull_weights
-    from worker.weight_store import WeightStore
+    from weights.broadcast import BroadcastPlan, receive
+    from weights.buffers import HostBuffer
+    from weights.pull import PullOptions, pull_weights
+    from weights.store import WeightStore
 
     torch.set_num_threads(1)
     plan = BroadcastPlan.model_validate_json(Path(plan_file).read_text())
@@ -55,7 +55,7 @@ def member(mode: str, plan_file: str, name: str, base_url: str) -> int:
 
 
 def one_run(mode: str, n: int, origin: object, transfer_opts: object, tmp: Path) -> float:
-    from trainer.weight_broadcast import Transfer
+    from weights.broadcast import Transfer
 
     names = [f"w{i}" for i in range(n)]
     transfer = Transfer(origin.manifest, names, transfer_opts)  # type: ignore[attr-defined]
@@ -110,7 +110,7 @@ def main() -> int:
 
     from benchmarks.bench_weights import synthetic_model
     from tests.test_weight_broadcast import Origin
-    from trainer.weight_broadcast import BroadcastOptions
+    from weights.broadcast import BroadcastOptions
 
     torch.set_num_threads(1)
     origin = Origin(synthetic_model(args.mib * MiB), chunk_bytes=4 * MiB)  # the publisher's default

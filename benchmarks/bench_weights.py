@@ -86,9 +86,9 @@ def local_model_steps() -> tuple[dict, dict]:
     import torch
 
     from contracts.spec import AlgorithmSpec, ModelSpec, TaskSpec
+    from models.vocab import EOS
     from trainer.grpo import Sample
     from trainer.learner import Learner
-    from trainer.tasks import EOS
 
     torch.set_num_threads(1)
     learner = Learner(ModelSpec(), AlgorithmSpec(), TaskSpec(), seed=0)
@@ -180,7 +180,7 @@ def sparse_values_bytes(old: memoryview, new: memoryview, width: int) -> dict[st
     import numpy as np
     import zstandard
 
-    from trainer import weight_delta as wd
+    from weights import delta_codec as wd
 
     a, b = np.frombuffer(old, np.uint8), np.frombuffer(new, np.uint8)
     w = wd.element_width(len(a), width)
@@ -205,8 +205,8 @@ def delta_report(pub: object, version: int) -> dict:
     encoding, its size, and what the dense-only encoding (the codec before sparse) would send."""
     import numpy as np
 
-    from trainer import weight_delta
-    from trainer.weight_manifest import DENSE, SPARSE, itemsize
+    from contracts.weight_manifest import DENSE, SPARSE, itemsize
+    from weights import delta_codec
 
     t0 = time.monotonic()
     new_p, old_p = pub._get(version), pub._get(version - 1)  # type: ignore[attr-defined]
@@ -220,11 +220,11 @@ def delta_report(pub: object, version: int) -> dict:
         b = np.frombuffer(new_p.buf.view[t.offset : t.offset + t.nbytes], f"u{w}")
         changed += int(np.count_nonzero(a != b))
         elems += len(a)
-    widths = weight_delta.shuffle_widths(m.tensors, m.chunks)
+    widths = delta_codec.shuffle_widths(m.tensors, m.chunks)
     dense, values = 0, {"by_size": 0, "diff": 0, "xor": 0, "new": 0}
     for c, w in zip(m.chunks, widths):
         sl = slice(c.offset, c.offset + c.size)
-        p = weight_delta.encode(old_p.buf.view[sl], new_p.buf.view[sl], w)
+        p = delta_codec.encode(old_p.buf.view[sl], new_p.buf.view[sl], w)
         dense += len(p) if p else 0
         for k, v in sparse_values_bytes(old_p.buf.view[sl], new_p.buf.view[sl], w).items():
             values[k] += v
@@ -248,7 +248,8 @@ def serve_main(args: argparse.Namespace) -> None:
     """The trainer: publish, then serve weights + a stats route until killed."""
     from aiohttp import web
 
-    from trainer.weights import PublishOptions, RateLimit, WeightPublisher, add_routes
+    from weights.publisher import PublishOptions, WeightPublisher, add_routes
+    from weights.serving import RateLimit
 
     # no next-buffer paging in the background: it would run during the measurements (see `publish`)
     pub = WeightPublisher(
@@ -309,8 +310,8 @@ def node_main(args: argparse.Namespace) -> None:
     """A worker: wait for the start time, pull, report, keep serving peers for --hold seconds."""
     import aiohttp
 
-    from worker.peer_server import ServeOptions, WeightNode
-    from worker.weight_pull import PullOptions
+    from weights.peer_server import ServeOptions, WeightNode
+    from weights.pull import PullOptions
 
     async def main() -> None:
         link = args.link_bps or None
@@ -340,7 +341,7 @@ def node_main(args: argparse.Namespace) -> None:
                     print(json.dumps({"ready": True}), flush=True)
                     line = await asyncio.to_thread(sys.stdin.readline)
                     await asyncio.sleep(max(0.0, float(line.split()[1]) - time.time()))
-                from worker.weight_pull import PullStats, pull_weights
+                from weights.pull import PullStats, pull_weights
 
                 t0 = time.time()
                 each = []
@@ -553,7 +554,8 @@ def bench_publish(args: argparse.Namespace) -> None:
     version (the gap stands for the training step between two publishes)."""
     import torch
 
-    from trainer.weights import HostBuffer, PublishOptions, WeightPublisher, layout, tensor_views
+    from weights.buffers import HostBuffer, layout, tensor_views
+    from weights.publisher import PublishOptions, WeightPublisher
 
     for gib in args.gib:
         nbytes = int(gib * (1 << 30))

@@ -16,8 +16,8 @@ import numpy as np
 import torch
 
 from contracts.spec import JobSpec
+from models.torch_engine import TorchEngine
 from trainer.learner import Learner, rollout_groups
-from trainer.torch_engine import TorchEngine
 
 
 def apply_overrides(spec: JobSpec, overrides: list[str]) -> JobSpec:

@@ -3,7 +3,7 @@
 Engines are synchronous and run in a worker thread; they stream through a callback so the agent
 can forward tokens while the batch is still decoding. Every engine passes tests/test_engine_contract.py.
 
-Sampling is seeded per (request seed, token position) - see trainer/sampling.py - so a response
+Sampling is seeded per (request seed, token position) - see contracts/sampling.py - so a response
 that migrates to another engine continues exactly as it would have on the first one.
 """
 
@@ -48,6 +48,12 @@ def check_requests(requests: list[GenRequest], max_len: int | None) -> None:
                 f"exceeds the model's context length (block_size / max_model_len) {max_len}"
             )
 
+
+# Engines that run a batch to its longest response before taking the next (finished rows still cost a
+# decode step) and report its ends when it returns; the others (synthetic) batch continuously. The
+# simulator models each engine the same way. (vLLM batches continuously inside one generate call but,
+# like torch, takes no request mid-call; the simulator treats it as continuous.)
+STATIC_BATCH_ENGINES = frozenset({"torch"})
 
 # on_tokens(rid, response_offset, ids, logprobs): called as tokens are produced.
 OnTokens = Callable[[str, int, list[int], list[float]], None]

@@ -47,7 +47,7 @@ LaxPath = Annotated[Path, Field(strict=False)]
 
 
 class ModelSpec(Strict):
-    """The policy model. `tiny-gpt` is defined in trainer/model.py and trains on CPU. `synthetic` has
+    """The policy model. `tiny-gpt` is defined in models/tiny_gpt.py and trains on CPU. `synthetic` has
     no weights to speak of: the trainer takes `train_tokens_per_s` to "train" (drives the control
     plane at scale with synthetic engines, no torch work)."""
 
@@ -59,7 +59,7 @@ class ModelSpec(Strict):
     # synthetic only: training throughput of the whole trainer cluster (tokens/s); None = from `perf`
     # for trainer.accelerators x trainer.nodes
     train_tokens_per_s: Annotated[float, Field(gt=0)] | None = None
-    # ---- hf only (trainer/hf_model.py): any Hugging Face causal LM ----
+    # ---- hf only (models/hf.py): any Hugging Face causal LM ----
     # a local directory (config.json + *.safetensors + tokenizer; relative to the job file) or a hub id
     path: str | None = None
     # weights as trained, published and generated with (float32 on CPU; bfloat16 on GPUs)
@@ -274,7 +274,7 @@ class TrainerSpec(Strict):
     checkpoint_dir: str | None = None
     # Relaunch a lost trainer (it resumes from its last checkpoint) this many times before failing.
     max_restarts: Annotated[int, Field(ge=0, le=1000)] = 3
-    # Host memory for past versions' weight deltas (trainer/delta_chain.py): a worker that many
+    # Host memory for past versions' weight deltas (weights/delta_chain.py): a worker that many
     # deltas behind gets the latest as one composed delta; further behind, it pulls in full.
     delta_history_mib: Annotated[int, Field(ge=0, le=1 << 20)] = 512
 
@@ -329,7 +329,7 @@ class RolloutSpec(Strict):
     max_workers: Annotated[int, Field(ge=0, le=100_000)] = 2
     # The objective never holds fewer (min_workers = max_workers: a fixed fleet, e.g. for benchmarks).
     min_workers: Annotated[int, Field(ge=0, le=100_000)] = 0
-    # How many of max_workers to hold (trainer/policies/fleet.py), decided after each step from its
+    # How many of max_workers to hold (rollout/policies/fleet.py), decided after each step from its
     # measured length: `cost` the most tokens per dollar (trainer + workers), `throughput` the fewest
     # workers that give the fastest step (no paying for workers that wait on the trainer).
     objective: Literal["cost", "throughput"] = "cost"
@@ -344,7 +344,7 @@ class RolloutSpec(Strict):
     # float64 makes sampling reproducible across batch shapes and migration (tiny models only).
     # bfloat16/float16 for hf models on GPUs; auto = model.dtype for hf, float32 for tiny-gpt.
     engine_dtype: Literal["float32", "float64", "bfloat16", "float16", "auto"] = "float32"
-    # ---- scheduling policies (trainer/policies/) ----
+    # ---- scheduling policies (rollout/policies/) ----
     # When the trainer's own engine stops generating and goes back to training (README: offload).
     offload_policy: Literal["none", "rlboost", "predictive"] = "predictive"
     offload_min_box_s: Annotated[float, Field(ge=0)] = 5.0  # `rlboost` rule's floor
@@ -444,7 +444,7 @@ class LoggingSpec(Strict):
 class WeightsSpec(Strict):
     """How workers get each weight version (README: Weight transfer)."""
 
-    # auto: a torch.distributed broadcast (trainer/weight_broadcast.py: NCCL) when every worker is on a
+    # auto: a torch.distributed broadcast (weights/broadcast.py: NCCL) when every worker is on a
     # GPU in the trainer's network (same cloud and region, or local), else the HTTP pull; http: always
     # the pull; torch: always the broadcast (gloo without GPUs). A worker the broadcast fails pulls.
     transport: Literal["auto", "http", "torch"] = "auto"

@@ -200,7 +200,7 @@ def https_url(url: str) -> str:
 
 
 def pinned_socket_context() -> ssl.SSLContext:
-    """For blocking clients that check the pin themselves (worker/chunk_http.py): no CA, no hostname."""
+    """For blocking clients that check the pin themselves (weights/chunk_http.py): no CA, no hostname."""
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
     ctx.check_hostname = False

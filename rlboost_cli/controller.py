@@ -43,9 +43,9 @@ from rlboost_cli.node_extras import node_extras
 from rlboost_cli.progress import JobProgress
 from rlboost_cli.state import StateStore, StepMetrics, UnknownInstanceError
 from rlboost_cli.step_numbers import shown
-from trainer.policies.fleet import StepSample
-from trainer.policies.reconcile import BACKOFF_CAP_S, CandidateBackoff, reconcile_fleet
-from trainer.scheduling import FleetClock, fleet_goal
+from rollout.policies.fleet import StepSample
+from rollout.policies.reconcile import BACKOFF_CAP_S, CandidateBackoff, reconcile_fleet
+from rollout.scheduling import FleetClock, fleet_goal
 
 
 class Stop(Exception):
@@ -77,11 +77,11 @@ class Controller:
         self.worker_seq = 0
         self.backoff = {o.key: CandidateBackoff() for o in self.spot_offers}
         self.worker_offer: dict[str, str] = {}  # worker id -> offer key (async capacity errors back off it)
-        from trainer.scheduling import fleet_policy, placement_tracker
+        from rollout.scheduling import fleet_policy, placement_tracker
 
         # which candidate to bid for next: price, observed preemptions/capacity, measured tokens/s
         self.placement = placement_tracker(self.spec, self.spot_offers)
-        # how many of max_workers to hold: re-decided after each step (trainer/policies/fleet.py)
+        # how many of max_workers to hold: re-decided after each step (rollout/policies/fleet.py)
         self.fleet = fleet_policy(self.spec, self.spot_offers)
         self.fleet_target = self.spec.rollout.max_workers
         self.steps_recorded = 0
@@ -418,6 +418,7 @@ class Controller:
             self.steps_recorded + 1,
             clock - min(started, default=clock),
             summarize(self.store, self.job_id).total_dollars,
+            self.placement.boot_estimate_s(),
         )
         d = self.fleet.decide(
             sample,
@@ -496,7 +497,7 @@ class Controller:
                 progress.note(
                     f"eval after step {ev['step']}: pass@1 {ev['pass@1']:.3f}, mean reward {ev['mean_reward']:.3f}"
                 )
-        self.placement.on_workers(snap.get("workers", []))
+        self.placement.on_workers(snap.get("workers", []), self.provider.clock())
         self._note_draining(snap.get("workers", []))
         self.snapshot = snap
         self.store.update_job(

@@ -13,11 +13,11 @@ from pathlib import Path
 
 import httpx
 
+from contracts.retry import Backoff, retry
 from rlboost_cli import control_api as api
 from rlboost_cli.metrics_log import METRICS_FILE
 from rlboost_cli.pids import controller_alive
 from rlboost_cli.state import JobRow, StateStore, job_run_dir
-from trainer.retry import Backoff, retry
 
 
 class NodeUnreachable(Exception):

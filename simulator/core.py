@@ -27,19 +27,20 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from contracts.engine import STATIC_BATCH_ENGINES
+from contracts.lengths import LengthModel, prompt_key
 from contracts.perf import SYNC_COSTS, EngineModel
 from contracts.provider_kinds import provider_kind
+from contracts.sampling import request_id, request_seed
 from contracts.spec import JobSpec
 from providers.pricing import Offer
 from providers.spot_market import AvailabilityTrace, SpotMarket
-from simulator.cores import Work, share
-from simulator.workload import replay_task
-from trainer import scheduling
-from trainer.policies.dispatch import plan_dispatch
-from trainer.policies.fleet import StepSample
-from trainer.policies.lengths import LengthModel, LengthStats, prompt_key
-from trainer.policies.migration import may_gain, plan_migrations, worth_a_look
-from trainer.policies.offload import (
+from rollout import scheduling
+from rollout.policies.dispatch import plan_dispatch
+from rollout.policies.fleet import StepSample
+from rollout.policies.lengths import LengthStats
+from rollout.policies.migration import may_gain, plan_migrations, worth_a_look
+from rollout.policies.offload import (
     OffloadPolicy,
     StepOutcome,
     StepProgress,
@@ -47,13 +48,13 @@ from trainer.policies.offload import (
     offload_tick,
     step_progress,
 )
-from trainer.policies.overlap import busy_between, busy_total, left_to_train, may_train_group, trained_part
-from trainer.policies.reconcile import CandidateBackoff, reconcile_fleet
-from trainer.policies.tail_batching import TailBatcher
-from trainer.policies.views import EngineView, ReqView
-from trainer.sampling import request_id, request_seed
-from trainer.scheduling import FleetClock, fleet_goal
-from worker.engines import STATIC_BATCH_ENGINES
+from rollout.policies.overlap import busy_between, busy_total, left_to_train, may_train_group, trained_part
+from rollout.policies.reconcile import CandidateBackoff, reconcile_fleet
+from rollout.policies.tail_batching import TailBatcher
+from rollout.policies.views import EngineView, ReqView
+from rollout.scheduling import FleetClock, fleet_goal
+from simulator.cores import Work, share
+from simulator.workload import replay_task
 
 INF = float("inf")
 # (length model, seed, step, group size, prompt keys) -> the step's full response lengths, shared by
@@ -80,7 +81,7 @@ class SimPolicy:
     # train, then sync weights into the engine and rebuild its KV cache (perf.SYNC_COSTS)
     sync: bool = False
     # how many of max_workers to hold: None = all of them (a fixed fleet), "job" = the job file's
-    # rollout.objective, or "cost" / "throughput" (trainer/policies/fleet.py, as the controller)
+    # rollout.objective, or "cost" / "throughput" (rollout/policies/fleet.py, as the controller)
     objective: str | None = None
     label: str = ""
 
@@ -330,7 +331,7 @@ class Simulation:
         self.cadence = scheduling.tick_cadence(spec)
         self.migration = scheduling.migration_config(spec) if policy.migration else None
         if policy.migration and self.migration is None:
-            from trainer.policies.migration import MigrationConfig
+            from rollout.policies.migration import MigrationConfig
 
             self.migration = MigrationConfig()
         self.batcher = (
@@ -485,6 +486,8 @@ class Simulation:
         e = self.engines[idx]
         if e.state == "gone":
             return
+        if e.kind == "spot":
+            self.placement.joined(e.id, self.clock())
         self._pull(e)
 
     def _pull(self, e: _Engine) -> None:
@@ -1152,7 +1155,11 @@ class Simulation:
         sample = StepSample(s.n_remote, outcome.step_s, outcome.gen_s, outcome.train_busy_s, tokens)
         d = self.fleet.decide(
             sample,
-            fleet_goal(self.spec, self.objective, FleetClock(self.steps_done + 1, self.clock(), self._spent())),
+            fleet_goal(
+                self.spec,
+                self.objective,
+                FleetClock(self.steps_done + 1, self.clock(), self._spent(), self.placement.boot_estimate_s()),
+            ),
             self.trainer_offer.hourly_price,
             best.hourly_price,
             current=self.fleet_target,
@@ -1176,7 +1183,7 @@ class Simulation:
         return closed + open_ + (now - self.bill_start_trainer) / 3600 * self.trainer_offer.hourly_price
 
     def _reconcile(self, t: float, T: float) -> None:
-        """The controller's reconcile (trainer/policies/reconcile.py), launching into the replayed market."""
+        """The controller's reconcile (rollout/policies/reconcile.py), launching into the replayed market."""
 
         def launch(offer: Offer) -> bool:
             self.worker_seq += 1

@@ -35,7 +35,7 @@ from contracts.perf import split_accelerator
 from contracts.provider_kinds import provider_kind
 from contracts.spec import JobSpec, PerfSpec
 
-_WORKER_IMPORTS = "import torch, worker.agent, trainer.torch_engine"
+_WORKER_IMPORTS = "import torch, worker.agent, models.torch_engine"
 LENGTH_SAMPLES = 2048
 
 
@@ -159,14 +159,13 @@ def calibrate(
     import torch
     from safetensors.torch import load, save
 
-    from contracts.engine import GenRequest
+    from contracts.engine import STATIC_BATCH_ENGINES, GenRequest
+    from models.torch_engine import TorchEngine
     from simulator.round_trip import PlatformProbe, measure_platform
     from trainer.grpo import Sample
     from trainer.learner import Learner
     from trainer.tasks import make_task
-    from trainer.torch_engine import TorchEngine
-    from trainer.weights import PublishOptions, WeightPublisher
-    from worker.engines import STATIC_BATCH_ENGINES
+    from weights.publisher import PublishOptions, WeightPublisher
 
     t_start = time.perf_counter()
     threads = torch.get_num_threads()

@@ -27,12 +27,12 @@ import torch
 from aiohttp import web
 
 from contracts.engine import Engine, GenRequest
+from contracts.sampling import request_id
 from contracts.spec import JobSpec
-from trainer import scheduling
-from trainer.coordinator import Coordinator, RolloutRequest
-from trainer.sampling import request_id
+from rollout import scheduling
+from rollout.coordinator import Coordinator, RolloutRequest
 from trainer.server import build_app
-from trainer.weights import WeightPublisher
+from weights.publisher import WeightPublisher
 from worker.agent import WorkerAgent, WorkerConfig
 
 ROUNDS = 6

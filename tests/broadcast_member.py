@@ -16,9 +16,9 @@ from pathlib import Path
 
 import torch
 
-from trainer.weight_broadcast import BroadcastPlan, receive
-from trainer.weights import HostBuffer
-from worker.weight_broadcast import BroadcastStats, receive_or_pull
+from weights.broadcast import BroadcastPlan, receive
+from weights.broadcast_receiver import BroadcastStats, receive_or_pull
+from weights.buffers import HostBuffer
 
 
 def main() -> int:

@@ -12,11 +12,11 @@ from typing import Any
 import torch
 from aiohttp import web
 
-from trainer.coordinator import Coordinator, CoordinatorConfig, RolloutRequest
-from trainer.policies.lengths import LengthModel
-from trainer.sampling import request_seed
+from contracts.lengths import LengthModel
+from contracts.sampling import request_seed
+from rollout.coordinator import Coordinator, CoordinatorConfig, RolloutRequest
 from trainer.server import build_app
-from trainer.weights import WeightPublisher
+from weights.publisher import WeightPublisher
 from worker.agent import WorkerAgent, WorkerConfig
 from worker.engines.synthetic import EOS, token_at
 

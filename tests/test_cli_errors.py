@@ -12,10 +12,10 @@ import yaml
 from aiohttp import web
 
 from rlboost_cli.state import StateStore
+from rollout.coordinator import Coordinator, CoordinatorConfig
 from tests.conftest import ROOT, run_cli
-from trainer.coordinator import Coordinator, CoordinatorConfig
 from trainer.server import build_app
-from trainer.weights import WeightPublisher
+from weights.publisher import WeightPublisher
 from worker.agent import WorkerAgent, WorkerConfig
 
 

@@ -15,11 +15,11 @@ from hypothesis import strategies as st
 
 from contracts.spec import SpecError, parse_spec
 from tests.test_weight_swarm import TOKEN, assert_same, serve
-from trainer import weight_delta
-from trainer.delta_chain import compose_chunk
-from trainer.weights import PublishOptions, WeightPublisher
-from worker.peer_server import WeightNode
-from worker.weight_pull import PullOptions
+from weights import delta_codec
+from weights.delta_chain import compose_chunk
+from weights.peer_server import WeightNode
+from weights.publisher import PublishOptions, WeightPublisher
+from weights.pull import PullOptions
 
 
 @settings(max_examples=60, deadline=None)
@@ -42,7 +42,7 @@ def test_a_composed_chunk_delta_rebuilds_the_last_version_bit_exactly(
         versions.append(v)
     parts = []
     for old, new in itertools.pairwise(versions):
-        e = weight_delta.encode_best(memoryview(old), memoryview(new), width)
+        e = delta_codec.encode_best(memoryview(old), memoryview(new), width)
         if e is not None:
             parts.append((e[1], e[0]))
     got = compose_chunk(parts, memoryview(versions[-1].tobytes()), width, sparse)
@@ -50,7 +50,7 @@ def test_a_composed_chunk_delta_rebuilds_the_last_version_bit_exactly(
         assert np.array_equal(versions[0], versions[-1])
         return
     out = bytearray(size)
-    weight_delta.decode_chunk(memoryview(versions[0].tobytes()), got[1], memoryview(out), width, got[0])
+    delta_codec.decode_chunk(memoryview(versions[0].tobytes()), got[1], memoryview(out), width, got[0])
     assert bytes(out) == versions[-1].tobytes()
 
 

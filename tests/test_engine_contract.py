@@ -41,8 +41,8 @@ class Kit:
 
 
 def _tiny_gpt_kit() -> Kit:
+    from models.torch_engine import TorchEngine
     from trainer.learner import Learner
-    from trainer.torch_engine import TorchEngine
 
     spec = ModelSpec()
     stops = Learner(spec, AlgorithmSpec(), TaskSpec(), seed=0)
@@ -91,7 +91,7 @@ def kit(request) -> Iterator[Kit]:
         return
     spec, weights, prompts, eos = request.getfixturevalue("hf_assets")
     if request.param == "torch-hf":
-        from trainer.torch_engine import TorchEngine
+        from models.torch_engine import TorchEngine
 
         yield Kit("torch", lambda: TorchEngine(spec, dtype="float32"), weights, prompts, eos, atol=1e-4)
         return

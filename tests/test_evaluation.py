@@ -11,8 +11,9 @@ import pytest
 import torch
 import yaml
 
+from contracts import sampling
 from contracts.spec import AlgorithmSpec, JobSpec, ModelSpec, SpecError, TaskSpec, load_spec, parse_spec
-from trainer import sampling, sampling_torch
+from models import sampling_torch
 from trainer.evaluation import Evaluator, describe
 from trainer.learner import Learner
 from trainer.tasks import make_task

@@ -1,4 +1,4 @@
-"""The fleet-size policy (trainer/policies/fleet.py): pure decisions from measured steps."""
+"""The fleet-size policy (rollout/policies/fleet.py): pure decisions from measured steps."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import itertools
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from trainer.policies.fleet import FleetGoal, FleetPolicy, StepSample, fit_steps
+from rollout.policies.fleet import FleetGoal, FleetPolicy, StepSample, fit_steps
 
 # a step measured with 2 workers: 300 s to generate, 120 s of training, 20 s after the last response
 GEN_BOUND = StepSample(n_remote=2, step_s=320.0, gen_s=300.0, train_s=120.0, tokens=1_000_000)

@@ -9,11 +9,11 @@ import pytest
 import torch
 
 from contracts.spec import AlgorithmSpec, ModelSpec, TaskSpec
+from models.torch_engine import TorchEngine
+from models.vocab import EOS
 from tests.torch_threads import one_thread  # noqa: F401  (autouse: single-threaded torch)
 from trainer.grpo import Sample, group_advantages, policy_gradient_loss, sample_advantages
 from trainer.learner import Learner, rollout_groups
-from trainer.tasks import EOS
-from trainer.torch_engine import TorchEngine
 
 # ---- advantages and loss ------------------------------------------------------------------------
 

@@ -24,12 +24,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from websockets.sync.client import connect
 
+from contracts import protocol as P
+from contracts import token_frames
+from contracts.sampling import request_seed
 from contracts.spec import SpecError, load_spec
 from tests.chaos import FAULTS, FaultRecord
 from tests.live_trainer import LiveTrainer
-from trainer import protocol as P
-from trainer import token_frames
-from trainer.sampling import request_seed
 from worker.engines.synthetic import token_at
 
 pytestmark = pytest.mark.faults

@@ -1,12 +1,16 @@
 """Dependencies point one way: each package imports only the packages below it (read with ast, so lazy
 imports inside functions count too, and nothing is run).
 
-    contracts            the job file, engine interface, TLS, perf table, shipped data: imports nothing of ours
+    contracts            shared by every node: job file, wire protocol and frames, weight manifest, digests,
+                         TLS, sampling, worker environment, status document; imports nothing of ours
     templates            what a node runs at boot (files, read by providers)
-    trainer              the trainer node: learner, models, coordinator, weights
-    worker               a spot node: the agent and engines (runs the trainer's models)
+    models               the models both nodes run, and the torch engine
+    weights              weight transfer, both ends: publish, delta, track, pull, store, serve to peers
+    rollout              the rollout coordinator and the scheduling core (pure policies)
+    trainer              the trainer node: learner, tasks, the trainer process and its server
+    worker               a spot node: the agent, preemption notices, engines
     providers            clouds, prices, spot market
-    simulator            replays a job on a trace with the nodes' own policies
+    simulator            replays a job on a trace through the scheduling core
     rlboost_cli          the CLI and control plane, on the user's machine or the trainer node's controller
 """
 
@@ -22,11 +26,14 @@ ROOT = Path(__file__).resolve().parent.parent
 ALLOWED: dict[str, set[str]] = {
     "contracts": set(),
     "templates": set(),
-    "trainer": {"contracts"},
-    "worker": {"contracts", "trainer"},
+    "models": {"contracts"},
+    "weights": {"contracts"},
+    "rollout": {"contracts"},
+    "trainer": {"contracts", "models", "weights", "rollout"},
+    "worker": {"contracts", "models", "weights"},
     "providers": {"contracts", "templates"},
-    "simulator": {"contracts", "trainer", "worker", "providers"},
-    "rlboost_cli": {"contracts", "trainer", "worker", "providers", "simulator", "templates"},
+    "simulator": {"contracts", "models", "weights", "rollout", "trainer", "worker", "providers"},
+    "rlboost_cli": {"contracts", "rollout", "providers", "simulator", "templates"},
 }
 
 

@@ -142,7 +142,7 @@ def hf_model_job(tmp_path: Path, mounts: dict, model_path: str = "~/models/qwen"
 
 
 def test_model_path_may_live_in_a_mount_and_each_node_reads_its_own_copy(tmp_path, monkeypatch):
-    from trainer.scheduling import welcome_model
+    from rollout.scheduling import welcome_model
     from worker.engines import model_on_this_node
 
     monkeypatch.delenv(MOUNT_ROOT_ENV, raising=False)

@@ -8,11 +8,11 @@ import torch
 
 from contracts.engine import Engine, GenRequest
 from contracts.spec import AlgorithmSpec, ModelSpec, TaskSpec
+from models.tiny_gpt import TinyGPT, TinyGPTConfig, left_pad
+from models.torch_engine import TorchEngine
+from models.vocab import EOS
 from tests.torch_threads import one_thread  # noqa: F401  (autouse: single-threaded torch)
 from trainer.learner import Learner
-from trainer.model import TinyGPT, TinyGPTConfig, left_pad
-from trainer.tasks import EOS
-from trainer.torch_engine import TorchEngine
 
 SPEC = ModelSpec()
 

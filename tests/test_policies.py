@@ -1,16 +1,17 @@
-"""The scheduling policies (trainer/policies/): pure functions, checked on hand-made situations."""
+"""The scheduling policies (rollout/policies/): pure functions, checked on hand-made situations."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
+from contracts.lengths import LengthModel
 from contracts.perf import DEFAULT_PERF, EngineModel, engine_model
 from providers.pricing import Offer
-from trainer.policies.dispatch import plan_dispatch
-from trainer.policies.lengths import LengthModel, LengthStats
-from trainer.policies.migration import MigrationConfig, plan_migrations
-from trainer.policies.offload import (
+from rollout.policies.dispatch import plan_dispatch
+from rollout.policies.lengths import LengthStats
+from rollout.policies.migration import MigrationConfig, plan_migrations
+from rollout.policies.offload import (
     NoOffload,
     PredictiveOffload,
     RLBoostOffload,
@@ -19,9 +20,9 @@ from trainer.policies.offload import (
     pool_finish_s,
     trainer_idle,
 )
-from trainer.policies.placement import PlacementTracker
-from trainer.policies.tail_batching import TailBatcher
-from trainer.policies.views import EngineView, ReqView
+from rollout.policies.placement import PlacementTracker
+from rollout.policies.tail_batching import TailBatcher
+from rollout.policies.views import EngineView, ReqView
 
 A100 = EngineModel(2500, 80, 15000, ref_batch=256, max_batch=256)
 
@@ -209,6 +210,22 @@ def test_placement_prefers_cheap_throughput_then_learns_preemptions_and_rates():
     pt2.worker_rate("a1", 1000.0)
     assert pt2.order([a, b], 10.0)[0].key == b.key
 
+
+
+def test_placement_learns_the_boot_time_from_workers_dialling_in():
+    a = offer("A", 1.0)
+    pt = PlacementTracker(boot_s=120.0)
+    assert pt.boot_estimate_s() == 120.0  # nothing seen: the prior
+    pt.launched("w1", a.key, 100.0)
+    pt.on_workers([{"worker_id": "w1", "tokens_per_s": 0.0}], 700.0)  # 600 s from launch to dialled in
+    pt.on_workers([{"worker_id": "w1", "tokens_per_s": 50.0}], 900.0)  # seen again: not a second boot
+    pt.joined("stranger", 900.0)  # never launched by us: no boot to count
+    assert pt.boot_estimate_s() == pytest.approx((120.0 + 600.0) / 2)
+    slow = pt.useful(a, 1000.0)
+    pt2 = PlacementTracker(boot_s=120.0)
+    pt2.launched("w1", a.key, 100.0)
+    pt2.joined("w1", 160.0)
+    assert pt2.useful(a, 1000.0) > slow  # a slow boot wastes more of a preempted worker's life
 
 # ---- lengths ------------------------------------------------------------------------------
 def test_length_model_is_deterministic_long_tailed_and_group_correlated():

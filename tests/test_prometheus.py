@@ -8,10 +8,10 @@ import re
 import httpx
 from aiohttp import web
 
-from trainer.coordinator import Coordinator, CoordinatorConfig
+from rollout.coordinator import Coordinator, CoordinatorConfig
 from trainer.prometheus import exposition
 from trainer.server import build_app
-from trainer.weights import WeightPublisher
+from weights.publisher import WeightPublisher
 
 STATUS = {
     "step": 3, "steps": 40, "version": 3, "reward": 0.25, "tokens_total": 1200, "responses_total": 96,

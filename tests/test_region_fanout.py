@@ -14,11 +14,11 @@ from pydantic import ValidationError
 from providers.base import InstanceKind, LaunchRequest, Role
 from providers.bootstrap import node_env
 from tests.test_weight_swarm import TOKEN, assert_same, model, serve
-from trainer.region_fanout import RegionView, origin_grants, region_key
-from trainer.weight_tracker import Announce, SwarmTracker, decode_bits, encode_bits
-from trainer.weights import PublishOptions, WeightPublisher
-from worker.peer_server import ServeOptions, WeightNode
-from worker.weight_pull import PullOptions
+from weights.peer_server import ServeOptions, WeightNode
+from weights.publisher import PublishOptions, WeightPublisher
+from weights.pull import PullOptions
+from weights.region_fanout import RegionView, origin_grants, region_key
+from weights.tracker import Announce, SwarmTracker, decode_bits, encode_bits
 
 # ---- the pure policy -------------------------------------------------------------------------
 

@@ -15,7 +15,8 @@ import yaml
 
 from contracts.rewards import CustomReward, RewardImportError, import_reward
 from contracts.spec import SpecError, TaskSpec, load_spec
-from trainer.tasks import EOS, encode, make_task
+from models.vocab import EOS, encode
+from trainer.tasks import make_task
 
 _names = itertools.count()
 

@@ -6,12 +6,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from contracts.lengths import LengthModel
 from contracts.spec import parse_spec
 from providers.pricing import spot_offers, trainer_offer
 from providers.spot_market import constant_trace
+from rollout import scheduling
 from simulator import PRESETS, simulate_job
-from trainer import scheduling
-from trainer.policies.lengths import LengthModel
 
 BATCH = 32
 PULL = 0.5
@@ -113,10 +113,10 @@ def test_the_warm_start_shares_the_cores_with_starting_processes():
 
 
 def test_the_platform_is_measured_with_the_real_parts():
+    from models.torch_engine import TorchEngine
     from simulator.round_trip import PlatformProbe, measure_platform
     from trainer.learner import Learner
     from trainer.tasks import make_task
-    from trainer.torch_engine import TorchEngine
 
     spec = parse_spec(torch_job())
     task = make_task(spec.task, spec.model)

@@ -12,10 +12,10 @@ import yaml
 
 from contracts.perf import DEFAULT_PERF, SYNC_COSTS, EngineModel
 from contracts.spec import JobSpec, load_spec
+from rollout.policies.lengths import LengthStats
+from rollout.policies.offload import NoOffload, PredictiveOffload, offload_tick, step_progress
+from rollout.policies.views import EngineView
 from simulator import cli as sim_cli
-from trainer.policies.lengths import LengthStats
-from trainer.policies.offload import NoOffload, PredictiveOffload, offload_tick, step_progress
-from trainer.policies.views import EngineView
 
 PAPER = Path(__file__).resolve().parents[1] / "examples/simulate/paper-h100.yaml"
 
@@ -39,12 +39,12 @@ def by_policy(results):
 
 
 def test_hf_job_simulates_without_weights_or_tokenizer(tmp_path, monkeypatch):
-    from trainer import hf_model
+    from models import hf
 
     def refuse(*a, **k):
         raise AssertionError("the simulator must not load a model or a tokenizer")
 
-    monkeypatch.setattr(hf_model, "load_tokenizer", refuse)
+    monkeypatch.setattr(hf, "load_tokenizer", refuse)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     spec = load_spec(paper_job(tmp_path))
     assert spec.model.kind == "hf" and spec.model.path == "Qwen/Qwen3-8B"

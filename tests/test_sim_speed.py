@@ -8,10 +8,10 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from contracts.lengths import LengthModel
 from contracts.perf import EngineModel
-from trainer.policies.lengths import LengthModel
-from trainer.policies.migration import MigrationConfig, may_gain, plan_migrations
-from trainer.policies.views import EngineView, ReqView
+from rollout.policies.migration import MigrationConfig, may_gain, plan_migrations
+from rollout.policies.views import EngineView, ReqView
 
 MODELS = (
     EngineModel(3926, 75, 10700, max_batch=64),
@@ -89,13 +89,13 @@ def test_memo_view_answers_as_engine_view() -> None:
 def test_step_lengths_are_drawn_once_per_process_and_unchanged() -> None:
     """A sweep's replays look a step's lengths up instead of hashing every request again: the cached
     lengths are the drawn ones, and a replay gives the same result with the cache empty or full."""
+    from contracts.lengths import prompt_key
+    from contracts.sampling import request_seed
     from contracts.spec import parse_spec
     from providers.pricing import spot_offers, trainer_offer
     from providers.spot_market import AvailabilityTrace
     from simulator import core
     from tests.test_simulator import job
-    from trainer.policies.lengths import prompt_key
-    from trainer.sampling import request_seed
 
     spec = parse_spec(job())
     trace = AvailabilityTrace([0.0, 60.0, 75.0, 3600.0], [4, 1, 4, 4], "t")

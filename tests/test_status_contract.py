@@ -31,8 +31,8 @@ def test_the_runtime_serves_the_model(served: dict) -> None:
 
 def test_every_engine_the_coordinator_knows_fits_the_model() -> None:
     """An engine as it connects (no weights yet, nothing measured) and one at work."""
-    from trainer import scheduling
-    from trainer.coordinator import Coordinator, EngineConn
+    from rollout import scheduling
+    from rollout.coordinator import Coordinator, EngineConn
 
     spec = JobSpec(name="st", rollout={"max_workers": 0})
     coord = Coordinator(scheduling.coordinator_config(spec, eos_id=2))

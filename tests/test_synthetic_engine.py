@@ -10,9 +10,9 @@ import sys
 import numpy as np
 import pytest
 
+from contracts import token_frames
+from contracts.lengths import LengthModel
 from contracts.perf import EngineModel
-from trainer import token_frames
-from trainer.policies.lengths import LengthModel
 from worker.engines import Engine, GenRequest, make_engine
 from worker.engines.synthetic import EOS, SyntheticEngine, token_at
 
@@ -168,9 +168,9 @@ def test_token_frames_round_trip_and_reject_malformed():
 def test_workers_with_synthetic_engines_complete_a_step_through_binary_frames(tmp_path):
     """Coordinator + weight publisher on loopback, two real WorkerAgents with synthetic engines."""
     torch = pytest.importorskip("torch")
-    from trainer.coordinator import Coordinator, CoordinatorConfig, RolloutRequest
+    from rollout.coordinator import Coordinator, CoordinatorConfig, RolloutRequest
     from trainer.server import build_app
-    from trainer.weights import WeightPublisher
+    from weights.publisher import WeightPublisher
     from worker.agent import WorkerAgent, WorkerConfig
 
     async def main():
@@ -221,7 +221,7 @@ def test_workers_with_synthetic_engines_complete_a_step_through_binary_frames(tm
     coord, done = asyncio.run(main())
     assert len(done) == 24 and len({r.rid for r in done}) == 24
     lm = LengthModel(median=12, sigma=0.6, prompt_sigma=0.2)
-    from trainer.sampling import request_seed
+    from contracts.sampling import request_seed
 
     for r in done:
         n = lm.length(r.prompt, request_seed(1, r.rid))

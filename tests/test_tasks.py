@@ -2,7 +2,8 @@ import numpy as np
 import pytest
 
 from contracts.spec import TaskSpec
-from trainer.tasks import BOS, EOS, PAD, SEP, SYMBOLS, VOCAB_SIZE, decode, encode, make_task
+from models.vocab import BOS, EOS, PAD, SEP, SYMBOLS, VOCAB_SIZE, decode, encode
+from trainer.tasks import make_task
 
 
 def test_vocab_layout() -> None:

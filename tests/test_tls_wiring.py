@@ -146,9 +146,9 @@ def test_job_tls_env_choices(tmp_path):
 def test_peer_server_in_a_tls_job_is_pinned_through_its_url():
     import asyncio
 
-    from worker.chunk_http import HttpConn, SourceError
-    from worker.peer_server import PeerServer, ServeOptions
-    from worker.weight_store import WeightStore
+    from weights.chunk_http import HttpConn, SourceError
+    from weights.peer_server import PeerServer, ServeOptions
+    from weights.store import WeightStore
 
     def get(url: str, fingerprint: str | None = None, token: str = "tok") -> int | str:
         conn = HttpConn(url, token, 5, fingerprint)

@@ -60,7 +60,7 @@ def test_vllm_and_torch_engines_draw_the_same_tokens(assets, vllm_engine) -> Non
     engines (so a response may migrate between them), and tokens/s of each is printed."""
     from safetensors.torch import load_file
 
-    from trainer.torch_engine import TorchEngine
+    from models.torch_engine import TorchEngine
 
     weights = load_file(assets[0] / "model.safetensors")
     requests = [GenRequest(f"r{i}", [1, 87, 85, 265, 201 + i % 50], 64, seed=100 + i) for i in range(64)]

@@ -1,4 +1,4 @@
-"""The torch.distributed weight broadcast (trainer/weight_broadcast.py, worker/weight_broadcast.py):
+"""The torch.distributed weight broadcast (weights/broadcast.py, weights/broadcast_receiver.py):
 the trainer side in this process, each member a real process (tests/broadcast_member.py), gloo over
 loopback, the HTTP fallback against a real publisher server."""
 
@@ -21,8 +21,7 @@ from pydantic import ValidationError
 
 from tests.test_weights import assert_same
 from tests.torch_threads import one_thread  # noqa: F401 - fixture
-from trainer.broadcast_sender import BroadcastSender, Receiver
-from trainer.weight_broadcast import (
+from weights.broadcast import (
     BroadcastError,
     BroadcastOptions,
     BroadcastPlan,
@@ -34,8 +33,10 @@ from trainer.weight_broadcast import (
     choose_transport,
     receive,
 )
-from trainer.weights import HostBuffer, PublishOptions, WeightPublisher, add_routes
-from worker.weight_pull import PullStats
+from weights.broadcast_sender import BroadcastSender, Receiver
+from weights.buffers import HostBuffer
+from weights.publisher import PublishOptions, WeightPublisher, add_routes
+from weights.pull import PullStats
 
 ROOT = Path(__file__).resolve().parents[1]
 CHUNK = 16 * 1024
@@ -285,8 +286,8 @@ def test_a_worker_receives_into_its_store_and_pulls_when_the_broadcast_fails(ori
     HTTP when the broadcast cannot happen (here: its rendezvous is gone)."""
     import aiohttp
 
-    from worker.peer_server import WeightNode
-    from worker.weight_pull import PullOptions
+    from weights.peer_server import WeightNode
+    from weights.pull import PullOptions
 
     v = origin.manifest.version
     transfer = Transfer(origin.manifest, ["w1"], fast())

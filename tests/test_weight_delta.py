@@ -13,13 +13,13 @@ import torch
 from aiohttp import web
 
 from contracts.spec import AlgorithmSpec, ModelSpec, TaskSpec
-from trainer import weight_delta
+from models.vocab import EOS
 from trainer.grpo import Sample
 from trainer.learner import Learner
-from trainer.tasks import EOS
-from trainer.weights import PublishOptions, WeightPublisher, add_routes
-from worker.peer_server import WeightNode
-from worker.weight_pull import PullOptions
+from weights import delta_codec
+from weights.peer_server import WeightNode
+from weights.publisher import PublishOptions, WeightPublisher, add_routes
+from weights.pull import PullOptions
 
 
 def assert_same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
@@ -52,14 +52,14 @@ def test_codec_round_trip_is_exact(dtype, width) -> None:
     )
     new = old.copy()
     new[::7] = new[::7] + 1 if dtype in (np.uint8, np.uint16) else new[::7] * 1.001
-    payload = weight_delta.encode(memoryview(old.tobytes()), memoryview(new.tobytes()), width)
+    payload = delta_codec.encode(memoryview(old.tobytes()), memoryview(new.tobytes()), width)
     assert payload is not None and len(payload) < new.nbytes
     out = bytearray(new.nbytes)
-    weight_delta.decode_into(memoryview(old.tobytes()), payload, memoryview(out), width)
+    delta_codec.decode_into(memoryview(old.tobytes()), payload, memoryview(out), width)
     assert bytes(out) == new.tobytes()
-    assert weight_delta.encode(memoryview(old.tobytes()), memoryview(old.tobytes()), width) is None
+    assert delta_codec.encode(memoryview(old.tobytes()), memoryview(old.tobytes()), width) is None
     with pytest.raises(ValueError):
-        weight_delta.decode_into(memoryview(old.tobytes()), b"not zstd", memoryview(out), width)
+        delta_codec.decode_into(memoryview(old.tobytes()), b"not zstd", memoryview(out), width)
 
 
 def learner_after_steps() -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:

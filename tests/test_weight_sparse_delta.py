@@ -15,13 +15,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
+from contracts.digest import hexdigest
+from contracts.weight_manifest import CODEC, CODEC_SPARSE, DENSE, SPARSE, ChunkInfo, DeltaManifest
 from tests.test_weight_delta import assert_same, serve
-from trainer import weight_delta as wd
-from trainer.digest import hexdigest
-from trainer.weight_manifest import CODEC, CODEC_SPARSE, DENSE, SPARSE, ChunkInfo, DeltaManifest
-from trainer.weights import PublishOptions, WeightPublisher, layout, tensor_views
-from worker.peer_server import WeightNode
-from worker.weight_pull import PullOptions
+from weights import delta_codec as wd
+from weights.buffers import layout, tensor_views
+from weights.peer_server import WeightNode
+from weights.publisher import PublishOptions, WeightPublisher
+from weights.pull import PullOptions
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 

@@ -15,8 +15,8 @@ import time
 from collections.abc import Mapping
 
 from contracts.engine import GenRequest
+from contracts.sampling import request_seed
 from contracts.spec import JobSpec
-from trainer.sampling import request_seed
 from trainer.tasks import Problem, Task
 
 PASS_AT = 1.0  # a response passes when its reward reaches this
@@ -33,7 +33,7 @@ class Evaluator:
 
     def _engine_for(self):
         if self._engine is None:
-            from trainer.torch_engine import TorchEngine
+            from models.torch_engine import TorchEngine
 
             ro, m = self.spec.rollout, self.spec.model
             dtype = ro.engine_dtype

@@ -47,7 +47,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from contracts.engine import Engine, GenRequest
+from contracts.sampling import request_id, request_seed
 from contracts.spec import AlgorithmSpec, ModelSpec, TaskSpec
+from models.tiny_gpt import TinyGPT, from_spec, left_pad
 from trainer.grpo import (
     Sample,
     agg_units,
@@ -57,8 +59,6 @@ from trainer.grpo import (
     sample_advantages,
     token_weights,
 )
-from trainer.model import TinyGPT, from_spec, left_pad
-from trainer.sampling import request_id, request_seed
 from trainer.tasks import Problem, Task, make_task
 
 if TYPE_CHECKING:
@@ -110,14 +110,14 @@ class Learner:
             device = dist.device if dist else ("cuda" if self.hf and torch.cuda.is_available() else "cpu")
         self.device = torch.device(device)
         if self.hf:
-            from trainer import hf_model
+            from models import hf
 
             # float32 master weights; bfloat16/float16 models compute under autocast on a GPU and are
             # published in model.dtype (what the engines run)
-            self.publish_dtype = hf_model.TORCH_DTYPES[model_spec.dtype]
-            self.model: nn.Module = hf_model.from_pretrained(model_spec, torch.float32, self.device)
+            self.publish_dtype = hf.TORCH_DTYPES[model_spec.dtype]
+            self.model: nn.Module = hf.from_pretrained(model_spec, torch.float32, self.device)
             self.model.train()
-            limit = hf_model.max_model_len(model_spec, self.model.config)
+            limit = hf.max_model_len(model_spec, self.model.config)
             longest = getattr(self.task, "max_prompt_len", 0) + algo_spec.max_new_tokens
             if longest > limit:  # found here, not as an engine error in every worker
                 raise ValueError(
@@ -423,10 +423,10 @@ class Learner:
 
     def _logits(self, model: nn.Module, idx: Tensor, positions: Tensor, mask: Tensor) -> Tensor:
         if self.hf:
-            from trainer import hf_model
+            from models import hf
 
             with torch.autocast(self.device.type, dtype=self.autocast, enabled=self.autocast is not None):
-                logits, _ = hf_model.forward(model, idx, positions, mask)
+                logits, _ = hf.forward(model, idx, positions, mask)
             return logits
         logits, _ = model(idx, positions, mask)
         return logits

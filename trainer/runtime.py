@@ -24,22 +24,23 @@ from aiohttp import web
 
 from contracts import tls
 from contracts.provider_kinds import provider_kind
+from contracts.sampling import request_id
 from contracts.spec import JobSpec
 from contracts.status import TrainerStatus
 from contracts.worker_env import NOTICE_FILE, WorkerEnv
-from trainer import checkpoint, distributed, scheduling
-from trainer.broadcast_sender import BroadcastSender, Receiver
-from trainer.coordinator import Coordinator, RolloutRequest
+from rollout import scheduling
+from rollout.coordinator import Coordinator, RolloutRequest
+from rollout.policies.tail_batching import TailBatcher
+from trainer import checkpoint, distributed
 from trainer.evaluation import Evaluator, describe
 from trainer.learner import Sample, make_learner
-from trainer.policies.tail_batching import TailBatcher
-from trainer.sampling import request_id
 from trainer.server import build_app
 from trainer.streaming import GroupFeeder
 from trainer.synthetic_learner import SyntheticLearner
 from trainer.tasks import make_task
-from trainer.weight_broadcast import BroadcastOptions, Site
-from trainer.weights import PublishOptions, WeightPublisher
+from weights.broadcast import BroadcastOptions, Site
+from weights.broadcast_sender import BroadcastSender, Receiver
+from weights.publisher import PublishOptions, WeightPublisher
 
 log = logging.getLogger("rlboost.trainer")
 

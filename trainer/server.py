@@ -8,9 +8,9 @@ from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
-from trainer.coordinator import Coordinator
+from rollout.coordinator import Coordinator
 from trainer.prometheus import CONTENT_TYPE, exposition
-from trainer.weights import WeightPublisher, add_routes
+from weights.publisher import WeightPublisher, add_routes
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 

@@ -19,12 +19,12 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Protocol
 
+from rollout.policies.overlap import busy_between, busy_total, may_train_group
 from trainer.grpo import Sample
-from trainer.policies.overlap import busy_between, busy_total, may_train_group
 
 
 class GroupSource(Protocol):
-    """What the coordinator offers (trainer/coordinator.py)."""
+    """What the coordinator offers (rollout/coordinator.py)."""
 
     offloaded: asyncio.Event
     group_ready: asyncio.Event

@@ -13,7 +13,7 @@ import asyncio
 import time
 from collections.abc import Sequence
 
-from trainer.policies.overlap import busy_between, busy_total, left_to_train, trained_part
+from rollout.policies.overlap import busy_between, busy_total, left_to_train, trained_part
 
 
 class SyntheticLearner:

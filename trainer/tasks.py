@@ -17,36 +17,7 @@ import numpy as np
 
 from contracts.rewards import CustomReward, is_import_path
 from contracts.spec import ModelSpec, TaskSpec
-
-PAD, BOS, EOS, SEP = 0, 1, 2, 3
-SYMBOLS = "0123456789abcdefghijklmnopqrstuvwxyz+"
-_FIRST_SYMBOL = 4
-VOCAB_SIZE = _FIRST_SYMBOL + len(SYMBOLS)  # 41
-
-_STOI = {c: _FIRST_SYMBOL + i for i, c in enumerate(SYMBOLS)}
-# How special tokens print in decode(): readable and unambiguous (none of them is a symbol).
-_SPECIAL_TEXT = {PAD: "_", BOS: "^", EOS: "$", SEP: "="}
-
-DIGITS = SYMBOLS[:10]
-LETTERS = SYMBOLS[10:36]
-
-
-def encode(text: str) -> list[int]:
-    """Symbol string -> ids (symbols only; specials are added by the task)."""
-    return [_STOI[c] for c in text]
-
-
-def decode(ids: list[int]) -> str:
-    """Ids -> text; specials print as ^ (BOS), = (SEP), $ (EOS), _ (PAD), ? (out of range)."""
-    out = []
-    for i in ids:
-        if i in _SPECIAL_TEXT:
-            out.append(_SPECIAL_TEXT[i])
-        elif _FIRST_SYMBOL <= i < VOCAB_SIZE:
-            out.append(SYMBOLS[i - _FIRST_SYMBOL])
-        else:
-            out.append("?")
-    return "".join(out)
+from models.vocab import BOS, DIGITS, EOS, LETTERS, SEP, decode, encode
 
 
 @dataclass
@@ -175,9 +146,9 @@ def make_task(spec: TaskSpec, model: ModelSpec | None = None, alphabet: str = DE
     if spec.name == "jsonl":
         if model is None or model.kind != "hf":
             raise ValueError("task jsonl needs an hf model (its tokenizer encodes the prompts)")
-        from trainer import hf_model
+        from models import hf
 
-        task = JsonlTask(spec, hf_model.load_tokenizer(model))
+        task = JsonlTask(spec, hf.load_tokenizer(model))
     elif spec.name == "add":
         task = Add(spec.min_len, spec.max_len)
     else:
@@ -228,11 +199,12 @@ class JsonlTask(Task):
 
     def __init__(self, spec: TaskSpec, tokenizer: Any) -> None:
         from contracts import dataset_files
-        from trainer import datasets, hf_model, verifiers
+        from models import hf
+        from trainer import datasets, verifiers
 
         assert spec.path is not None
         self.spec, self.tokenizer = spec, tokenizer
-        self.eos_id = hf_model.eos_token_id(tokenizer)
+        self.eos_id = hf.eos_token_id(tokenizer)
         # a custom reward may score rows that carry no reference answer
         fields = datasets.Fields(spec.prompt_field, spec.answer_field, require_answer=not is_import_path(spec.reward))
         self.records = datasets.load_records(spec.path, fields, spec.split)

@@ -15,13 +15,12 @@ from urllib.parse import urlsplit
 
 import aiohttp
 
-from contracts import tls
-from trainer import protocol as P
-from trainer import token_frames
+from contracts import protocol as P
+from contracts import tls, token_frames
+from weights.peer_server import WeightNode
+from weights.pull import WeightPullError
 from worker.engines import Engine, GenRequest, make_engine
 from worker.notice import NoticeWatcher
-from worker.peer_server import WeightNode
-from worker.weight_pull import WeightPullError
 
 log = logging.getLogger("rlboost.worker")
 

@@ -21,7 +21,7 @@ from typing import Protocol
 
 import aiohttp
 
-from trainer.retry import Backoff
+from contracts.retry import Backoff
 
 log = logging.getLogger("rlboost.notice")
 

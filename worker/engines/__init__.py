@@ -13,7 +13,7 @@ def model_on_this_node(model: dict) -> dict:
     """The welcome's model with model.path where this node has it: a path in a file_mounts destination
     is this node's own copy of the mount."""
     from contracts.mounts import node_path
-    from trainer.protocol import MOUNTED_PATH_KEY
+    from contracts.protocol import MOUNTED_PATH_KEY
 
     out = dict(model)
     if not out.pop(MOUNTED_PATH_KEY, False):
@@ -28,13 +28,6 @@ def model_on_this_node(model: dict) -> dict:
     return out
 
 
-# Engines that run a batch to its longest response before taking the next (finished rows still cost a
-# decode step) and report its ends when it returns; the others (synthetic) batch continuously. The
-# simulator models each engine the same way. (vLLM batches continuously inside one generate call but,
-# like torch, takes no request mid-call; the simulator treats it as continuous.)
-STATIC_BATCH_ENGINES = frozenset({"torch"})
-
-
 def make_engine(name: str, model: dict, dtype: str, max_batch: int) -> Engine:
     if name in ("torch", "vllm"):
         from contracts.spec import ModelSpec
@@ -46,7 +39,7 @@ def make_engine(name: str, model: dict, dtype: str, max_batch: int) -> Engine:
             from worker.engines.vllm_engine import VllmEngine
 
             return VllmEngine(spec, dtype=dtype, max_batch=max_batch)
-        from trainer.torch_engine import TorchEngine
+        from models.torch_engine import TorchEngine
 
         return TorchEngine(spec, dtype=dtype, max_batch=max_batch)
     if name == "synthetic":
@@ -56,4 +49,4 @@ def make_engine(name: str, model: dict, dtype: str, max_batch: int) -> Engine:
     raise ValueError(f"unknown engine {name!r} (available: torch, vllm, synthetic)")
 
 
-__all__ = ["STATIC_BATCH_ENGINES", "Engine", "GenRequest", "make_engine"]
+__all__ = ["Engine", "GenRequest", "make_engine"]

@@ -17,8 +17,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from contracts.engine import FinishReason, GenRequest, OnTokens, check_requests
+from contracts.lengths import LengthModel, mix64
 from contracts.perf import AcceleratorPerf, EngineModel, engine_model
-from trainer.policies.lengths import LengthModel, mix64
 
 EOS = 2
 _FIRST_SYMBOL, _N_SYMBOLS = 4, 37  # the tiny tasks' symbol ids, so rewards and decode still work

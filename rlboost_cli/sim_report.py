@@ -8,7 +8,7 @@ from pathlib import Path
 from rich.table import Table
 
 from rlboost_cli.tables import add_columns, narrow_table
-from simulator.core import SimResult
+from simulator.result import SimResult
 
 
 def ratio(a: float, b: float) -> str:

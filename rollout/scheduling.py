@@ -6,6 +6,7 @@ models here, so a live run and `rlboost simulate` of the same job file make the 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING
 
@@ -14,10 +15,10 @@ from contracts.mounts import mounted_name
 from contracts.perf import AcceleratorPerf, EngineModel, engine_model, split_accelerator, train_rate
 from contracts.protocol import MOUNTED_PATH_KEY
 from contracts.spec import JobSpec
-from rollout.policies.fleet import FleetGoal, FleetPolicy, Objective
+from rollout.policies.fleet import FleetDecision, FleetGoal, FleetPolicy, Objective, StepSample
 from rollout.policies.migration import MigrationConfig
 from rollout.policies.offload import OffloadPolicy, make_offload
-from rollout.policies.placement import PlacementTracker
+from rollout.policies.placement import OfferLike, PlacementTracker
 from rollout.policies.tick import TickCadence
 
 if TYPE_CHECKING:
@@ -160,13 +161,13 @@ def fleet_policy(spec: JobSpec, offers) -> FleetPolicy:
 class FleetClock:
     """Where a job stands when the fleet is sized (either clock: the controller's or the simulator's)."""
 
-    steps_done: int
+    steps_done: int  # the step just finished included
     elapsed_s: float  # billing clock since the job started
     spent: float  # dollars so far
-    boot_s: float  # what a worker launched now costs before it generates (PlacementTracker.boot_estimate_s)
 
 
-def fleet_goal(spec: JobSpec, objective: Objective, at: FleetClock) -> FleetGoal:
+def fleet_goal(spec: JobSpec, objective: Objective, at: FleetClock, boot_s: float) -> FleetGoal:
+    """boot_s: what a worker launched now costs before it generates (PlacementTracker.boot_estimate_s)."""
     bounded = spec.deadline_hours is not None or spec.budget_usd is not None
     return FleetGoal(
         objective=objective,
@@ -174,6 +175,38 @@ def fleet_goal(spec: JobSpec, objective: Objective, at: FleetClock) -> FleetGoal
         min_workers=spec.rollout.min_workers,
         steps_left=max(0, spec.algorithm.steps - at.steps_done) if bounded else None,
         time_left_s=spec.deadline_hours * 3600.0 - at.elapsed_s if spec.deadline_hours is not None else None,
-        switch_s=at.boot_s,
+        switch_s=boot_s,
         budget_left=spec.budget_usd - at.spent if spec.budget_usd is not None else None,
     )
+
+
+@dataclass
+class FleetSizer:
+    """After each step, how many spot workers to hold: the fleet policy on the best candidate's price and
+    usefulness (as placement sees them) and the job's goal. The controller and the simulator size the
+    fleet through this one object; each releases the surplus (`surplus`) its own way."""
+
+    spec: JobSpec
+    objective: Objective
+    policy: FleetPolicy
+    placement: PlacementTracker
+    trainer_per_h: float
+    offers: Sequence[OfferLike]
+
+    def decide(self, sample: StepSample, at: FleetClock, clock: float, current: int) -> FleetDecision:
+        """clock: the placement's clock (the provider's billing clock) now."""
+        best = self.placement.order(self.offers, clock)[0]
+        return self.policy.decide(
+            sample,
+            fleet_goal(self.spec, self.objective, at, self.placement.boot_estimate_s()),
+            self.trainer_per_h,
+            best.hourly_price,
+            current=current,
+            useful=self.placement.useful(best, clock),
+        )
+
+
+def fleet_sizer(
+    spec: JobSpec, objective: Objective, trainer_per_h: float, offers: Sequence[OfferLike], placement: PlacementTracker
+) -> FleetSizer:
+    return FleetSizer(spec, objective, fleet_policy(spec, offers), placement, trainer_per_h, offers)

@@ -7,6 +7,8 @@ engines (contracts/perf.py: decode rate by batch size, prefill), training (token
 platform timings (boot, weight pull, step overhead; `simulate:` in the job file).
 """
 
-from simulator.core import PRESETS, SimPolicy, SimResult, simulate_job
+from simulator.core import simulate_job
+from simulator.presets import PRESETS, SimPolicy
+from simulator.result import SimResult
 
 __all__ = ["PRESETS", "SimPolicy", "SimResult", "simulate_job"]

@@ -12,8 +12,10 @@ from contracts.lengths import LengthModel
 from contracts.spec import JobSpec
 from providers.pricing import Offer, spot_offers, trainer_offer
 from providers.spot_market import BUILTIN_TRACE, AvailabilityTrace, constant_trace, load_trace
-from simulator.core import PRESETS, SimPolicy, SimResult, policy_from_spec, simulate_job
+from simulator.core import simulate_job
 from simulator.local_calibration import Calibration, calibrate, needs_calibration, one_process
+from simulator.presets import PRESETS, SimPolicy, policy_from_spec
+from simulator.result import SimResult
 
 DEFAULT_POLICIES = ("on-demand", "spot-restart", "rlboost-rule", "rlboost")
 SWEEP_OBJECTIVES = ("cost", "throughput")

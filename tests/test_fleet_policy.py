@@ -8,7 +8,7 @@ import itertools
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rollout.policies.fleet import FleetGoal, FleetPolicy, StepSample, fit_steps
+from rollout.policies.fleet import FleetGoal, FleetPolicy, StepSample, fit_steps, surplus
 
 # a step measured with 2 workers: 300 s to generate, 120 s of training, 20 s after the last response
 GEN_BOUND = StepSample(n_remote=2, step_s=320.0, gen_s=300.0, train_s=120.0, tokens=1_000_000)
@@ -141,3 +141,39 @@ def test_min_workers_is_a_floor_and_min_equal_to_max_a_fixed_fleet():
     # a worker dearer than the trainer never pays: cost goes to the floor, and no lower
     assert held(run("cost", worker=30.0)) == 0 and min(sized("cost", 30.0, 3, 16)) == 3
     assert set(sized("cost", 30.0, 4, 4)) == {4} and set(sized("throughput", 1.0, 16, 16)) == {16}
+
+
+def test_a_shrinking_fleet_releases_the_newest_workers():
+    started = {"w1": 10.0, "w2": 30.0, "w3": 20.0, "w4": 40.0}
+    assert surplus(list(started), started.get, keep=2) == ["w4", "w2"]
+    assert surplus(list(started), started.get, keep=4) == []
+    assert surplus(list(started), started.get, keep=9) == []
+
+
+def test_the_controller_and_the_simulator_size_the_fleet_through_one_sizer():
+    """FleetSizer: the fleet policy on placement's best candidate, and a deadline's reserve is one boot
+    as placement measured it (not a simulate: setting)."""
+    from contracts.spec import parse_spec
+    from providers.pricing import spot_offers, trainer_offer
+    from rollout.scheduling import FleetClock, fleet_sizer, placement_tracker
+    from tests.test_simulator import job
+
+    spec = parse_spec(job(deadline_hours=1.0))
+    offers = spot_offers(spec)
+    placement = placement_tracker(spec, offers)
+    sizer = fleet_sizer(spec, "cost", trainer_offer(spec).hourly_price, offers, placement)
+    sample = StepSample(2, 100.0, 80.0, 30.0, 10_000)
+    seen: list[FleetGoal] = []
+    real = sizer.policy.decide
+
+    def spy(s, goal, *a, **k):
+        seen.append(goal)
+        return real(s, goal, *a, **k)
+
+    sizer.policy.decide = spy  # type: ignore[method-assign]
+    placement.launched("w1", offers[0].key, 0.0)
+    placement.joined("w1", 300.0)
+    d = sizer.decide(sample, FleetClock(1, 600.0, 5.0), 600.0, current=2)
+    assert 0 <= d.workers <= spec.rollout.max_workers
+    assert seen[0].switch_s == placement.boot_estimate_s() == (120.0 + 300.0) / 2
+    assert seen[0].time_left_s == 3600.0 - 600.0

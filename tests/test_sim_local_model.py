@@ -112,6 +112,37 @@ def test_the_warm_start_shares_the_cores_with_starting_processes():
     assert one.step_log[0]["t0"] == pytest.approx(up + 4.0)
 
 
+def test_work_that_speeds_up_ends_once():
+    """A start-up re-timed to end earlier leaves its later end event behind: that stale end must not
+    run the start-up's continuation a second time (a worker would pull its weights twice)."""
+    import heapq
+
+    from simulator.cores import CoreShare
+    from simulator.engines import Fleet
+    from simulator.events import EventQueue
+
+    q = EventQueue()
+    fleet = Fleet(static=True)
+    cores = CoreShare(1.0, q, fleet)
+    model = scheduling.engine_model_for(parse_spec(torch_job()), "A100")
+    others = [fleet.add(f"w{i}", "spot", model, None, 0.0) for i in range(2)]  # booting: busy too
+    done: list[float] = []
+    cores.start_work(("boot", 9), 1.0, lambda: done.append(q.now))
+
+    def others_ready(_) -> None:
+        for e in others:
+            e.state = "ready"  # started up, holding nothing: no longer busy
+
+    q.on("others_ready", others_ready)
+    q.push(0.5, "others_ready")
+    cores.reshare()  # two others busy on one core (the work's own process is not in the fleet): half speed
+    while q.heap:
+        q.now, _, kind, payload = heapq.heappop(q.heap)
+        q.handlers[kind](payload)
+        cores.reshare()  # alone from 0.5 on: the 0.25 s done leaves 0.75 s, so it ends at 1.25 s
+    assert done == [pytest.approx(1.25)]
+
+
 def test_the_platform_is_measured_with_the_real_parts():
     from models.torch_engine import TorchEngine
     from simulator.round_trip import PlatformProbe, measure_platform

@@ -73,14 +73,14 @@ def test_lengths_from_key_is_length_from_key_per_seed() -> None:
 
 
 def test_memo_view_answers_as_engine_view() -> None:
-    from simulator.core import _MemoView
+    from simulator.engines import MemoView
 
     rng = random.Random(3)
     for _ in range(200):
         model = rng.choice(MODELS)
         active = rng.randint(0, model.capacity)
         args = ("e", "spot", model.capacity, active, model.rate(active), model, True)
-        plain, memo = EngineView(*args), _MemoView(*args)
+        plain, memo = EngineView(*args), MemoView(*args)
         for n in [rng.randint(0, model.capacity + 1) for _ in range(5)] * 2:  # each load asked twice
             assert memo.seq_time(n) == plain.seq_time(n)
             assert memo.seq_time(n, MODELS[0]) == plain.seq_time(n, MODELS[0])
@@ -94,19 +94,19 @@ def test_step_lengths_are_drawn_once_per_process_and_unchanged() -> None:
     from contracts.spec import parse_spec
     from providers.pricing import spot_offers, trainer_offer
     from providers.spot_market import AvailabilityTrace
-    from simulator import core
+    from simulator import PRESETS, SimResult, core, step_state
     from tests.test_simulator import job
 
     spec = parse_spec(job())
     trace = AvailabilityTrace([0.0, 60.0, 75.0, 3600.0], [4, 1, 4, 4], "t")
 
-    def replay() -> core.SimResult:
-        sim = core.Simulation(spec, trace, core.PRESETS["rlboost-fixed"], trainer_offer(spec), spot_offers(spec))
+    def replay() -> SimResult:
+        sim = core.Simulation(spec, trace, PRESETS["rlboost-fixed"], trainer_offer(spec), spot_offers(spec))
         return sim.run()
 
-    core._LENGTHS_SEEN.clear()
+    step_state._LENGTHS_SEEN.clear()
     cold = replay()
-    assert core._LENGTHS_SEEN  # the replay filled it
+    assert step_state._LENGTHS_SEEN  # the replay filled it
     warm = replay()
     assert (cold.trained_tokens, cold.dollars, cold.run_s, cold.migrations, cold.step_log) == (
         warm.trained_tokens,
@@ -115,13 +115,14 @@ def test_step_lengths_are_drawn_once_per_process_and_unchanged() -> None:
         warm.migrations,
         warm.step_log,
     )
-    sim = core.Simulation(spec, trace, core.PRESETS["rlboost-fixed"], trainer_offer(spec), spot_offers(spec))
-    problems = sim.task.sample(sim.prompt_rng, 4)
+    sim = core.Simulation(spec, trace, PRESETS["rlboost-fixed"], trainer_offer(spec), spot_offers(spec))
+    problems = sim.trainer.task.sample(sim.trainer.prompt_rng, 4)
     G, seed = 3, spec.algorithm.seed
     want = [
-        sim.lengths.length_from_key(prompt_key(p.prompt_ids), request_seed(seed, f"s7-p{i}-g{g}"))
+        sim.trainer.lengths.length_from_key(prompt_key(p.prompt_ids), request_seed(seed, f"s7-p{i}-g{g}"))
         for i, p in enumerate(problems)
         for g in range(G)
     ]
-    assert sim._full_lengths(7, problems, G).tolist() == want  # drawn
-    assert sim._full_lengths(7, problems, G).tolist() == want  # looked up
+    drawn = step_state.full_lengths(sim.trainer.lengths, seed, 7, problems, G)
+    assert drawn.tolist() == want
+    assert step_state.full_lengths(sim.trainer.lengths, seed, 7, problems, G) is drawn  # looked up

@@ -15,7 +15,7 @@ from contracts.spec import parse_spec
 from rlboost_cli import sim_report as report
 from simulator import PRESETS
 from simulator import cli as sim_cli
-from simulator.core import SimResult
+from simulator.result import SimResult
 from tests.conftest import run_cli
 from tests.test_simulator import TRACE, job, run
 

@@ -11,7 +11,7 @@ from contracts.spec import parse_spec
 from providers.pricing import spot_offers, trainer_offer
 from providers.spot_market import AvailabilityTrace
 from simulator import PRESETS, simulate_job
-from simulator.core import policy_from_spec
+from simulator.presets import policy_from_spec
 from tests.conftest import run_cli
 
 

@@ -341,7 +341,7 @@ class TrainerRuntime:
         self.publisher.pin(step)
         ok = False
         try:
-            need = rnd.keep if rnd is not None and not rnd.long else None
+            need = rnd.need_groups if rnd is not None else None
             responses = await self.coord.run_step(
                 step,
                 step,

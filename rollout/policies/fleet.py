@@ -36,10 +36,12 @@ preemptions). Pure: no clock, no I/O; the controller and the simulator feed it t
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Literal
+from typing import Literal, TypeVar
 
 Objective = Literal["throughput", "cost"]
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -64,6 +66,12 @@ class FleetGoal:
     time_left_s: float | None = None  # to the deadline
     switch_s: float = 0.0  # a worker launched now helps only this much later: kept in reserve before a deadline
     budget_left: float | None = None  # dollars
+
+
+def surplus(workers: Sequence[T], started: Callable[[T], float], keep: int) -> list[T]:
+    """The workers to release when the fleet shrinks to `keep`: the newest first (idle between steps
+    anyway, and the oldest have shown the market lets them stay)."""
+    return sorted(workers, key=lambda w: -started(w))[: max(0, len(workers) - keep)]
 
 
 @dataclass(frozen=True)

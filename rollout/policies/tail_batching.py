@@ -24,6 +24,11 @@ class Round:
     prompts: list[Hashable]  # prompts to launch
     keep: int  # groups that complete the round
 
+    @property
+    def need_groups(self) -> int | None:
+        """A short round ends once this many groups are complete; a long round (None) runs to its end."""
+        return None if self.long else self.keep
+
 
 @dataclass
 class TailBatcher:

@@ -11,7 +11,7 @@ chunk's BLAKE3 digest, as a worker's pull does. The clients take turns within ea
 machine slows all of them alike; the figure is the median of --runs, with the client's CPU seconds
 (all threads) per GiB beside it.
 
-- raw: weights.chunk_http.HttpConn + weight_pull.fetch_into on a thread per connection (the pull's own code).
+- raw: weights.chunk_http.HttpConn + weights.pull.fetch_into on a thread per connection (the pull's own code).
 - aiohttp: one event loop, a coroutine per connection, bodies read with readany() and hashed as they land.
 - aiohttp+threads: the same, with each chunk hashed on a worker thread after it landed (BLAKE3 frees the GIL).
 - httpx: a thread per connection, each with its own httpx.Client, bodies read with iter_raw().

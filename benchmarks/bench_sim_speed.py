@@ -7,6 +7,12 @@ same numbers.
     # every field of two --json outputs: numbers to 3 significant digits, text exactly (the title's
     # "replayed in N s" aside); exits 1 on a difference
     python benchmarks/bench_sim_speed.py compare before.json after.json
+    # every field of every replay (all presets) of the shipped examples (2 h each) and three local jobs
+    # with fixed platform timings (cores shared, torch's static batches, preemptions): run it on two
+    # commits and `compare` the files (its last line counts the fields that differ at all)
+    PYTHONPATH=. python benchmarks/bench_sim_speed.py replays out.json
+    # CPU seconds of one replay in this process: gcp-a100, max_workers 64, rlboost-throughput, 3 h
+    PYTHONPATH=. python benchmarks/bench_sim_speed.py replay-cpu -n 5
 
 CPU seconds are the fairer figure on a shared machine: wall time moves with whatever else runs.
 """
@@ -90,6 +96,103 @@ def cmd_compare(args: argparse.Namespace) -> int:
     return 1 if diffs else 0
 
 
+def _local_jobs(tmp: Path) -> dict[str, Path]:
+    """Local jobs whose platform timings are given (no calibration): synthetic engines on a trace with
+    preemptions; tiny-gpt (torch engines: static batches, a dispatch round trip) on 2 shared cores, and
+    on 1.5 cores through the same preemptions."""
+    import yaml
+
+    drops = {"metadata": {"gap_seconds": 60}, "data": ([3] * 22 + [1] * 4) * 40}
+    (tmp / "drops.json").write_text(json.dumps(drops))
+    (tmp / "two.json").write_text(json.dumps({"metadata": {"gap_seconds": 60}, "data": [2] * 600}))
+    local = {"trace": str(tmp / "drops.json"), "time_scale": 60.0, "notice_seconds": 1.0, "notice_fraction": 0.5}
+    candidates = [{"accelerator": "A100", "clouds": ["local"], "spot_price": 1.44, "on_demand_price": 3.67}]
+    synthetic = {
+        "name": "syn-local",
+        "model": {"kind": "synthetic", "train_tokens_per_s": 1500},
+        "algorithm": {"prompts_per_step": 16, "group_size": 8, "max_new_tokens": 150, "steps": 12, "seed": 5},
+        "trainer": {"accelerators": "A100:1", "hourly_price": 4.1},
+        "rollout": {
+            "engine": "synthetic",
+            "engine_batch": 32,
+            "max_workers": 3,
+            "min_workers": 3,
+            "candidates": candidates,
+            "synthetic": {"lengths": {"median_tokens": 30, "sigma": 0.8, "prompt_sigma": 0.5}},
+        },
+        "perf": {"A100": {"tokens_per_s": 400, "seq_tokens_per_s": 25, "prefill_tokens_per_s": 50000,
+                          "train_tokens_per_s": 1500, "ref_batch": 32}},
+        "local": local,
+        "simulate": {"boot_s": 2.0, "trainer_boot_s": 2.5, "reserved_boot_s": 3.0, "pull_s": 0.05,
+                     "reserved_pull_s": 0.1, "step_overhead_s": 0.05},
+    }
+    tiny = {
+        "name": "tiny-local",
+        "model": {"kind": "tiny-gpt"},
+        "algorithm": {"prompts_per_step": 32, "group_size": 8, "max_new_tokens": 12, "steps": 40, "seed": 3},
+        "task": {"name": "reverse", "reward": "exact_match"},
+        "trainer": {"accelerators": "A100:1", "hourly_price": 4.1},
+        "rollout": {"engine": "torch", "max_workers": 2, "min_workers": 2, "candidates": candidates},
+        "perf": {"A100": {"tokens_per_s": 49000, "seq_tokens_per_s": 2000, "prefill_tokens_per_s": 113000,
+                          "train_tokens_per_s": 20000, "ref_batch": 64}},
+        "local": {**local, "trace": str(tmp / "two.json")},
+        "simulate": {"boot_s": 2.0, "pull_s": 0.013, "reserved_pull_s": 0.01, "step_overhead_s": 0.0035,
+                     "warm_start_s": 0.9, "cpu_cores": 2, "dispatch_s": 0.006},
+    }
+    preempted = {
+        **tiny,
+        "name": "tiny-preempt",
+        "rollout": {**tiny["rollout"], "max_workers": 3, "min_workers": 0},
+        "local": local,
+        "simulate": {**tiny["simulate"], "cpu_cores": 1.5},
+    }
+    out = {}
+    for job in (synthetic, tiny, preempted):
+        out[job["name"]] = tmp / f"{job['name']}.yaml"
+        out[job["name"]].write_text(yaml.safe_dump(job))
+    return out
+
+
+def cmd_replays(args: argparse.Namespace) -> int:
+    import tempfile
+
+    from contracts.spec import load_spec
+    from simulator import PRESETS
+    from simulator import cli as sim_cli
+
+    jobs = {f.stem: (f, 2.0) for f in sorted(Path("examples/simulate").glob("*.yaml"))}
+    out: dict[str, list[dict]] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        jobs |= {name: (path, None) for name, path in _local_jobs(Path(tmp)).items()}
+        for name, (path, hours) in jobs.items():
+            t0 = time.process_time()
+            replay = sim_cli.prepare(load_spec(path), None, hours=hours, calibrated=False)
+            results = replay.simulate(list(PRESETS.values()))
+            out[name] = [
+                {"policy": r.policy.name, **{k: v for k, v in vars(r).items() if k != "policy"}} for r in results
+            ]
+            print(f"{name}: {len(results)} replays, {time.process_time() - t0:.1f} CPU s", file=sys.stderr)
+    Path(args.out).write_text(json.dumps(out))
+    return 0
+
+
+def cmd_replay_cpu(args: argparse.Namespace) -> int:
+    from contracts.spec import load_spec
+    from simulator import PRESETS
+    from simulator import cli as sim_cli
+
+    spec = load_spec(Path("examples/simulate/gcp-a100.yaml"))
+    replay = sim_cli.prepare(spec, None, hours=args.hours, calibrated=False).with_max_workers(64)
+    cpus = []
+    for i in range(args.n):
+        t0 = time.process_time()
+        r = replay.simulate([PRESETS["rlboost-throughput"]])[0]
+        cpus.append(time.process_time() - t0)
+        print(f"run {i + 1}: {cpus[-1]:.2f} CPU s ({r.steps} steps, ${r.dollars:.2f})")
+    print(f"median of {args.n}: {statistics.median(cpus):.2f} CPU s")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="what", required=True)
@@ -100,11 +203,16 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("before")
     c.add_argument("after")
     c.add_argument("--digits", type=int, default=3)
+    r = sub.add_parser("replays", help="every field of every replay of the shipped examples and local jobs")
+    r.add_argument("out")
+    rc = sub.add_parser("replay-cpu", help="CPU seconds of one replay in this process, median of -n")
+    rc.add_argument("-n", type=int, default=5)
+    rc.add_argument("--hours", type=float, default=3.0)
     args = ap.parse_args(argv)
     if args.what == "time":
         args.command = args.command[1:] if args.command[:1] == ["--"] else args.command
         return cmd_time(args)
-    return cmd_compare(args)
+    return {"compare": cmd_compare, "replays": cmd_replays, "replay-cpu": cmd_replay_cpu}[args.what](args)
 
 
 if __name__ == "__main__":

@@ -70,7 +70,7 @@ class Manifest(BaseModel):
     root: str = Field(pattern=HEX_PATTERN)  # digest of the chunk digests, in order
     tensors: list[TensorInfo]
     chunks: list[ChunkInfo]
-    local_path: str | None = None  # same-machine readers may map the buffer here (local_weights.py)
+    local_path: str | None = None  # same-machine readers may map the buffer here (weights/local.py)
 
 
 class DeltaChunk(BaseModel):

@@ -135,7 +135,7 @@ class CoordinatorConfig:
     engine_dtype: str
     engine_batch: int
     eos_id: int
-    # ---- scheduling (trainer/policies) ----
+    # ---- scheduling (rollout/policies) ----
     dispatch_mode: str = "rate"  # rate | spread
     migration: MigrationConfig | None = field(default_factory=MigrationConfig)
     max_new_tokens: int = 0  # the response budget (for length statistics); 0: learn from requests

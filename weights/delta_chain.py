@@ -4,7 +4,7 @@ The trainer keeps each version's delta from the one before (small after a real s
 elements only) instead of whole old versions. Every delta can be taken back (a dense XOR is its own
 inverse, a sparse difference is subtracted), so for a worker holding base b the trainer rebuilds
 b's chunk from v's by undoing the chain v..b+1, and encodes v against it once
-(trainer/delta_codec.py, the smaller of sparse and dense). Each chunk goes the
+(weights/delta_codec.py, the smaller of sparse and dense). Each chunk goes the
 cheaper way: a chunk whose composed delta is no smaller than the chunk itself goes in full
 (DeltaChunk size 0 while its digest differs between the two manifests, so the worker fetches it in
 full, from peers or the trainer), and one with no net change is not sent at all.

@@ -149,8 +149,13 @@ class Controller:
         finally:
             signal.signal(signal.SIGTERM, _raise_stop)  # a second `down` during teardown is harmless
             signal.signal(signal.SIGHUP, signal.SIG_IGN)  # a closing terminal may hang up twice
-            with contextlib.suppress(Stop, KeyboardInterrupt):
-                self.teardown()
+            try:
+                with contextlib.suppress(Stop, KeyboardInterrupt):
+                    self.teardown()
+            except Exception as e:  # the job's end is recorded all the same; `rlboost gc` finds what is left
+                error = f"{error}; teardown failed: {e}" if error else f"teardown failed: {e}"
+                with contextlib.suppress(Exception):
+                    self.store.add_event(self.job_id, "teardown-failed", self.redact(str(e)) or "")
             signal.signal(signal.SIGTERM, prev)
             signal.signal(signal.SIGHUP, prev_hup)
             self.metrics_log.close()  # W&B: finish the run (an offline one is complete on disk)

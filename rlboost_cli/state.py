@@ -331,14 +331,21 @@ class StateStore:
 
     @contextmanager
     def _tx(self) -> Iterator[sqlite3.Connection]:
+        """One transaction. A signal handler may raise (the controller's `down`: Stop) between any two
+        statements, even right after BEGIN: every exit rolls back what is still open, and a
+        transaction an interruption left open anyway (one during the rollback) is rolled back first,
+        so one badly timed signal never leaves the store refusing every later write."""
         with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
-            try:
-                yield self._db
-            except BaseException:
+            if self._db.in_transaction:
                 self._db.execute("ROLLBACK")
+            try:
+                self._db.execute("BEGIN IMMEDIATE")
+                yield self._db
+                self._db.execute("COMMIT")
+            except BaseException:
+                if self._db.in_transaction:
+                    self._db.execute("ROLLBACK")
                 raise
-            self._db.execute("COMMIT")
 
     def _query(self, sql: str, args: tuple[Any, ...] = ()) -> list[sqlite3.Row]:
         with self._lock:

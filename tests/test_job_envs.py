@@ -514,3 +514,57 @@ def test_direct_cloud_boot_scripts_export_the_job_envs(tmp_path):
     script = boot_script(sky_req("demo-1-w001"), tmp_path)
     assert "export PLAIN=shown" in script and f"export HF_TOKEN={SECRET}" in script
     assert "export RLBOOST_JOB_TOKEN=s3cret-token" in script  # the same path as the job token
+
+
+def test_a_failing_teardown_still_records_the_jobs_end(tmp_path, monkeypatch):
+    """Teardown that raises (a provider error, a store interrupted mid-write) must not skip recording
+    how the job ended: a node controller's launcher waits for exactly that record."""
+    from rich.console import Console
+
+    from providers.prices import CloudPrices
+    from providers.pricing import spot_offers, trainer_offer
+    from rlboost_cli.controller import Controller
+    from rlboost_cli.state import StateStore
+
+    spec = parse_spec(
+        {
+            "name": "sky-teardown",
+            "provider": "skypilot",
+            "trainer": {"cloud": "aws", "region": "us-east-1", "accelerators": "A100:8", "max_restarts": 1},
+            "rollout": {"max_workers": 0},
+        }
+    )
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "spec.yaml").write_text(spec_to_yaml(spec))
+    store = StateStore(tmp_path / "state.db")
+    job_id = store.create_job(spec.name, spec_to_yaml(spec), spec.provider)
+    provider = SkyPilotProvider(run_dir, sdk=EchoingSky(), status_every_s=0.1, redown_after_s=0.1)
+    prices = CloudPrices()
+    ctl = Controller(
+        spec=spec,
+        store=store,
+        job_id=job_id,
+        run_dir=run_dir,
+        provider=provider,
+        token="tok",
+        trainer_offer=trainer_offer(spec, prices),
+        spot_offers=spot_offers(spec, prices),
+        console=Console(file=io.StringIO()),
+        poll_s=0.05,
+        teardown_wait_s=5.0,
+    )
+
+    def exploding_teardown() -> None:
+        raise RuntimeError("cannot start a transaction within a transaction")
+
+    monkeypatch.setattr(ctl, "teardown", exploding_teardown)
+    try:
+        assert ctl.run() == "failed"
+    finally:
+        provider.close()
+    job = store.job_by_id(job_id)
+    assert job.status == "failed" and job.ended_at is not None
+    assert "no luck provisioning" in (job.error or "") and "teardown failed" in (job.error or "")
+    assert "teardown-failed" in [e.type for e in store.events(job_id)]
+    store.close()

@@ -225,6 +225,50 @@ def test_events_and_steps(store: StateStore) -> None:
     assert steps[0].offload_s is None  # no offload recorded
 
 
+class _Stop(Exception):
+    """What the controller's SIGTERM handler raises, wherever the main thread is."""
+
+
+class _SignalAfter:
+    """The store's connection, with a signal's exception raised right after one statement ran (where
+    the controller's `down` can land: between BEGIN and the statement after it, or after COMMIT)."""
+
+    def __init__(self, db: sqlite3.Connection, statement: str, times: int = 1) -> None:
+        self.db, self.statement, self.times = db, statement, times
+
+    def execute(self, sql: str, *args: object) -> sqlite3.Cursor:
+        cur = self.db.execute(sql, *args)
+        if sql.startswith(self.statement) and self.times > 0:
+            self.times -= 1
+            raise _Stop()
+        return cur
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.db, name)
+
+
+@pytest.mark.parametrize("statement", ["BEGIN", "INSERT INTO events", "COMMIT"])
+def test_a_signal_between_statements_leaves_the_store_writable(store: StateStore, statement: str) -> None:
+    job = store.create_job("demo", "spec", "local")
+    db = store._db
+    store._db = _SignalAfter(db, statement)  # type: ignore[assignment]
+    with pytest.raises(_Stop):
+        store.add_event(job, "first", "interrupted")
+    assert not db.in_transaction  # nothing left open: the next write is not refused
+    store.add_event(job, "second", "after the signal")
+    kept = [e.type for e in store.events(job)]
+    assert kept[-1] == "second"
+    assert ("first" in kept) == (statement == "COMMIT")  # before COMMIT rolled back; after it, it stands
+
+
+def test_a_transaction_left_open_is_rolled_back_before_the_next(store: StateStore) -> None:
+    job = store.create_job("demo", "spec", "local")
+    store._db.execute("BEGIN IMMEDIATE")  # as if a second signal had cut a rollback short
+    store._db.execute("INSERT INTO events (job_id, type, detail, wall) VALUES (?, 'half', '', 0)", (job,))
+    store.add_event(job, "whole", "")
+    assert [e.type for e in store.events(job)][-1] == "whole" and "half" not in [e.type for e in store.events(job)]
+
+
 def test_v1_store_migrates_to_the_latest_keeping_its_steps(tmp_path: Path) -> None:
     path = tmp_path / "v1.db"
     db = sqlite3.connect(path)

@@ -1,7 +1,10 @@
 """`rlboost simulate JOB` against `rlboost launch JOB` of a local job (default: examples/local.yaml),
 each run several times, alternating: dollars and trained tokens/s (steps 2..N), medians and their ratio.
 
-    .venv/bin/python benchmarks/bench_sim_local.py --runs 3 [--job examples/local.yaml] [--json]
+    .venv/bin/python benchmarks/bench_sim_local.py --runs 3 [--job examples/local.yaml] [--workers N] [--json]
+
+--workers N holds exactly N spot workers (min_workers = max_workers = N; 0: the trainer alone), to
+take the job's fleet policy out of the comparison and see what each worker adds, live and simulated.
 
 The replay calibrates this machine each time, as `rlboost simulate` does; nothing comes from the live
 runs. Run it on a quiet machine: the live job's processes and the calibration share its cores.
@@ -17,6 +20,8 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+import yaml
 
 from contracts.spec import load_spec
 from rlboost_cli.ledger import summarize
@@ -53,12 +58,27 @@ def simulated(job: Path) -> dict:
     }
 
 
+def with_workers(job: Path, n: int, out_dir: Path) -> Path:
+    """The job file with exactly n spot workers (its trace and other paths still resolve)."""
+    raw = yaml.safe_load(job.read_text())
+    raw["rollout"].update({"min_workers": n, "max_workers": n})
+    trace = raw.get("local", {}).get("trace")
+    if trace:
+        raw["local"]["trace"] = str((job.parent / trace).resolve())
+    out = out_dir / job.name
+    out.write_text(yaml.safe_dump(raw))
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--job", type=Path, default=ROOT / "examples" / "local.yaml")
     ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--workers", type=int, default=None, help="hold exactly N spot workers")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
+    if args.workers is not None:
+        args.job = with_workers(args.job, args.workers, Path(tempfile.mkdtemp()))
     runs: dict[str, list[dict]] = {"live": [], "simulated": []}
     for i in range(args.runs):
         runs["live"].append(live(args.job))

@@ -18,6 +18,7 @@ import contextlib
 import logging
 import os
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -36,6 +37,17 @@ IMAGE = "projects/deeplearning-platform-release/global/images/family/common-cu12
 TRAINER_TAG = "rlboost-trainer"
 
 
+@dataclass(frozen=True)
+class GcpOptions:
+    """How the provider launches and watches: the boot image, the trainer's port, how often it lists
+    the job's VMs, and how long a zone that refused capacity is skipped."""
+
+    image: str = IMAGE
+    port: int = TRAINER_PORT
+    list_every_s: float = 5.0
+    zone_cooldown_s: float = 120.0
+
+
 class GcpProvider:
     name = "gcp"
     kind = PROVIDER_KINDS["gcp"]
@@ -48,7 +60,7 @@ class GcpProvider:
         project = gcp_project()
         if project is None:
             raise PreflightError("credentials: no GCP project; set GOOGLE_CLOUD_PROJECT or `gcloud config set project`")
-        return cls(run_dir, job, project, image=os.environ.get("RLBOOST_GCP_IMAGE", IMAGE))
+        return cls(run_dir, job, project, options=GcpOptions(image=os.environ.get("RLBOOST_GCP_IMAGE", IMAGE)))
 
     def __init__(
         self,
@@ -58,10 +70,7 @@ class GcpProvider:
         *,
         credentials: Any = None,
         api_endpoint: str | None = None,
-        image: str = IMAGE,
-        port: int = TRAINER_PORT,
-        list_every_s: float = 5.0,
-        zone_cooldown_s: float = 120.0,
+        options: GcpOptions | None = None,
     ) -> None:
         from google.api_core.client_options import ClientOptions
         from google.cloud import compute_v1
@@ -75,10 +84,11 @@ class GcpProvider:
         self.run_dir = run_dir
         self.job = job
         self.project = project
-        self.image = image
-        self.port = port
-        self.list_every_s = list_every_s
-        self.zone_cooldown_s = zone_cooldown_s
+        opt = options or GcpOptions()
+        self.image = opt.image
+        self.port = opt.port
+        self.list_every_s = opt.list_every_s
+        self.zone_cooldown_s = opt.zone_cooldown_s
         self.reqs: dict[str, LaunchRequest] = {}
         self.zones: dict[str, str] = {}  # iid -> zone
         self.ops: dict[str, tuple[str, str]] = {}  # iid -> (zone, insert operation name)

@@ -166,25 +166,19 @@ class Follower:
 
 
 def follow(
-    console: Console,
+    f: Follower,
     store: StateStore,
     job: JobRow,
     instance: str | None,
-    show_all: bool,
     *,
     poll_s: float = 0.2,
-    read: dict[str, int] | None = None,
     sleep: Callable[[float], None] = time.sleep,
     controller_only: bool = False,
 ) -> str:
-    """Follow the job's logs until it ends; returns why following stopped. `controller_only`: just
-    the controller's lines, unprefixed (an attached launch of a node-controlled job)."""
+    """Follow the job's logs until it ends, from where `f` has read them; returns why following stopped.
+    `controller_only`: just the controller's lines, unprefixed (an attached launch of a node-controlled job)."""
     if job.remote:
-        return _follow_node(
-            console, store, job, instance, show_all, poll_s=max(poll_s, NODE_POLL_S), read=read, sleep=sleep,
-            only=controller_only,
-        )
-    f = Follower(console, show_all, offsets=dict(read or {}))
+        return _follow_node(f, store, job, instance, poll_s=max(poll_s, NODE_POLL_S), sleep=sleep, only=controller_only)
     prefix = instance is None
     ended_at: float | None = None
     while True:
@@ -214,19 +208,16 @@ NODE_POLL_S = 1.0
 
 
 def _follow_node(
-    console: Console,
+    f: Follower,
     store: StateStore,
     job: JobRow,
     instance: str | None,
-    show_all: bool,
     *,
     poll_s: float,
-    read: dict[str, int] | None,
     sleep: Callable[[float], None],
     only: bool,
 ) -> str:
     """Follow a node controller's logs through its endpoint; its records are copied here as it goes."""
-    f = Follower(console, show_all, offsets=dict(read or {}))
     heard = time.monotonic()
     while True:
         reached = sync(store, store.job_by_id(job.id))

@@ -9,6 +9,7 @@ import os
 import secrets
 import signal
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, NoReturn
 
@@ -268,7 +269,9 @@ def launch(
     if detach:
         _detach(store, job_id, run_dir, resume=False, record_rollouts=record_rollouts)
         return
-    _run_controller(spec, store, job_id, run_dir, token, record_rollouts, (t_offer, s_offers), market, resume=False)
+    _run_controller(
+        ControllerRun(spec, store, job_id, run_dir, token, record_rollouts, (t_offer, s_offers), market), resume=False
+    )
 
 
 def _start_on_node(
@@ -307,7 +310,8 @@ def _follow_node_job(store: StateStore, job_id: int) -> None:
 
     prev = signal.signal(signal.SIGHUP, hangup)
     try:
-        why = job_logs.follow(console, store, store.job_by_id(job_id), None, False, controller_only=True)
+        f = job_logs.Follower(console, show_all=False)
+        why = job_logs.follow(f, store, store.job_by_id(job_id), None, controller_only=True)
     except KeyboardInterrupt:
         with contextlib.suppress(OSError):  # the terminal may be gone (SIGHUP)
             err.print(
@@ -368,18 +372,16 @@ def run_detached_controller(
         why = str(e) if not isinstance(e, typer.Exit) else f"could not start (see {run_dir / 'controller.log'})"
         store.update_job(job_id, status="failed", ended_at=time.time(), error=why)
         fail(why, 2)
-    offers = (t_offer, s_offers)
+    run = ControllerRun(spec, store, job_id, run_dir, token, record_rollouts, (t_offer, s_offers), market)
     if not serve_control:
-        _run_controller(spec, store, job_id, run_dir, token, record_rollouts, offers, market, resume)
+        _run_controller(run, resume=resume)
         return
     from rlboost_cli.node_control import ControlServer
 
     server = ControlServer(job_id, run_dir, token, host=control_host, port=control_port)
     console.print(f"control endpoint {server.start()}", highlight=False, markup=False)
     try:
-        _run_controller(
-            spec, store, job_id, run_dir, token, record_rollouts, offers, market, resume, trainer_here=trainer_here
-        )
+        _run_controller(run, resume=resume, trainer_here=trainer_here)
     finally:
         # the launching machine copies the ended job's records and logs when it next asks: serve until
         # it says it has them (a cloud node would then be terminated with the job)
@@ -427,23 +429,27 @@ def _offers(spec: JobSpec):
         fail(str(e), 2)
 
 
-def _run_controller(
-    spec: JobSpec,
-    store: StateStore,
-    job_id: int,
-    run_dir: Path,
-    token: str,
-    record_rollouts: bool,
-    offers: tuple[Offer, list[Offer]],
-    market: SpotMarket,
-    resume: bool,
-    *,
-    trainer_here: bool = False,
-) -> None:
+@dataclass(frozen=True)
+class ControllerRun:
+    """What a controller needs to run one job here: its records, secrets and market."""
+
+    spec: JobSpec
+    store: StateStore
+    job_id: int
+    run_dir: Path
+    token: str
+    record_rollouts: bool
+    offers: tuple[Offer, list[Offer]]  # the trainer's, and every spot candidate's
+    market: SpotMarket
+
+
+def _run_controller(run: ControllerRun, *, resume: bool, trainer_here: bool = False) -> None:
     from providers import make_provider
     from rlboost_cli.controller import Controller
 
-    t_offer, s_offers = offers
+    spec, store, job_id, run_dir = run.spec, run.store, run.job_id, run.run_dir
+    token, record_rollouts, market = run.token, run.record_rollouts, run.market
+    t_offer, s_offers = run.offers
     try:
         provider = make_provider(spec, run_dir, market=market, trainer_here=trainer_here)
     except Exception as e:
@@ -519,7 +525,9 @@ def _resume(ref: str, record_rollouts: bool, detach: bool = False) -> None:
     if detach:
         _detach(store, job.id, run_dir, resume=True, record_rollouts=record_rollouts)
         return
-    _run_controller(spec, store, job.id, run_dir, token, record_rollouts, (t_offer, s_offers), market, resume=True)
+    _run_controller(
+        ControllerRun(spec, store, job.id, run_dir, token, record_rollouts, (t_offer, s_offers), market), resume=True
+    )
 
 
 def _resume_on_node(store: StateStore, job: JobRow, token: str, record_rollouts: bool, detach: bool) -> None:
@@ -889,7 +897,7 @@ def logs(
         fail(f"job {j.name} (id {j.id}) has no logs here (only local jobs and detached controllers keep them)")
     read = job_logs.show_tail(console, srcs, lines, show_all)
     if follow:
-        why = job_logs.follow(console, store, j, instance, show_all, read=read)
+        why = job_logs.follow(job_logs.Follower(console, show_all, offsets=dict(read)), store, j, instance)
         err.print(why, markup=False, highlight=False)
 
 

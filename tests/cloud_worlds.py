@@ -262,7 +262,7 @@ def aws_world(tmp: Path, job: str) -> Iterator[World]:
 def gcp_world(tmp: Path, job: str) -> Iterator[World]:
     from google.auth.credentials import AnonymousCredentials
 
-    from providers.gcp import GcpProvider
+    from providers.gcp import GcpOptions, GcpProvider
     from tests.gce_fake import FakeGce
 
     fake = FakeGce()
@@ -271,7 +271,12 @@ def gcp_world(tmp: Path, job: str) -> Iterator[World]:
 
     def make() -> GcpProvider:
         return GcpProvider(
-            run_dir, job, "proj", credentials=AnonymousCredentials(), api_endpoint=fake.endpoint, list_every_s=0
+            run_dir,
+            job,
+            "proj",
+            credentials=AnonymousCredentials(),
+            api_endpoint=fake.endpoint,
+            options=GcpOptions(list_every_s=0),
         )
 
     def refuse() -> None:

@@ -432,32 +432,31 @@ class EchoingSky(FakeSky):
         return self._request(run)
 
 
-def test_a_failing_launch_records_no_secret(tmp_path):
+def sky_controller_that_fails_to_launch(tmp_path: Path, store, name: str, out: io.StringIO, envs: dict | None = None):
+    """A Controller of a SkyPilot job whose trainer launch fails (EchoingSky), quick to poll and tear down:
+    (controller, provider, job id). The job's secret values, if it has any, are SECRET."""
     from rich.console import Console
 
     from providers.prices import CloudPrices
     from providers.pricing import spot_offers, trainer_offer
     from rlboost_cli.controller import Controller
-    from rlboost_cli.state import StateStore
 
-    spec = parse_spec(
-        {
-            "name": "sky-secret",
-            "provider": "skypilot",
-            "trainer": {"cloud": "aws", "region": "us-east-1", "accelerators": "A100:8", "max_restarts": 1},
-            "envs": {"HF_TOKEN": None},
-            "rollout": {"max_workers": 0},
-        }
-    )
+    raw: dict = {
+        "name": name,
+        "provider": "skypilot",
+        "trainer": {"cloud": "aws", "region": "us-east-1", "accelerators": "A100:8", "max_restarts": 1},
+        "rollout": {"max_workers": 0},
+    }
+    if envs:
+        raw["envs"] = envs
+    spec = parse_spec(raw)
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     (run_dir / "spec.yaml").write_text(spec_to_yaml(spec))
-    write_secret_envs(run_dir, {"HF_TOKEN": SECRET})
-    fake = EchoingSky()
-    store = StateStore(tmp_path / "state.db")
+    if envs:
+        write_secret_envs(run_dir, dict.fromkeys(envs, SECRET))
     job_id = store.create_job(spec.name, spec_to_yaml(spec), spec.provider)
-    provider = SkyPilotProvider(run_dir, sdk=fake, status_every_s=0.1, redown_after_s=0.1)
-    out = io.StringIO()
+    provider = SkyPilotProvider(run_dir, sdk=EchoingSky(), status_every_s=0.1, redown_after_s=0.1)
     prices = CloudPrices()
     ctl = Controller(
         spec=spec,
@@ -472,6 +471,15 @@ def test_a_failing_launch_records_no_secret(tmp_path):
         poll_s=0.05,
         teardown_wait_s=5.0,
     )
+    return ctl, provider, job_id
+
+
+def test_a_failing_launch_records_no_secret(tmp_path):
+    from rlboost_cli.state import StateStore
+
+    store = StateStore(tmp_path / "state.db")
+    out = io.StringIO()
+    ctl, provider, job_id = sky_controller_that_fails_to_launch(tmp_path, store, "sky-secret", out, {"HF_TOKEN": None})
     try:
         assert ctl.run() == "failed"
     finally:
@@ -519,41 +527,10 @@ def test_direct_cloud_boot_scripts_export_the_job_envs(tmp_path):
 def test_a_failing_teardown_still_records_the_jobs_end(tmp_path, monkeypatch):
     """Teardown that raises (a provider error, a store interrupted mid-write) must not skip recording
     how the job ended: a node controller's launcher waits for exactly that record."""
-    from rich.console import Console
-
-    from providers.prices import CloudPrices
-    from providers.pricing import spot_offers, trainer_offer
-    from rlboost_cli.controller import Controller
     from rlboost_cli.state import StateStore
 
-    spec = parse_spec(
-        {
-            "name": "sky-teardown",
-            "provider": "skypilot",
-            "trainer": {"cloud": "aws", "region": "us-east-1", "accelerators": "A100:8", "max_restarts": 1},
-            "rollout": {"max_workers": 0},
-        }
-    )
-    run_dir = tmp_path / "run"
-    run_dir.mkdir()
-    (run_dir / "spec.yaml").write_text(spec_to_yaml(spec))
     store = StateStore(tmp_path / "state.db")
-    job_id = store.create_job(spec.name, spec_to_yaml(spec), spec.provider)
-    provider = SkyPilotProvider(run_dir, sdk=EchoingSky(), status_every_s=0.1, redown_after_s=0.1)
-    prices = CloudPrices()
-    ctl = Controller(
-        spec=spec,
-        store=store,
-        job_id=job_id,
-        run_dir=run_dir,
-        provider=provider,
-        token="tok",
-        trainer_offer=trainer_offer(spec, prices),
-        spot_offers=spot_offers(spec, prices),
-        console=Console(file=io.StringIO()),
-        poll_s=0.05,
-        teardown_wait_s=5.0,
-    )
+    ctl, provider, job_id = sky_controller_that_fails_to_launch(tmp_path, store, "sky-teardown", io.StringIO())
 
     def exploding_teardown() -> None:
         raise RuntimeError("cannot start a transaction within a transaction")

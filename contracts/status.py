@@ -43,6 +43,8 @@ class TrainerStatus(BaseModel):
     tail_migrations: int
     workers: list[WorkerStatus]
     weights: dict[str, Any]  # the weight publisher's and the broadcaster's counters
-    history: list[dict[str, Any]]  # one record per finished step (trainer/runtime.py)
-    evals: list[dict[str, Any]]  # every evaluation so far
+    history: list[dict[str, Any]]  # one record per finished step (trainer/runtime.py), from history_from on
+    history_from: int = 0  # the index of history[0] in the job's records (GET /v1/status?since=N)
+    evals: list[dict[str, Any]]  # the evaluations so far, from evals_from on
+    evals_from: int = 0  # the index of evals[0] (GET /v1/status?evals_since=N)
     eval: dict[str, Any] | None  # the last one

@@ -86,7 +86,8 @@ class Controller:
             self.spec, self.spec.rollout.objective, self.trainer_offer.hourly_price, self.spot_offers, self.placement
         )
         self.fleet_target = self.spec.rollout.max_workers
-        self.steps_recorded = 0
+        self.steps_recorded = 0  # the trainer's step records recorded here
+        self.evals_seen = 0  # and its evaluations
         self.snapshot: dict = {}
         from contracts.tls import client_context, job_tls
 
@@ -242,7 +243,8 @@ class Controller:
         self._apply_events()
         self.trainer_id = f"{self.prefix}-trainer-r{self.trainer_restarts}"
         self.trainer_url, self.trainer_exit = None, None
-        self.steps_recorded = 0  # the new trainer reports its whole history (records are idempotent)
+        # the new trainer reports its whole history (records are idempotent)
+        self.steps_recorded = self.evals_seen = 0
         self._launch_trainer(progress)
 
     def _reattach(self, progress: JobProgress) -> None:
@@ -448,7 +450,9 @@ class Controller:
         if not self.trainer_url:
             return None
         try:
-            r = self.http.get(f"{self.trainer_url}/v1/status")
+            # only the step records and evaluations not recorded yet: a long job's whole history is MiBs
+            since = {"since": self.steps_recorded, "evals_since": self.evals_seen}
+            r = self.http.get(f"{self.trainer_url}/v1/status", params=since)
             r.raise_for_status()
             doc = r.json()
             TrainerStatus.model_validate(doc)  # as contracts/status.py defines it (a ValidationError is a ValueError)
@@ -458,8 +462,9 @@ class Controller:
 
     def _record_snapshot(self, snap: dict, progress: JobProgress) -> None:
         history = snap.pop("history", [])
+        first = snap.pop("history_from", 0)  # history[0]'s index in the trainer's records
         clock = self.provider.clock()
-        for rec in history[self.steps_recorded :]:
+        for rec in history[max(0, self.steps_recorded - first) :]:
             metrics = StepMetrics(
                 step=shown(rec["step"]),  # the trainer counts from 0; the store, like every message, from 1
                 version=rec["version"],
@@ -486,8 +491,10 @@ class Controller:
             )
             progress.step(rec)
             self._size_fleet(rec, progress)
-        self.steps_recorded = max(self.steps_recorded, len(history))
-        for ev in snap.pop("evals", []):  # every evaluation so far; metrics.jsonl keeps each version once
+        self.steps_recorded = max(self.steps_recorded, first + len(history))
+        evals = snap.pop("evals", [])
+        self.evals_seen = max(self.evals_seen, snap.pop("evals_from", 0) + len(evals))
+        for ev in evals:  # the evaluations not seen yet; metrics.jsonl keeps each version once
             if self.metrics_log.write_eval(ev):
                 progress.note(
                     f"eval after step {ev['step']}: pass@1 {ev['pass@1']:.3f}, mean reward {ev['mean_reward']:.3f}"

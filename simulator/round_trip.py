@@ -60,7 +60,7 @@ class _Harness:
         self.publisher = WeightPublisher()
 
     async def __aenter__(self) -> _Harness:
-        app = build_app(self.token, self.coord, self.publisher, lambda: {}, lambda: None)
+        app = build_app(self.token, self.coord, self.publisher, lambda *_: {}, lambda: None)
         self.runner = web.AppRunner(app, handle_signals=False)
         await self.runner.setup()
         await web.TCPSite(self.runner, "127.0.0.1", 0).start()

@@ -72,7 +72,7 @@ class LiveTrainer:
         def on_shutdown() -> None:
             self.shutdown_requests += 1
 
-        self.app = build_app(self.token, self.coord, self.pub, lambda: {"phase": "rollout"}, on_shutdown)
+        self.app = build_app(self.token, self.coord, self.pub, lambda *_: {"phase": "rollout"}, on_shutdown)
         self.runner = web.AppRunner(self.app, handle_signals=False)
         await self.runner.setup()
         await web.TCPSite(self.runner, "127.0.0.1", 0).start()

@@ -98,7 +98,7 @@ def test_worker_with_wrong_token_is_refused():
                 weights_url="", model={}, engine_dtype="float32", engine_batch=4, eos_id=2,
             )
         )
-        app = build_app("the-real-token", coord, WeightPublisher(), lambda: {})
+        app = build_app("the-real-token", coord, WeightPublisher(), lambda *_: {})
         runner = web.AppRunner(app)
         await runner.setup()
         site = web.TCPSite(runner, "127.0.0.1", 0)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import sqlite3
 from pathlib import Path
 
@@ -199,6 +200,18 @@ def test_metrics_file_has_one_line_per_step_matching_the_ledger(spot_run):
     dollars = [r["dollars"] for r in rows]
     assert dollars == sorted(dollars) and 0 < dollars[-1] <= run_json("cost-report", "itest", home=home)["dollars"]
     assert [r["preemptions"] for r in rows] == sorted(r["preemptions"] for r in rows)
+
+
+def test_the_controller_asks_only_for_step_records_it_has_not_recorded(spot_run):
+    """Each status poll carries `since` = the steps recorded so far: it starts at 0, never goes back
+    (one trainer all along) and reaches the last step, and every step is recorded once."""
+    home, _ = spot_run
+    job = StateStore(home / "state.db").get_job("itest")
+    log = next((home / "jobs" / f"itest-{job.id}" / "instances").glob("*trainer*/log")).read_text()
+    since = [int(n) for n in re.findall(r'"GET /v1/status\?since=(\d+)&evals_since=0 HTTP', log)]
+    assert since and since[0] == 0 and since == sorted(since) and since[-1] >= STEPS - 1, since[-5:]
+    assert "GET /v1/status HTTP" not in log  # no poll for the whole history
+    assert [s.step for s in StateStore(home / "state.db").steps(job.id)] == list(range(1, STEPS + 1))
 
 
 def test_same_responses_with_and_without_preemptions(spot_run, tmp_path):

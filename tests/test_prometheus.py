@@ -56,7 +56,7 @@ def test_metrics_route_needs_the_job_token():
                 weights_url="", model={}, engine_dtype="float32", engine_batch=4, eos_id=2,
             )
         )
-        runner = web.AppRunner(build_app("tok", coord, WeightPublisher(), lambda: STATUS))
+        runner = web.AppRunner(build_app("tok", coord, WeightPublisher(), lambda *_: STATUS))
         await runner.setup()
         site = web.TCPSite(runner, "127.0.0.1", 0)
         await site.start()

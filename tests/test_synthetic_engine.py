@@ -194,7 +194,7 @@ def test_workers_with_synthetic_engines_complete_a_step_through_binary_frames(tm
         )
         coord = Coordinator(cfg)
         pub = WeightPublisher()
-        app = build_app("tok", coord, pub, lambda: {})
+        app = build_app("tok", coord, pub, lambda *_: {})
         runner = web.AppRunner(app, handle_signals=False)
         await runner.setup()
         site = web.TCPSite(runner, "127.0.0.1", 0)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hmac
 import json
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 
 from aiohttp import web
 
@@ -34,18 +34,33 @@ def auth_middleware(token: str):
     return check
 
 
+_ALL = 1 << 62  # "I have every record": an empty history
+
+
+def _count(query: Mapping[str, str], key: str) -> int:
+    """A query's record count: absent is 0; anything but a whole number >= 0 is refused."""
+    raw = query.get(key, "0")
+    if not (raw.isascii() and raw.isdigit()) or len(raw) > 18:
+        raise ValueError(f"{key}: a count of records the caller has (a whole number, 0 or more), not {raw[:40]!r}")
+    return int(raw)
+
+
 def build_app(
     token: str,
     coordinator: Coordinator,
     publisher: WeightPublisher,
-    status: Callable[[], dict],
+    status: Callable[[int, int], dict],  # (records the caller has, evaluations it has) -> the document
     on_shutdown_request: Callable[[], None] | None = None,
 ) -> web.Application:
     app = web.Application(middlewares=[auth_middleware(token)], client_max_size=1 << 20)
     app.router.add_get("/v1/worker", coordinator.handle_ws)
 
-    async def get_status(_: web.Request) -> web.Response:
-        return web.Response(text=json.dumps(status()), content_type="application/json")
+    async def get_status(request: web.Request) -> web.Response:
+        try:
+            since = [_count(request.query, k) for k in ("since", "evals_since")]
+        except ValueError as e:
+            return _error(400, str(e))
+        return web.Response(text=json.dumps(status(*since)), content_type="application/json")
 
     async def post_shutdown(_: web.Request) -> web.Response:
         if on_shutdown_request:
@@ -53,7 +68,8 @@ def build_app(
         return web.json_response({"ok": True})
 
     async def get_metrics(_: web.Request) -> web.Response:
-        return web.Response(body=exposition(status()).encode(), headers={"Content-Type": CONTENT_TYPE})
+        # the exposition reads counters only: no step record or evaluation
+        return web.Response(body=exposition(status(_ALL, _ALL)).encode(), headers={"Content-Type": CONTENT_TYPE})
 
     app.router.add_get("/v1/status", get_status)
     app.router.add_get("/metrics", get_metrics)

@@ -12,8 +12,11 @@ the workers run: torch.set_num_threads(1)):
             trainer's); with a torch engine, the dispatch round trip between batches (-> dispatch_s)
             and a new version's pull into the engine (-> pull_s), both through the real coordinator,
             worker agent and weight pull (round_trip.py); this machine's cores (-> cpu_cores)
-  workload  response lengths: the task's demonstrations (answer + EOS), what the warm start teaches,
-            or the replay's recorded ones; the training rate is measured at them
+  workload  response lengths: what the job's model generates at its first step (after the job's
+            warm start, at its temperature, on its first prompts and request seeds), or the replay's
+            recorded ones; the training rate is measured at them, a fresh draw of a step's lengths
+            per timed step (the learner pads a batch to its longest sequence, so the few responses
+            that never stop set the cost of the steps they fall in)
 
 Nothing here is fitted to an end-to-end run. A job file's own `perf:` entries and `simulate:` values
 win over what is measured (`apply`).
@@ -28,12 +31,17 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from contracts.perf import split_accelerator
 from contracts.provider_kinds import provider_kind
 from contracts.spec import JobSpec, PerfSpec
+
+if TYPE_CHECKING:
+    from trainer.learner import Learner
+    from trainer.tasks import Task
 
 _WORKER_IMPORTS = "import torch, worker.agent, models.torch_engine"
 LENGTH_SAMPLES = 2048
@@ -66,7 +74,7 @@ class Calibration:
     pull_s: float  # a new weight version published -> in the engine (a torch engine: the real pull)
     cores: int  # CPU cores this process may run on: the job's processes share them
     dispatch_s: float  # a batch's end -> the next batch's start on the same engine (round_trip.py)
-    lengths: tuple[int, ...]  # response lengths of the warm-started model (task demonstrations)
+    lengths: tuple[int, ...]  # response lengths the warm-started model generates (its first step)
     took_s: float
 
     def perf(self) -> PerfSpec:
@@ -139,6 +147,51 @@ def needs_calibration(spec: JobSpec) -> bool:
     return provider_kind(spec.provider).runs_here and spec.model.kind == "tiny-gpt"
 
 
+def _drop(*_: object) -> None:
+    """An engine's token callback that keeps nothing (timing runs)."""
+
+
+def _never(_: str) -> bool:
+    return False
+
+
+def first_step_lengths(spec: JobSpec, task: Task, learner: Learner) -> tuple[int, ...]:
+    """Response lengths as the job's first steps would generate them: `learner` warm-started as the job's
+    trainer does, its weights in a torch engine, the job's prompts (its seed), request seeds and
+    temperature, at least LENGTH_SAMPLES responses (the first steps' prompts, all at these weights). A
+    real model's lengths are its own: after a short warm start most stop where the task's answers end,
+    and a few never do."""
+    from contracts.engine import GenRequest
+    from contracts.sampling import request_id, request_seed
+    from models.torch_engine import TorchEngine
+
+    algo, batch = spec.algorithm, spec.rollout.engine_batch
+    if algo.warm_start_steps:
+        learner.warm_start(algo.warm_start_steps)
+    engine = TorchEngine(spec.model, dtype="float32", max_batch=batch, eos_id=task.eos_id)
+    engine.load_weights(0, learner.state_dict())
+    prompt_rng = np.random.default_rng(algo.seed)  # the trainer's prompt sampler
+    got: dict[str, int] = {}  # request id -> tokens generated
+
+    def count(rid: str, _offset: int, ids: list[int], _logprobs: list[float]) -> None:
+        got[rid] = got.get(rid, 0) + len(ids)
+
+    out: list[int] = []
+    step = 0
+    while len(out) < LENGTH_SAMPLES:
+        problems = task.sample(prompt_rng, algo.prompts_per_step)
+        reqs = [
+            GenRequest(rid, list(p.prompt_ids), algo.max_new_tokens, request_seed(algo.seed, rid))
+            for i, p in enumerate(problems)
+            for rid in (request_id(step, i, g) for g in range(algo.group_size))
+        ]
+        for k in range(0, len(reqs), batch):
+            engine.generate(reqs[k : k + batch], count, _never, temperature=algo.temperature)
+        out += [max(1, got.get(r.rid, 0)) for r in reqs]
+        step += 1
+    return tuple(out)
+
+
 def process_start_s(repeats: int = 1) -> float:
     """Seconds for a fresh interpreter to import what a worker imports (its start-up to dial-in)."""
 
@@ -153,7 +206,7 @@ def calibrate(
     spec: JobSpec, *, measure_start: bool = True, replay_lengths: Sequence[int] | None = None
 ) -> Calibration:
     """Measure the job's model on this machine (a few seconds; see the module docstring). replay_lengths:
-    the response lengths the replay will use, when they are not the task's demonstrations."""
+    the response lengths the replay will use, when they are not the model's own (recorded ones)."""
     import io
 
     import torch
@@ -175,43 +228,44 @@ def calibrate(
         rng = np.random.default_rng(0)
         task = make_task(spec.task, spec.model)
         problems = task.sample(np.random.default_rng(algo.seed), LENGTH_SAMPLES)
-        lengths = tuple(min(len(task.demo_ids(p)) - len(p.prompt_ids), algo.max_new_tokens) for p in problems)
         prompt_len = round(statistics.mean(len(p.prompt_ids) for p in problems))
         new = algo.max_new_tokens
+        learner = Learner(spec.model, algo, spec.task, seed=0)
+        lengths = first_step_lengths(spec, task, learner)
         # eos_id -1: no sequence stops early, so every decode step runs the whole batch
         engine = TorchEngine(spec.model, dtype="float32", max_batch=batch, eos_id=-1)
 
         def generate(n: int, max_new: int) -> None:
             ids = [[int(x) for x in rng.integers(4, 20, prompt_len)] for _ in range(n)]
-            reqs = [GenRequest(f"r{i}", p, max_new, i) for i, p in enumerate(ids)]
-            engine.generate(reqs, lambda *a: None, lambda rid: False)
+            engine.generate([GenRequest(f"r{i}", p, max_new, i) for i, p in enumerate(ids)], _drop, _never)
 
         one = timed(lambda: generate(1, new))
         full = timed(lambda: generate(batch, new), repeats=5)
         prefill = max(timed(lambda: generate(batch, 1), repeats=5), 1e-6)
 
-        learner = Learner(spec.model, algo, spec.task, seed=0)
         n = algo.prompts_per_step * algo.group_size
-        # a step's prompts and responses at the replay's lengths (recorded ones if given, else the task's
-        # demonstrations): the learner pads a batch to its longest sequence, so uneven lengths cost more
-        # than their mean would
+        # a step's prompts and responses at the replay's lengths (recorded ones if given, else the model's
+        # own): the learner pads a batch to its longest sequence, so uneven lengths cost more than their
+        # mean would, and each step is a new draw: a rare response that runs to max_new_tokens makes the
+        # step it falls in ~1.3x as long (tiny-gpt, reverse). The rate is over 10 draws (after a warm-up),
+        # total tokens / total time: the steps' mean, as a run of steps pays it
         pool = np.asarray(replay_lengths or lengths)
-        resp = rng.choice(pool, n)
-        shapes = [(len(problems[i // algo.group_size].prompt_ids), max(1, int(resp[i]))) for i in range(n)]
-        samples = [
-            Sample(
-                [int(x) for x in rng.integers(4, 20, p_len)],
-                [int(x) for x in rng.integers(4, 20, r_len)],
-                float(rng.random()),
-                group=i // algo.group_size,
-            )
-            for i, (p_len, r_len) in enumerate(shapes)
-        ]
-        step_tokens = sum(r_len for _, r_len in shapes)
-        adds, finishes = [], []
-        for _ in range(11):  # the first is a warm-up; a median of 10 (a step is ~50 ms here, and noisy)
+        adds, finishes, tokens = [], [], []
+        for _ in range(11):
+            resp = rng.choice(pool, n)
+            shapes = [(len(problems[i // algo.group_size].prompt_ids), max(1, int(resp[i]))) for i in range(n)]
+            samples = [
+                Sample(
+                    [int(x) for x in rng.integers(4, 20, p_len)],
+                    [int(x) for x in rng.integers(4, 20, r_len)],
+                    float(rng.random()),
+                    group=i // algo.group_size,
+                )
+                for i, (p_len, r_len) in enumerate(shapes)
+            ]
+            tokens.append(sum(r_len for _, r_len in shapes))
             t0 = time.perf_counter()
-            learner.begin_step(step_tokens)
+            learner.begin_step(tokens[-1])
             learner.add_groups(samples)
             t1 = time.perf_counter()
             learner.finish_step()
@@ -241,7 +295,7 @@ def calibrate(
         seq_tokens_per_s=round(new / one, 1),
         tokens_per_s=round(max(batch * new / full, new / one), 1),
         prefill_tokens_per_s=round(batch * prompt_len / prefill, 1),
-        train_tokens_per_s=round(step_tokens / statistics.median(adds[1:]), 1),
+        train_tokens_per_s=round(sum(tokens[1:]) / sum(adds[1:]), 1),
         ref_batch=batch,
         step_overhead_s=round(statistics.median(finishes[1:]) + publish, 4),
         warm_start_s=round(warm_step * algo.warm_start_steps, 3),

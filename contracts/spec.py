@@ -417,6 +417,10 @@ class SimulateSpec(Strict):
     # an engine that batches statically (torch): from one batch's end to its next batch starting (ends
     # reported, the coordinator's dispatch, the requests received); a calibrated local job measures it
     dispatch_s: Annotated[float, Field(ge=0)] = 0.0
+    # the trainer's CPU seconds per response it serves (the dispatch, the streamed tokens, the completion):
+    # on shared cores (cpu_cores) one more busy process while the engines generate; a calibrated local
+    # job measures it
+    serve_s: Annotated[float, Field(ge=0)] = 0.0
     # The job's processes share this many CPU cores (a local job's trainer, engines and workers on one
     # machine: each busy one runs at min(1, cores / busy) of its own rate; a fraction where other work
     # takes part of the machine). None: a node each.

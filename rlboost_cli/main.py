@@ -961,15 +961,22 @@ def simulate(
     t0 = time.monotonic()
     try:
         points = _sweep_workers(sweep_workers) if sweep_workers else None
-        rp = sim_cli.prepare(
-            spec,
-            trace,
-            catalog=catalog,
-            hours=hours,
-            lengths=lengths,
-            steps=(10**9 if steps == 0 else steps),
-            constant_workers=constant_workers,
+        # a local job whose model runs here measures this machine first (~10 s): say so meanwhile
+        measuring = (
+            err.status("calibrating this machine for a local job (its model's rates and timings, ~10 s)")
+            if not as_json and sim_cli.needs_calibration(spec)
+            else contextlib.nullcontext()
         )
+        with measuring:
+            rp = sim_cli.prepare(
+                spec,
+                trace,
+                catalog=catalog,
+                hours=hours,
+                lengths=lengths,
+                steps=(10**9 if steps == 0 else steps),
+                constant_workers=constant_workers,
+            )
         if rp.calibration is not None and not as_json:
             err.print(rp.calibration.describe(), markup=False, highlight=False)
         base, swept = None, []

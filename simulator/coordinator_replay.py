@@ -282,6 +282,8 @@ class CoordinatorReplay:
             start += self.sim.dispatch_s
             if self.sim.cpu_cores:  # the round trip is the coordinator's work too: see CoreShare
                 self.cores.coordinate_until(start)
+        if self.sim.cpu_cores and self.sim.serve_s:  # and so are the responses' tokens and ends
+            self.cores.serve(self.sim.serve_s * len(items))
         e.stall = max(e.stall, start) + e.model.prefill_time(ctx) / e.speed
         e.set_load()
         self.schedule(e)

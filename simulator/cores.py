@@ -37,7 +37,8 @@ class CoreShare:
     """Who uses this machine's cores in a local job's replay, and the CPU work under way.
 
     Busy processes: each engine starting up, pulling weights or holding responses; the trainer
-    warm-starting, training, or dispatching a static batch's round trip. After every event
+    warm-starting, training, dispatching a static batch's round trip, or serving the responses an
+    engine took (their streamed tokens and ends, `simulate.serve_s` each). After every event
     (`reshare`) each runs at min(1, cores / busy) of its rate alone: engines and start-ups are
     re-timed when that changes; the trainer's training is timed as it starts (`trainer_speed`), pulls
     and round trips are measured timings. Without shared cores (`cores` None: a cloud job) work is a
@@ -85,6 +86,12 @@ class CoreShare:
         """The coordinator is busy with a round trip until t (it counts as a busy process)."""
         self.coordinating_until = max(self.coordinating_until, t)
         self.q.push(t, "coordinated")
+
+    def serve(self, cpu_s: float) -> None:
+        """The coordinator serves responses (simulate.serve_s each): CPU work after what it has under way,
+        at its share of the cores."""
+        now = self.q.now
+        self.coordinate_until(max(now, self.coordinating_until) + cpu_s / share(self.cores, self.fleet.busy() + 1))
 
     def reshare(self) -> None:
         """After every event: every process's share of the cores, now."""

@@ -11,7 +11,8 @@ the workers run: torch.set_num_threads(1)):
   platform  start-up of a fresh Python process importing what a worker imports (-> boot_s and the
             trainer's); with a torch engine, the dispatch round trip between batches (-> dispatch_s)
             and a new version's pull into the engine (-> pull_s), both through the real coordinator,
-            worker agent and weight pull (round_trip.py); this machine's cores (-> cpu_cores)
+            worker agent and weight pull (round_trip.py), and the trainer's CPU per response it serves
+            a worker in another process (-> serve_s); this machine's cores (-> cpu_cores)
   workload  response lengths: what the job's model generates at its first step (after the job's
             warm start, at its temperature, on its first prompts and request seeds), or the replay's
             recorded ones; the training rate is measured at them, a fresh draw of a step's lengths
@@ -44,7 +45,10 @@ if TYPE_CHECKING:
     from trainer.tasks import Task
 
 _WORKER_IMPORTS = "import torch, worker.agent, models.torch_engine"
-LENGTH_SAMPLES = 2048
+# responses generated for the lengths: the few that never stop set the padding of the steps they fall in
+# (examples/local.yaml: ~1.6 in 1,000, so a step of 512 has one about half the time); 2,048 held 1-7 of
+# them depending on the prompts drawn, too few to say how often (16,384 generated to check: 34)
+LENGTH_SAMPLES = 8192
 
 
 def timed(fn: Callable[[], object], repeats: int = 3, warm_up: bool = True) -> float:
@@ -74,6 +78,7 @@ class Calibration:
     pull_s: float  # a new weight version published -> in the engine (a torch engine: the real pull)
     cores: int  # CPU cores this process may run on: the job's processes share them
     dispatch_s: float  # a batch's end -> the next batch's start on the same engine (round_trip.py)
+    serve_s: float  # the trainer's CPU per response served (round_trip.py)
     lengths: tuple[int, ...]  # response lengths the warm-started model generates (its first step)
     took_s: float
 
@@ -97,6 +102,7 @@ class Calibration:
             "warm_start_s": self.warm_start_s,
             "cpu_cores": self.cores,
             "dispatch_s": self.dispatch_s,
+            "serve_s": self.serve_s,
         }
 
     def describe(self) -> str:
@@ -106,7 +112,9 @@ class Calibration:
             f"prefill {self.prefill_tokens_per_s:,.0f} tok/s; train {self.train_tokens_per_s:,.0f} tok/s; "
             f"optimizer step + publish {self.step_overhead_s * 1000:.0f} ms; warm start {self.warm_start_s:.2f}s; "
             f"process start {self.process_start_s:.2f}s; weight pull {self.pull_s * 1000:.0f} ms; "
-            f"dispatch round trip {self.dispatch_s * 1000:.1f} ms; {self.cores} cores shared by the job's processes; "
+            f"dispatch round trip {self.dispatch_s * 1000:.1f} ms; "
+            f"serving {self.serve_s * 1e6:.0f} us of the trainer's CPU a response; "
+            f"{self.cores} cores shared by the job's processes; "
             f"response median {statistics.median(self.lengths):g} tokens"
         )
 
@@ -214,7 +222,7 @@ def calibrate(
 
     from contracts.engine import STATIC_BATCH_ENGINES, GenRequest
     from models.torch_engine import TorchEngine
-    from simulator.round_trip import PlatformProbe, measure_platform
+    from simulator.round_trip import PlatformProbe, measure_platform, measure_serving
     from trainer.grpo import Sample
     from trainer.learner import Learner
     from trainer.tasks import make_task
@@ -232,6 +240,7 @@ def calibrate(
         new = algo.max_new_tokens
         learner = Learner(spec.model, algo, spec.task, seed=0)
         lengths = first_step_lengths(spec, task, learner)
+        warm = {k: v.clone() for k, v in learner.state_dict().items()}  # the timing below trains on noise
         # eos_id -1: no sequence stops early, so every decode step runs the whole batch
         engine = TorchEngine(spec.model, dtype="float32", max_batch=batch, eos_id=-1)
 
@@ -282,12 +291,17 @@ def calibrate(
                 learner.warm_start(1)
                 return learner.state_dict()
 
-            probe = PlatformProbe(learner.state_dict(), train_step, engine, problems[0].prompt_ids, task.eos_id)
+            first = problems[: algo.prompts_per_step]
+            step_prompts = [list(p.prompt_ids) for p in first for _ in range(algo.group_size)]
+            # the worker generates with the warm-started weights, as the job's first steps do
+            probe = PlatformProbe(warm, train_step, engine, problems[0].prompt_ids, task.eos_id, step_prompts)
+            serve = measure_serving(spec, probe)
             platform = measure_platform(spec, probe)
             dispatch, pull = platform.dispatch_s, platform.pull_s
         else:  # the load alone
             blob = save(learner.state_dict())
-            dispatch, pull = 0.0, timed(lambda: engine.load_weights(1, load(io.BytesIO(blob).getvalue())))
+            dispatch, serve = 0.0, 0.0
+            pull = timed(lambda: engine.load_weights(1, load(io.BytesIO(blob).getvalue())))
     finally:
         torch.set_num_threads(threads)
     start = process_start_s() if measure_start else 0.0
@@ -302,6 +316,7 @@ def calibrate(
         process_start_s=round(start, 3),
         pull_s=round(pull, 4),
         dispatch_s=round(dispatch, 5),
+        serve_s=round(serve, 7),
         cores=len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1,
         lengths=lengths,
         took_s=time.perf_counter() - t_start,

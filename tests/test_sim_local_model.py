@@ -103,6 +103,24 @@ def test_processes_share_the_cores():
     assert train_one == pytest.approx(train_own, rel=1e-9)  # nothing else is busy while it trains
 
 
+def test_serving_responses_makes_the_trainer_a_busy_process_while_engines_generate():
+    # the reserved engine and one worker take a batch of 32 each; the trainer serves each response
+    # (its dispatch, streamed tokens and end) with 1 ms of CPU
+    lengths = (20,)
+    _, base = replay(torch_job(workers=1, cpu_cores=2), lengths)
+    _, served = replay(torch_job(workers=1, cpu_cores=2, serve_s=0.001), lengths)
+    # three busy processes on two cores: the coordinator's 64 ms of CPU take 96 ms at 2/3 of a core,
+    # and the engines, at 2/3 of theirs meanwhile, lose a third of those 96 ms
+    assert np.subtract(gen_s(served), gen_s(base)) == pytest.approx([0.032] * len(gen_s(base)), abs=2e-3)
+    train_base = [s["step_s"] - s["gen_s"] for s in base.step_log[1:]]
+    train_served = [s["step_s"] - s["gen_s"] for s in served.step_log[1:]]
+    assert train_served == pytest.approx(train_base, rel=1e-9)  # served before the training starts
+    # a core each (three cores), or a node each (a cloud job): serving slows no engine
+    _, roomy = replay(torch_job(workers=1, cpu_cores=3, serve_s=0.001), lengths)
+    _, cloud = replay(torch_job(workers=1, serve_s=0.001), lengths)
+    assert gen_s(roomy) == gen_s(base) == gen_s(cloud)
+
+
 def test_the_warm_start_shares_the_cores_with_starting_processes():
     _, own = replay(torch_job(warm_start_s=2.0, reserved_boot_s=10.0), (20,))
     _, one = replay(torch_job(warm_start_s=2.0, reserved_boot_s=10.0, cpu_cores=1), (20,))
@@ -145,7 +163,7 @@ def test_work_that_speeds_up_ends_once():
 
 def test_the_platform_is_measured_with_the_real_parts():
     from models.torch_engine import TorchEngine
-    from simulator.round_trip import PlatformProbe, measure_platform
+    from simulator.round_trip import PlatformProbe, measure_platform, measure_serving
     from trainer.learner import Learner
     from trainer.tasks import make_task
 
@@ -159,7 +177,11 @@ def test_the_platform_is_measured_with_the_real_parts():
         return learner.state_dict()
 
     engine = TorchEngine(spec.model, dtype="float32", max_batch=BATCH, eos_id=-1)
-    p = measure_platform(spec, PlatformProbe(learner.state_dict(), train_step, engine, prompt, task.eos_id))
+    probe = PlatformProbe(learner.state_dict(), train_step, engine, prompt, task.eos_id)
+    p = measure_platform(spec, probe)
     # the round trip is what a step takes beyond its compute: a few ms, which a busy machine can hide
     # entirely (then 0); the pull always takes time
     assert 0 <= p.dispatch_s < 1.0 and 0 < p.pull_s < 5.0
+    # a worker in its own process generates a step of the job's size: its tokens and ends cost this
+    # process some CPU per response (tens of microseconds here), never nothing
+    assert 0 < measure_serving(spec, probe) < 0.01

@@ -12,8 +12,8 @@ import yaml
 from aiohttp import web
 
 from rlboost_cli.state import StateStore
-from rollout.coordinator import Coordinator, CoordinatorConfig
 from tests.conftest import ROOT, run_cli
+from tests.route_coordinator import idle_coordinator
 from trainer.server import build_app
 from weights.publisher import WeightPublisher
 from worker.agent import WorkerAgent, WorkerConfig
@@ -92,12 +92,7 @@ def test_dryrun_prints_plan_and_launches_nothing(home):
 
 def test_worker_with_wrong_token_is_refused():
     async def scenario() -> tuple[int, int]:
-        coord = Coordinator(
-            CoordinatorConfig(
-                job_seed=0, temperature=1.0, chunk_tokens=4, heartbeat_s=0.5, heartbeat_timeout_s=3,
-                weights_url="", model={}, engine_dtype="float32", engine_batch=4, eos_id=2,
-            )
-        )
+        coord = idle_coordinator()
         app = build_app("the-real-token", coord, WeightPublisher(), lambda *_: {})
         runner = web.AppRunner(app)
         await runner.setup()

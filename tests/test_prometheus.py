@@ -8,7 +8,7 @@ import re
 import httpx
 from aiohttp import web
 
-from rollout.coordinator import Coordinator, CoordinatorConfig
+from tests.route_coordinator import idle_coordinator
 from trainer.prometheus import exposition
 from trainer.server import build_app
 from weights.publisher import WeightPublisher
@@ -50,12 +50,7 @@ def test_last_evaluation_and_custom_reward_failures():
 
 def test_metrics_route_needs_the_job_token():
     async def scenario() -> tuple[int, int, str, str]:
-        coord = Coordinator(
-            CoordinatorConfig(
-                job_seed=0, temperature=1.0, chunk_tokens=4, heartbeat_s=0.5, heartbeat_timeout_s=3,
-                weights_url="", model={}, engine_dtype="float32", engine_batch=4, eos_id=2,
-            )
-        )
+        coord = idle_coordinator()
         runner = web.AppRunner(build_app("tok", coord, WeightPublisher(), lambda *_: STATUS))
         await runner.setup()
         site = web.TCPSite(runner, "127.0.0.1", 0)

@@ -10,7 +10,7 @@ from aiohttp import web
 
 from contracts.spec import parse_spec
 from contracts.status import TrainerStatus
-from rollout.coordinator import Coordinator, CoordinatorConfig
+from tests.route_coordinator import idle_coordinator
 from trainer.runtime import TrainerRuntime
 from trainer.server import build_app
 from weights.publisher import WeightPublisher
@@ -44,12 +44,7 @@ def test_the_route_takes_counts_and_refuses_anything_else(tmp_path):
     rt = runtime(tmp_path, steps=4, evals=0)
 
     async def scenario() -> dict[str, tuple[int, dict]]:
-        coord = Coordinator(
-            CoordinatorConfig(
-                job_seed=0, temperature=1.0, chunk_tokens=4, heartbeat_s=0.5, heartbeat_timeout_s=3,
-                weights_url="", model={}, engine_dtype="float32", engine_batch=4, eos_id=2,
-            )
-        )
+        coord = idle_coordinator()
         runner = web.AppRunner(build_app(TOKEN, coord, WeightPublisher(), rt.status))
         await runner.setup()
         await web.TCPSite(runner, "127.0.0.1", 0).start()

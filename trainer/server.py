@@ -11,6 +11,7 @@ from aiohttp import web
 from rollout.coordinator import Coordinator
 from trainer.prometheus import CONTENT_TYPE, exposition
 from weights.publisher import WeightPublisher, add_routes
+from weights.serving import whole_number
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -40,9 +41,10 @@ _ALL = 1 << 62  # "I have every record": an empty history
 def _count(query: Mapping[str, str], key: str) -> int:
     """A query's record count: absent is 0; anything but a whole number >= 0 is refused."""
     raw = query.get(key, "0")
-    if not (raw.isascii() and raw.isdigit()) or len(raw) > 18:
+    value = whole_number(raw)
+    if value is None:
         raise ValueError(f"{key}: a count of records the caller has (a whole number, 0 or more), not {raw[:40]!r}")
-    return int(raw)
+    return value
 
 
 def build_app(

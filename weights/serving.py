@@ -69,12 +69,16 @@ def error_response(status: int, message: str, headers: dict[str, str] | None = N
     return web.json_response({"error": message}, status=status, headers=headers)
 
 
-def int_param(request: web.Request, name: str) -> int | None:
-    raw = request.match_info.get(name, "")
+def whole_number(raw: str) -> int | None:
+    """A request's count or index as its digits say it, 0 to 2**62; None for anything else."""
     if not _INT_RE.fullmatch(raw):  # no sign, spaces, hex, or underscores
         return None
     value = int(raw)
     return value if value <= _MAX_PARAM else None
+
+
+def int_param(request: web.Request, name: str) -> int | None:
+    return whole_number(request.match_info.get(name, ""))
 
 
 def _parse_range(header: str, size: int) -> tuple[int, int] | str:

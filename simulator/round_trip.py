@@ -16,7 +16,7 @@ job's engine over loopback (one process, one event loop; in a live job they are 
               engines generate (measured live: ~30 ms of the trainer's CPU in a 0.1 s generation of 512
               responses).
 
-On a GPU both are noise next to a batch; on this CPU a tiny-gpt batch takes a few milliseconds and
+On a GPU all three are noise next to a batch; on this CPU a tiny-gpt batch takes a few milliseconds and
 these are of the same order, so `rlboost simulate` of a local job needs them.
 """
 
@@ -28,6 +28,7 @@ import secrets
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
@@ -41,6 +42,7 @@ from contracts.spec import JobSpec
 from contracts.worker_env import WorkerEnv
 from rollout import scheduling
 from rollout.coordinator import Coordinator, RolloutRequest
+from trainer.runtime import child_dies_with_parent
 from trainer.server import build_app
 from weights.publisher import WeightPublisher
 from worker.agent import WorkerAgent, WorkerConfig
@@ -81,11 +83,14 @@ class _Harness:
         self.coord.start()
         if self.own_process:
             env = WorkerEnv(trainer_url=url, token=self.token, worker_id="calibration", engine=self.spec.rollout.engine)
+            # its log (closed in __aexit__): a pipe nobody reads could fill and stall it
+            self.log = tempfile.TemporaryFile()  # noqa: SIM115
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "worker"],
                 env={**os.environ, **{k: v for k, v in env.to_env().items() if v}},
                 stdout=subprocess.DEVNULL,
-                stderr=subprocess.PIPE,
+                stderr=self.log,
+                preexec_fn=child_dies_with_parent,
             )
         else:
             cfg = WorkerConfig(url, self.token, "calibration", engine=self.spec.rollout.engine, accelerator="cpu")
@@ -96,7 +101,8 @@ class _Harness:
         await self.coord.close()
         if self.own_process:
             self.proc.kill()
-            await asyncio.to_thread(self.proc.communicate)
+            await asyncio.to_thread(self.proc.wait)
+            self.log.close()
         else:
             self.agent.cancel()
             await asyncio.gather(self.agent, return_exceptions=True)
@@ -106,7 +112,8 @@ class _Harness:
         """The worker failed: say why."""
         if self.own_process:
             if self.proc.poll() is not None:
-                err = self.proc.communicate()[1].decode(errors="replace")[-2000:]
+                self.log.seek(0)
+                err = self.log.read().decode(errors="replace")[-2000:]
                 raise RuntimeError(f"the calibration's worker process exited ({self.proc.returncode}): {err}")
         elif self.agent.done():
             self.agent.result()

@@ -48,6 +48,9 @@ class ProviderKind:
     pricing_source: Literal["local-table", "skypilot-catalog", "aws-live", "bundled-catalog"]
     # the templates/ files its nodes boot from (none: a local process needs none)
     boot_templates: tuple[str, ...]
+    # a spot worker's launch -> dialled in, in wall seconds, before any is seen (placement's prior):
+    # a cloud VM's boot and image pull, or a local process's start (~1.7 s measured here, plus its pull)
+    boot_prior_s: float = 120.0
 
 
 # a cloud's own API: one cloud, the regions the job names, a boot script (gcp differs in its prices)
@@ -86,6 +89,7 @@ PROVIDER_KINDS: dict[str, ProviderKind] = {
             preemption_notices="file",
             pricing_source="local-table",
             boot_templates=(),
+            boot_prior_s=2.0,
         ),
         ProviderKind(
             name="skypilot",

@@ -77,15 +77,20 @@ class Controller:
         self.worker_seq = 0
         self.backoff = {o.key: CandidateBackoff() for o in self.spot_offers}
         self.worker_offer: dict[str, str] = {}  # worker id -> offer key (async capacity errors back off it)
-        from rollout.scheduling import fleet_sizer, placement_tracker
+        from rollout.scheduling import fleet_sizer, placement_tracker, shared_cores
 
         # which candidate to bid for next: price, observed preemptions/capacity, measured tokens/s
         self.placement = placement_tracker(self.spec, self.spot_offers)
         # how many of max_workers to hold: re-decided after each step (rollout/policies/fleet.py)
         self.sizer = fleet_sizer(
-            self.spec, self.spec.rollout.objective, self.trainer_offer.hourly_price, self.spot_offers, self.placement
+            self.spec,
+            self.spec.rollout.objective,
+            self.trainer_offer.hourly_price,
+            self.spot_offers,
+            self.placement,
+            shared_cores(self.spec),
         )
-        self.fleet_target = self.spec.rollout.max_workers
+        self.fleet_target = self.sizer.max_workers
         self.steps_recorded = 0  # the trainer's step records recorded here
         self.evals_seen = 0  # and its evaluations
         self.snapshot: dict = {}

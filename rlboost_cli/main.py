@@ -258,11 +258,16 @@ def launch(
     token_file.write_text(token)
     if secret_envs:
         write_secret_envs(run_dir, secret_envs)
+    from rollout.scheduling import cores_note, most_workers, shared_cores
+
+    cores = shared_cores(spec)
     console.print(
         f"[bold]rlboost[/] job [cyan]{spec.name}[/] (id {job_id}) on provider [cyan]{spec.provider}[/]: "
         f"{spec.algorithm.steps} GRPO steps × {spec.algorithm.prompts_per_step} prompts × "
-        f"group {spec.algorithm.group_size}, up to {spec.rollout.max_workers} spot workers"
+        f"group {spec.algorithm.group_size}, up to {most_workers(spec, cores)} spot workers"
     )
+    if note := cores_note(spec, cores):
+        console.print(note, markup=False, highlight=False)
     if spec.controller == "trainer":
         _start_on_node(store, job_id, token, resume=False, record_rollouts=record_rollouts, detach=detach)
         return
@@ -567,6 +572,8 @@ def _replace_dead_job(store: StateStore, spec: JobSpec) -> int | None:
 
 
 def _print_plan(spec: JobSpec, t_offer, s_offers, prices=None) -> None:
+    from rollout.scheduling import cores_note, most_workers, shared_cores
+
     console.print(f"[bold]plan for job {spec.name}[/] (provider {spec.provider}; nothing launched)")
     n = spec.trainer.nodes
     where = t_offer.cloud + (f"/{t_offer.region}" if t_offer.region else "")
@@ -592,14 +599,17 @@ def _print_plan(spec: JobSpec, t_offer, s_offers, prices=None) -> None:
             f"{o.dollars_per_unit_throughput:.3f}",
         )
     console.print(table)
-    mw, r = spec.rollout.max_workers, spec.rollout
+    r, cores = spec.rollout, shared_cores(spec)
+    mw = most_workers(spec, cores)
     console.print(
         f"expected fleet: {r.min_workers}–{mw} spot workers, sized after each step by objective "
         f"[cyan]{r.objective}[/]" + (f" (deadline {spec.deadline_hours:g} h)" if spec.deadline_hours else "")
     )
+    if note := cores_note(spec, cores):
+        console.print(note, markup=False, highlight=False)
     if s_offers:
         worst = t_offer.hourly_price + mw * max(o.hourly_price for o in s_offers)
-        console.print(f"at most {mw} spot workers: up to ${worst:.2f}/h with the trainer")
+        console.print(f"at most {mw} spot worker{'s' if mw != 1 else ''}: up to ${worst:.2f}/h with the trainer")
     for cloud, source in sorted(getattr(prices, "sources", {}).items()):
         console.print(f"prices for {cloud}: {source}", markup=False)
     console.print(
@@ -977,11 +987,18 @@ def simulate(
                 steps=(10**9 if steps == 0 else steps),
                 constant_workers=constant_workers,
             )
-        if rp.calibration is not None and not as_json:
-            err.print(rp.calibration.describe(), markup=False, highlight=False)
+        from rollout.scheduling import cores_note, most_workers
+
+        cores = rp.spec.simulate.cpu_cores
+        if not as_json:
+            if rp.calibration is not None:
+                err.print(rp.calibration.describe(), markup=False, highlight=False)
+            if note := cores_note(rp.spec, cores):
+                err.print(note, markup=False, highlight=False)
         base, swept = None, []
         if sweep:
-            base, swept = _run_sweep(rp, points or sim_cli.sweep_points(rp.spec.rollout.max_workers), jobs)
+            most = most_workers(rp.spec, cores) if cores is not None else None
+            base, swept = _run_sweep(rp, points or sim_cli.sweep_points(rp.spec.rollout.max_workers, most), jobs)
             results = [base, *(p.result for p in swept)]
             choices = [report.Choice(p.label, p.result) for p in swept]
         else:

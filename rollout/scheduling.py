@@ -6,6 +6,8 @@ models here, so a live run and `rlboost simulate` of the same job file make the 
 
 from __future__ import annotations
 
+import math
+import os
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING
@@ -14,6 +16,7 @@ from contracts.lengths import LengthModel
 from contracts.mounts import mounted_name
 from contracts.perf import AcceleratorPerf, EngineModel, engine_model, split_accelerator, train_rate
 from contracts.protocol import MOUNTED_PATH_KEY
+from contracts.provider_kinds import provider_kind
 from contracts.spec import JobSpec
 from rollout.policies.fleet import FleetDecision, FleetGoal, FleetPolicy, Objective, StepSample
 from rollout.policies.migration import MigrationConfig
@@ -141,7 +144,9 @@ def placement_tracker(spec: JobSpec, offers) -> PlacementTracker:
         except (KeyError, ValueError):
             priors = {}
             break
-    return PlacementTracker(prior_rate=priors)
+    # the boot prior on the clock placement is fed: the provider's billing clock
+    boot_s = provider_kind(spec.provider).boot_prior_s * billing_scale(spec)
+    return PlacementTracker(prior_rate=priors, boot_s=boot_s)
 
 
 def fleet_policy(spec: JobSpec, offers) -> FleetPolicy:
@@ -166,16 +171,57 @@ class FleetClock:
     spent: float  # dollars so far
 
 
-def fleet_goal(spec: JobSpec, objective: Objective, at: FleetClock, boot_s: float) -> FleetGoal:
-    """boot_s: what a worker launched now costs before it generates (PlacementTracker.boot_estimate_s)."""
-    bounded = spec.deadline_hours is not None or spec.budget_usd is not None
+def billing_scale(spec: JobSpec) -> float:
+    """Billing-clock seconds per second of the job's own (wall) clock: `local.time_scale` where the
+    provider bills on its replayed trace, else 1."""
+    return spec.local.time_scale if provider_kind(spec.provider).billing_clock == "trace" else 1.0
+
+
+def shared_cores(spec: JobSpec) -> float | None:
+    """The cores a live job's processes share: this machine's, where its instances are processes here
+    that run a real model (tiny-gpt, hf); None where each instance has its own machine (clouds) or the
+    engines only follow the perf table (synthetic). The simulator's counterpart is `simulate.cpu_cores`,
+    which calibration sets from the same count."""
+    if not provider_kind(spec.provider).runs_here or spec.model.kind == "synthetic":
+        return None
+    return float(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+
+
+def most_workers(spec: JobSpec, cores: float | None) -> int:
+    """The most spot workers worth holding: `max_workers`, and where the job's processes share `cores`,
+    no more than the cores the trainer's process leaves free. A worker beyond them generates on the
+    trainer's core: the engines together generate no faster and training, the step's floor, slows (on
+    this 2-core machine the default job held 1.3 workers on average for 1.13x on-demand's speed with
+    `max_workers: 2`, 0.8 for 1.22x with 1; BENCHMARKS.md). Never below `min_workers`, asked outright."""
+    most = spec.rollout.max_workers
+    if cores is not None:
+        most = min(most, max(1, math.floor(cores) - 1))
+    return max(most, spec.rollout.min_workers)
+
+
+def cores_note(spec: JobSpec, cores: float | None) -> str | None:
+    """Says why the fleet holds fewer than max_workers at most (None when it does not)."""
+    most = most_workers(spec, cores)
+    if cores is None or most >= spec.rollout.max_workers:
+        return None
+    return (
+        f"at most {most} of max_workers {spec.rollout.max_workers} spot workers: the job's processes share "
+        f"{cores:g} cores, one for the trainer and one for each worker (more would generate on the trainer's)"
+    )
+
+
+def fleet_goal(spec: JobSpec, objective: Objective, at: FleetClock, boot_s: float, max_workers: int) -> FleetGoal:
+    """at.elapsed_s and boot_s (what a worker launched now costs before it generates,
+    PlacementTracker.boot_estimate_s) are on the billing clock; the goal is in the job's own seconds,
+    the clock its steps are measured on. max_workers: `most_workers`."""
+    scale = billing_scale(spec)
     return FleetGoal(
         objective=objective,
-        max_workers=spec.rollout.max_workers,
+        max_workers=max_workers,
         min_workers=spec.rollout.min_workers,
-        steps_left=max(0, spec.algorithm.steps - at.steps_done) if bounded else None,
-        time_left_s=spec.deadline_hours * 3600.0 - at.elapsed_s if spec.deadline_hours is not None else None,
-        switch_s=boot_s,
+        steps_left=max(0, spec.algorithm.steps - at.steps_done),
+        time_left_s=(spec.deadline_hours * 3600.0 - at.elapsed_s) / scale if spec.deadline_hours is not None else None,
+        switch_s=boot_s / scale,
         budget_left=spec.budget_usd - at.spent if spec.budget_usd is not None else None,
     )
 
@@ -192,13 +238,14 @@ class FleetSizer:
     placement: PlacementTracker
     trainer_per_h: float
     offers: Sequence[OfferLike]
+    max_workers: int  # most_workers: what the fleet starts at and never exceeds
 
     def decide(self, sample: StepSample, at: FleetClock, clock: float, current: int) -> FleetDecision:
         """clock: the placement's clock (the provider's billing clock) now."""
         best = self.placement.order(self.offers, clock)[0]
         return self.policy.decide(
             sample,
-            fleet_goal(self.spec, self.objective, at, self.placement.boot_estimate_s()),
+            fleet_goal(self.spec, self.objective, at, self.placement.boot_estimate_s(), self.max_workers),
             self.trainer_per_h,
             best.hourly_price,
             current=current,
@@ -207,6 +254,13 @@ class FleetSizer:
 
 
 def fleet_sizer(
-    spec: JobSpec, objective: Objective, trainer_per_h: float, offers: Sequence[OfferLike], placement: PlacementTracker
+    spec: JobSpec,
+    objective: Objective,
+    trainer_per_h: float,
+    offers: Sequence[OfferLike],
+    placement: PlacementTracker,
+    cores: float | None,
 ) -> FleetSizer:
-    return FleetSizer(spec, objective, fleet_policy(spec, offers), placement, trainer_per_h, offers)
+    """cores: what the job's processes share (`shared_cores` live, `simulate.cpu_cores` replayed)."""
+    policy = fleet_policy(spec, offers)
+    return FleetSizer(spec, objective, policy, placement, trainer_per_h, offers, most_workers(spec, cores))

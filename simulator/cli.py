@@ -179,15 +179,16 @@ class SweepPoint:
         return f"objective {self.objective}, max_workers {self.max_workers}"
 
 
-def sweep_points(max_workers: int) -> list[int]:
-    """1, 2, 4, ... up to twice the job's max_workers, and max_workers itself."""
+def sweep_points(max_workers: int, most: int | None = None) -> list[int]:
+    """1, 2, 4, ... up to twice the job's max_workers, and max_workers itself; none above `most`
+    (scheduling.most_workers on shared cores: a larger max_workers replays as `most`)."""
     top = max(2 * max_workers, 2)
     pts = {max_workers} if max_workers > 0 else set()
     n = 1
     while n <= top:
         pts.add(n)
         n *= 2
-    return sorted(pts)
+    return sorted({min(p, most) for p in pts} if most is not None else pts)
 
 
 def _replay_one(rp: Replay, max_workers: int, objective: str) -> SweepPoint:

@@ -58,17 +58,20 @@ class ControllerReplay:
         objective = spec.rollout.objective if policy.objective == "job" else policy.objective
         # None: a fixed fleet (max_workers always)
         self.sizer = (
-            scheduling.fleet_sizer(spec, objective, self.trainer_offer.hourly_price, self.spot_offers, self.placement)
+            scheduling.fleet_sizer(
+                spec, objective, self.trainer_offer.hourly_price, self.spot_offers, self.placement, self.sim.cpu_cores
+            )
             if objective is not None and self.spot_offers
             else None
         )
-        self.fleet_target = spec.rollout.max_workers
+        self.fleet_target = self.sizer.max_workers if self.sizer else spec.rollout.max_workers
         self.backoff = {o.key: CandidateBackoff() for o in self.spot_offers}
         self.worker_seq = 0
         self.bill: list[tuple[float, float, float, bool]] = []  # (start clock, end clock, $/h, spot)
         self.preemptions = 0
         self.timeline: list[tuple[float, int, int]] = []  # (t, spot workers held, tokens trained)
         self.trainer.hooks = TrainerHooks(self.step_trained, self.sample)
+        self._poll_at = INF  # the one poll scheduled; an earlier one supersedes it
         q = self.q
         q.on("poll", self.on_poll)
         q.on("drain", self.on_drain)
@@ -78,7 +81,16 @@ class ControllerReplay:
         return (self.q.now if t is None else t) * self.scale
 
     # ---- polls: the market, then reconcile ----------------------------------------------------
-    def on_poll(self, _) -> None:
+    def schedule_poll(self, at: float) -> None:
+        """Poll at `at` unless a poll is due sooner; a later one already scheduled is superseded."""
+        if at < self._poll_at:
+            self._poll_at = at
+            self.q.push(at, "poll", at)
+
+    def on_poll(self, at: float) -> None:
+        if at != self._poll_at:
+            return  # superseded by an earlier poll, which scheduled its own next one
+        self._poll_at = INF
         t = self.q.now
         T = self.clock()
         alive = self.fleet.alive
@@ -108,7 +120,7 @@ class ControllerReplay:
         if self.trainer.up_at <= t and self.policy.spot:
             self._reconcile(t, T)
         self.sample()
-        self.q.push(self._next_poll(t), "poll")
+        self.schedule_poll(self._next_poll(t))
 
     def _next_poll(self, t: float) -> float:
         """The next poll that can change anything (the live controller polls every poll_s; polls in
@@ -192,6 +204,11 @@ class ControllerReplay:
         live = [e for e in self.fleet.alive if e.kind == "spot" and not e.noticed]
         for e in surplus(live, lambda e: e.started, d.workers):
             self.gone(e, preempted=False)
+        if self.want() > 0:
+            # the live controller sizes the fleet at the poll that sees the step and reconciles in
+            # that same poll: launch at the next poll, not at whatever change the queue waits for
+            p = self.sim.poll_s
+            self.schedule_poll(math.ceil(self.q.now / p - 1e-9) * p)
 
     # ---- the bill and the timeline ------------------------------------------------------------------
     def spent(self) -> float:

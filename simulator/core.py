@@ -24,7 +24,6 @@ import heapq
 
 from contracts.engine import STATIC_BATCH_ENGINES
 from contracts.lengths import LengthModel
-from contracts.provider_kinds import provider_kind
 from contracts.spec import JobSpec
 from providers.pricing import Offer
 from providers.spot_market import AvailabilityTrace, SpotMarket
@@ -73,7 +72,7 @@ class Simulation:
         self.spec, self.policy = spec, policy
         self.sim = spec.simulate
         # the local provider bills on the trace clock, which runs time_scale times the wall clock
-        self.scale = spec.local.time_scale if provider_kind(spec.provider).billing_clock == "trace" else 1.0
+        self.scale = scheduling.billing_scale(spec)
         if spec.local.capacity_scale != 1.0:
             trace = trace.scaled(spec.local.capacity_scale)
         # replay until: --hours, else the job's steps (the trace's last capacity holds on, as live),
@@ -107,7 +106,7 @@ class Simulation:
         q = self.q
         tb = self.sim.trainer_boot_s
         q.push(self.sim.boot_s if tb is None else tb, "trainer_up")
-        q.push(0.0, "poll")
+        self.controller.schedule_poll(0.0)
         handlers, heap, horizon, pop = q.handlers, q.heap, self.horizon, heapq.heappop
         cores = self.cores if self.sim.cpu_cores else None
         while heap and not self.done:

@@ -161,7 +161,7 @@ def test_the_controller_and_the_simulator_size_the_fleet_through_one_sizer():
     spec = parse_spec(job(deadline_hours=1.0))
     offers = spot_offers(spec)
     placement = placement_tracker(spec, offers)
-    sizer = fleet_sizer(spec, "cost", trainer_offer(spec).hourly_price, offers, placement)
+    sizer = fleet_sizer(spec, "cost", trainer_offer(spec).hourly_price, offers, placement, None)
     sample = StepSample(2, 100.0, 80.0, 30.0, 10_000)
     seen: list[FleetGoal] = []
     real = sizer.policy.decide
@@ -175,5 +175,70 @@ def test_the_controller_and_the_simulator_size_the_fleet_through_one_sizer():
     placement.joined("w1", 300.0)
     d = sizer.decide(sample, FleetClock(1, 600.0, 5.0), 600.0, current=2)
     assert 0 <= d.workers <= spec.rollout.max_workers
-    assert seen[0].switch_s == placement.boot_estimate_s() == (120.0 + 300.0) / 2
+    # the prior: a local process's start (the job's trace runs at time_scale 1 here)
+    assert seen[0].switch_s == placement.boot_estimate_s() == (2.0 + 300.0) / 2
     assert seen[0].time_left_s == 3600.0 - 600.0
+
+
+def test_no_probe_when_a_boot_spans_more_steps_than_a_probe_measures():
+    """With one size in the window, `cost` probes a neighbour every `probe_every` steps, unless a
+    worker's boot (the goal's switch_s) takes longer than the probe's steps: then a probe down costs
+    the boot again on the way back, and a probe up pays workers before it measures a step."""
+
+    def sizes(switch_s: float) -> list[int]:
+        policy, n, out = FleetPolicy(reserved_workers=1.0), 4, []
+        goal = FleetGoal("cost", 8, switch_s=switch_s)
+        for _ in range(60):
+            s = dataclasses.replace(world(4), n_remote=n)  # every size measures alike: no spread to fit
+            n = policy.decide(s, goal, trainer_per_h=10.0, worker_per_h=1.0, current=n).workers
+            out.append(n)
+        return out
+
+    step = world(4).step_s
+    assert set(sizes(switch_s=step)) != {4}  # a boot of one step: it probes
+    assert set(sizes(switch_s=FleetPolicy(1.0).probe_steps * step * 1.5)) == {4}  # longer than a probe: held
+    # steps on the trainer's floor say fewer workers would do: that probe is the measurement's, kept
+    policy = FleetPolicy(reserved_workers=1.0)
+    floor = StepSample(n_remote=8, step_s=120.0, gen_s=60.0, train_s=120.0, tokens=1_000_000)
+    goal = FleetGoal("cost", 8, switch_s=100 * 120.0)
+    got = [policy.decide(floor, goal, trainer_per_h=10.0, worker_per_h=1.0, current=8).workers for _ in range(4)]
+    assert min(got) < 8
+
+
+def test_shared_cores_bound_the_fleet():
+    """On a machine the trainer and the workers share, the fleet holds at most the cores the trainer
+    leaves free; min_workers, asked outright, still wins; clouds and synthetic engines are unbounded."""
+    from contracts.spec import load_spec, parse_spec
+    from rollout.scheduling import most_workers, shared_cores
+    from tests.conftest import ROOT
+    from tests.test_simulator import job
+
+    def spec(**rollout):
+        return parse_spec(job(rollout=rollout))
+
+    assert most_workers(spec(max_workers=4), None) == 4
+    assert most_workers(spec(max_workers=4), 2.0) == 1
+    assert most_workers(spec(max_workers=4), 1.5) == 1  # a worker still has the trainer's idle time
+    assert most_workers(spec(max_workers=4), 3.0) == 2
+    assert most_workers(spec(max_workers=2), 16.0) == 2
+    assert most_workers(spec(max_workers=4, min_workers=3), 2.0) == 3
+    assert shared_cores(spec()) is None  # synthetic engines only follow the perf table
+    tiny = load_spec(ROOT / "examples" / "local.yaml")  # tiny-gpt: its engines compute on this machine
+    assert shared_cores(tiny) is not None and shared_cores(tiny) >= 1
+
+
+def test_the_fleet_goal_is_on_the_jobs_own_clock():
+    """A local job bills on its trace clock (time_scale x wall); its steps are measured in wall seconds,
+    so the goal's deadline and boot reach the policy in those."""
+    from contracts.spec import parse_spec
+    from rollout.scheduling import FleetClock, fleet_goal, placement_tracker
+    from tests.test_simulator import job
+
+    spec = parse_spec(job(deadline_hours=2.0, local={"time_scale": 360.0}))
+    goal = fleet_goal(spec, "cost", FleetClock(5, 3600.0, 1.0), boot_s=720.0, max_workers=4)
+    assert (goal.time_left_s, goal.switch_s, goal.steps_left) == (10.0, 2.0, 15)
+    real_time = fleet_goal(parse_spec(job()), "cost", FleetClock(5, 600.0, 1.0), boot_s=120.0, max_workers=4)
+    assert (real_time.time_left_s, real_time.switch_s, real_time.steps_left) == (None, 120.0, 15)
+    # placement's boot prior (before a boot is seen) is the provider's, on its billing clock: a local
+    # process's 2 s is 720 trace seconds at 360x, not a cloud VM's 120
+    assert placement_tracker(spec, []).boot_estimate_s() == 2.0 * 360.0

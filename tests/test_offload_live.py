@@ -35,6 +35,7 @@ def write_offload_job(tmp: Path, name: str, steps: int = 2, max_new_tokens: int 
         "perf": {"cpu": {"train_tokens_per_s": 1.0}},  # the policy's prior for the trainer: see above
         "rollout": {
             "max_workers": 2,
+            "min_workers": 2,  # both, whatever this machine's cores (RLBOOST_WAIT_ENGINES waits for them)
             "engine_batch": 8,
             "heartbeat_timeout_s": 5,
             "offload_policy": "predictive",

@@ -172,3 +172,27 @@ def test_cli_prints_a_table_json_and_a_plot(tmp_path, home):
     assert table.returncode == 0 and "rlboost" in table.stdout and "tokens/$" in table.stdout
     bad = run_cli("simulate", str(jf), "--policy", "magic", home=home)
     assert bad.returncode == 2 and "unknown policy" in bad.stderr
+
+
+def test_a_fleet_raised_after_a_step_launches_at_the_next_poll(monkeypatch):
+    """The live controller sizes the fleet at the poll that sees a step and launches in that same poll.
+    The replay skips polls that can change nothing: one must still come right after the size rises, on
+    a market that never changes (before, the launch waited for the next trace change: here, never)."""
+    from rollout.policies import fleet
+
+    plan = iter([0, 0, 0] + [2] * 100)  # release every worker after the first step, then ask for two
+
+    def scripted(self, s, goal, *a, **k):
+        n = next(plan)
+        return fleet.FleetDecision(n, self.predict_step_s(s, n), why="scripted")
+
+    monkeypatch.setattr(fleet.FleetPolicy, "decide", scripted)
+    spec = parse_spec(job(algorithm={"steps": 8}))
+    flat = AvailabilityTrace([0.0, 3600.0], [4, 4], "flat")
+    r = run(spec, [PRESETS["rlboost-cost"]], trace=flat)[0]
+    assert r.steps == 8
+    decided = r.step_log[3]["t0"] + r.step_log[3]["step_s"]  # the fourth step's end: hold two
+    p = spec.simulate.poll_s
+    rises = [(t, n) for t, n, _ in r.timeline if t > decided - p and n > 0]
+    # one launch per candidate per poll (reconcile_fleet), so the next poll and the one after
+    assert rises[:2] == [(pytest.approx(decided, abs=p), 1), (pytest.approx(decided + p, abs=p), 2)], rises

@@ -167,7 +167,8 @@ class FleetPolicy:
             if best > cur and step[best] * (1 + self.min_gain) > step[cur]:
                 best = cur  # more workers for less than min_gain of speed: not worth a change
         else:
-            best = self._by_fit(cur, sizes, trainer_per_h, worker_per_h, useful)
+            boot_steps = goal.switch_s / s.step_s if s.step_s > 0 else 0.0
+            best = self._by_fit(cur, sizes, trainer_per_h, worker_per_h, useful, boot_steps)
         why = f"{goal.objective}: {best} worker(s)" + (" (trying)" if self._trial is not None else "")
 
         if goal.steps_left is not None and goal.time_left_s is not None:
@@ -224,10 +225,16 @@ class FleetPolicy:
         trains = sorted(t for _, _, t, _ in self._window)
         return fit_steps(pts, trains[len(trains) // 2] if trains else 0.0)
 
-    def _by_fit(self, cur: int, sizes: range, trainer_per_h: float, worker_per_h: float, useful: float) -> int:
+    def _by_fit(
+        self, cur: int, sizes: range, trainer_per_h: float, worker_per_h: float, useful: float, boot_steps: float
+    ) -> int:
         """`cost`: hold the size the fitted step model says makes the most tokens per dollar; probe a
-        neighbouring size when the window has nothing to fit (all its steps at one size)."""
+        neighbouring size when the window has nothing to fit (all its steps at one size), unless a
+        worker's boot spans more steps than a probe measures (`boot_steps`): probing down then costs
+        the boot's steps again at the smaller size on the way back, probing up pays workers through
+        the boot before one step is measured, for a probe's few steps of knowledge."""
         self._held += 1
+        may_probe = boot_steps <= self.probe_steps
         if self._trial is not None:
             self._trial_steps += 1
             measured = sum(1 for n, *_ in self._window[-self._trial_steps :] if n == self._trial)
@@ -238,7 +245,9 @@ class FleetPolicy:
         if fit is None:
             # a step on the trainer's floor says fewer workers would do: try fewer at once
             floored = any(f for n, _, _, f in self._window[-2:] if n == cur)
-            return self._probe(cur, sizes, floored) if floored or self._held >= self.probe_every else cur
+            if floored:
+                return self._probe(cur, sizes, down_only=True)
+            return self._probe(cur, sizes) if may_probe and self._held >= self.probe_every else cur
         a, u = self.reserved_workers, max(useful, 1e-3)
         seen = [n for n, *_ in self._window]
         # trust the fit a probe's step beyond the sizes it has seen, and move a probe's step at a time
@@ -251,7 +260,7 @@ class FleetPolicy:
         }
         best = max(value, key=lambda n: (value[n], -n))
         if best == cur or value[best] < value[cur] * (1 + self.move_gain):
-            if self._held >= self.probe_every and sum(1 for n in seen if n != cur) < self.probe_steps:
+            if may_probe and self._held >= self.probe_every and sum(1 for n in seen if n != cur) < self.probe_steps:
                 return self._probe(cur, sizes)  # the window is ageing out every other size: measure one again
             return cur
         self._held = 0

@@ -197,12 +197,16 @@ def test_no_probe_when_a_boot_spans_more_steps_than_a_probe_measures():
     step = world(4).step_s
     assert set(sizes(switch_s=step)) != {4}  # a boot of one step: it probes
     assert set(sizes(switch_s=FleetPolicy(1.0).probe_steps * step * 1.5)) == {4}  # longer than a probe: held
-    # steps on the trainer's floor say fewer workers would do: that probe is the measurement's, kept
-    policy = FleetPolicy(reserved_workers=1.0)
+    # steps on the trainer's floor say fewer workers would do: down at once after a short boot, and
+    # not across a long one (a loaded machine puts a small fleet's step there too)
     floor = StepSample(n_remote=8, step_s=120.0, gen_s=60.0, train_s=120.0, tokens=1_000_000)
-    goal = FleetGoal("cost", 8, switch_s=100 * 120.0)
-    got = [policy.decide(floor, goal, trainer_per_h=10.0, worker_per_h=1.0, current=8).workers for _ in range(4)]
-    assert min(got) < 8
+
+    def on_floor(switch_s: float) -> list[int]:
+        policy, goal = FleetPolicy(reserved_workers=1.0), FleetGoal("cost", 8, switch_s=switch_s)
+        return [policy.decide(floor, goal, trainer_per_h=10.0, worker_per_h=1.0, current=8).workers for _ in range(4)]
+
+    assert min(on_floor(120.0)) < 8
+    assert on_floor(100 * 120.0) == [8] * 4
 
 
 def test_shared_cores_bound_the_fleet():

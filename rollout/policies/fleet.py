@@ -232,7 +232,9 @@ class FleetPolicy:
         neighbouring size when the window has nothing to fit (all its steps at one size), unless a
         worker's boot spans more steps than a probe measures (`boot_steps`): probing down then costs
         the boot's steps again at the smaller size on the way back, probing up pays workers through
-        the boot before one step is measured, for a probe's few steps of knowledge."""
+        the boot before one step is measured, for a probe's few steps of knowledge. So too a probe down
+        from steps on the trainer's floor: on a loaded machine a small fleet's step sits there while
+        the trainer alone is slower still (live, examples/local.yaml)."""
         self._held += 1
         may_probe = boot_steps <= self.probe_steps
         if self._trial is not None:
@@ -245,9 +247,9 @@ class FleetPolicy:
         if fit is None:
             # a step on the trainer's floor says fewer workers would do: try fewer at once
             floored = any(f for n, _, _, f in self._window[-2:] if n == cur)
-            if floored:
-                return self._probe(cur, sizes, down_only=True)
-            return self._probe(cur, sizes) if may_probe and self._held >= self.probe_every else cur
+            if may_probe and (floored or self._held >= self.probe_every):
+                return self._probe(cur, sizes, down_only=floored)
+            return cur
         a, u = self.reserved_workers, max(useful, 1e-3)
         seen = [n for n, *_ in self._window]
         # trust the fit a probe's step beyond the sizes it has seen, and move a probe's step at a time

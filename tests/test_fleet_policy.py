@@ -185,11 +185,13 @@ def test_no_probe_when_a_boot_spans_more_steps_than_a_probe_measures():
     worker's boot (the goal's switch_s) takes longer than the probe's steps: then a probe down costs
     the boot again on the way back, and a probe up pays workers before it measures a step."""
 
-    def sizes(switch_s: float) -> list[int]:
+    def sizes(switch_s: float, slow_every: int = 0) -> list[int]:
         policy, n, out = FleetPolicy(reserved_workers=1.0), 4, []
         goal = FleetGoal("cost", 8, switch_s=switch_s)
-        for _ in range(60):
+        for i in range(60):
             s = dataclasses.replace(world(4), n_remote=n)  # every size measures alike: no spread to fit
+            if slow_every and i % slow_every == 0:
+                s = dataclasses.replace(s, step_s=3 * s.step_s, gen_s=3 * s.gen_s)
             n = policy.decide(s, goal, trainer_per_h=10.0, worker_per_h=1.0, current=n).workers
             out.append(n)
         return out
@@ -197,6 +199,8 @@ def test_no_probe_when_a_boot_spans_more_steps_than_a_probe_measures():
     step = world(4).step_s
     assert set(sizes(switch_s=step)) != {4}  # a boot of one step: it probes
     assert set(sizes(switch_s=FleetPolicy(1.0).probe_steps * step * 1.5)) == {4}  # longer than a probe: held
+    # in steps as the window measures them: one slow step does not make the boot look short
+    assert set(sizes(switch_s=FleetPolicy(1.0).probe_steps * step * 1.5, slow_every=5)) == {4}
     # steps on the trainer's floor say fewer workers would do: down at once after a short boot, and
     # not across a long one (a loaded machine puts a small fleet's step there too)
     floor = StepSample(n_remote=8, step_s=120.0, gen_s=60.0, train_s=120.0, tokens=1_000_000)

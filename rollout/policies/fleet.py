@@ -167,7 +167,7 @@ class FleetPolicy:
             if best > cur and step[best] * (1 + self.min_gain) > step[cur]:
                 best = cur  # more workers for less than min_gain of speed: not worth a change
         else:
-            boot_steps = goal.switch_s / s.step_s if s.step_s > 0 else 0.0
+            boot_steps = goal.switch_s / self._typical_step_s(s)
             best = self._by_fit(cur, sizes, trainer_per_h, worker_per_h, useful, boot_steps)
         why = f"{goal.objective}: {best} worker(s)" + (" (trying)" if self._trial is not None else "")
 
@@ -207,6 +207,13 @@ class FleetPolicy:
         return {n: fit.seconds_per_token(a + u * n) * s.tokens * k for n in sizes}
 
     # ---- `cost`: measure, fit, move ----------------------------------------------------
+    def _typical_step_s(self, s: StepSample) -> float:
+        """The window's median seconds per token at this step's tokens: one slow step (a loaded
+        machine, a long response) must not make a boot look short in steps."""
+        ys = sorted(y for _, y, _, _ in self._window)
+        step = ys[len(ys) // 2] * s.tokens if ys else s.step_s
+        return step if step > 0 else float("inf")
+
     def _measure(self, s: StepSample, held: int) -> None:
         self._steps += 1
         changed, self._last_held = held != self._last_held, held

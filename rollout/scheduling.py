@@ -177,6 +177,11 @@ def billing_scale(spec: JobSpec) -> float:
     return spec.local.time_scale if provider_kind(spec.provider).billing_clock == "trace" else 1.0
 
 
+def machine_cores() -> int:
+    """The cores this process may run on (its affinity where the OS has one)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
 def shared_cores(spec: JobSpec) -> float | None:
     """The cores a live job's processes share: this machine's, where its instances are processes here
     that run a real model (tiny-gpt, hf); None where each instance has its own machine (clouds) or the
@@ -184,7 +189,7 @@ def shared_cores(spec: JobSpec) -> float | None:
     which calibration sets from the same count."""
     if not provider_kind(spec.provider).runs_here or spec.model.kind == "synthetic":
         return None
-    return float(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+    return float(machine_cores())
 
 
 def most_workers(spec: JobSpec, cores: float | None) -> int:

@@ -25,7 +25,6 @@ win over what is measured (`apply`).
 
 from __future__ import annotations
 
-import os
 import statistics
 import subprocess
 import sys
@@ -39,6 +38,7 @@ import numpy as np
 from contracts.perf import split_accelerator
 from contracts.provider_kinds import provider_kind
 from contracts.spec import JobSpec, PerfSpec
+from rollout.scheduling import machine_cores
 
 if TYPE_CHECKING:
     from trainer.learner import Learner
@@ -317,7 +317,7 @@ def calibrate(
         pull_s=round(pull, 4),
         dispatch_s=round(dispatch, 5),
         serve_s=round(serve, 7),
-        cores=len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1,
+        cores=machine_cores(),
         lengths=lengths,
         took_s=time.perf_counter() - t_start,
     )

@@ -250,3 +250,28 @@ def test_the_fleet_goal_is_on_the_jobs_own_clock():
     # placement's boot prior (before a boot is seen) is the provider's, on its billing clock: a local
     # process's 2 s is 720 trace seconds at 360x, not a cloud VM's 120
     assert placement_tracker(spec, []).boot_estimate_s() == 2.0 * 360.0
+
+
+def test_one_step_at_a_size_does_not_move_the_fit():
+    """Where a boot spans more steps than a probe (no probes), `cost` moves only to a size measured
+    `probe_steps` times: one step without the worker (the market took it for a step) among many noisy
+    ones with it must not release the worker for good (a clean-clone README run did, BENCHMARKS.md).
+    Steps enough at the new size, and it moves."""
+    probe = FleetPolicy(1.0).probe_steps
+
+    def decisions(without: int) -> list[int]:
+        # one worker halves generation; steps vary +-35 % around that (a busy 2-core machine)
+        policy, goal, out = FleetPolicy(reserved_workers=1.0), FleetGoal("cost", 1, switch_s=1e6), []
+        noise = [1.0, 1.35, 0.7, 1.2, 0.8, 1.3, 0.65, 1.1, 0.9, 1.25, 0.75, 1.05] * 3
+        mean = sum(noise) / len(noise)
+        for i, k in enumerate(noise):
+            s = StepSample(n_remote=1, step_s=10.0 * k, gen_s=9.0 * k, train_s=1.0, tokens=1000)
+            out.append(policy.decide(s, goal, trainer_per_h=1.0, worker_per_h=1.0, current=1).workers)
+            if i == 20:  # then `without` steps at 0 workers as fast as the noisy mean with one
+                for _ in range(without):
+                    s0 = StepSample(n_remote=0, step_s=10.0 * mean, gen_s=9.0 * mean, train_s=1.0, tokens=1000)
+                    out.append(policy.decide(s0, goal, trainer_per_h=1.0, worker_per_h=1.0, current=1).workers)
+        return out
+
+    assert set(decisions(without=1)) == {1}  # one step: not evidence enough, the worker stays
+    assert decisions(without=probe)[-1] == 0  # a worker that measurably adds nothing is released

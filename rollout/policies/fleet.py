@@ -36,6 +36,7 @@ preemptions). Pure: no clock, no I/O; the controller and the simulator feed it t
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Literal, TypeVar
@@ -241,7 +242,9 @@ class FleetPolicy:
         the boot's steps again at the smaller size on the way back, probing up pays workers through
         the boot before one step is measured, for a probe's few steps of knowledge. So too a probe down
         from steps on the trainer's floor: on a loaded machine a small fleet's step sits there while
-        the trainer alone is slower still (live, examples/local.yaml)."""
+        the trainer alone is slower still (live, examples/local.yaml), and a move to a size with fewer
+        measured steps than a probe's: one step without the worker (the market took it) among many
+        noisy ones with it fitted "no worker" as good, and released it for good (BENCHMARKS.md)."""
         self._held += 1
         may_probe = boot_steps <= self.probe_steps
         if self._trial is not None:
@@ -262,10 +265,13 @@ class FleetPolicy:
         # trust the fit a probe's step beyond the sizes it has seen, and move a probe's step at a time
         lo = max(int(min(seen) * self.shrink), int(cur * self.shrink))
         hi = min(self._step_up(max(seen)), self._step_up(cur))
+        known = Counter(seen)
         value = {
             n: 1.0 / (fit.seconds_per_token(a + u * n) * (trainer_per_h + n * worker_per_h))
             for n in sizes
-            if lo <= n <= hi or n == cur
+            # where probes are off, a move to a size measured less than a probe measures is a probe
+            # in disguise (and one step there weighs in the fit like a probe's four)
+            if (lo <= n <= hi and (may_probe or known[n] >= self.probe_steps)) or n == cur
         }
         best = max(value, key=lambda n: (value[n], -n))
         if best == cur or value[best] < value[cur] * (1 + self.move_gain):

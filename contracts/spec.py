@@ -412,7 +412,7 @@ class SimulateSpec(Strict):
     step_overhead_s: Annotated[float, Field(ge=0)] = 2.0  # optimizer step + publish, after the last group
     # trainer serving -> weights version 0 published (the supervised warm start, algorithm.warm_start_steps)
     warm_start_s: Annotated[float, Field(ge=0)] = 0.0
-    hours: Annotated[float, Field(gt=0)] | None = None  # how long to replay (default: the trace's length)
+    hours: Annotated[float, Field(gt=0)] | None = None  # trace hours (default: the job's steps; see bound_to_trace)
     poll_s: Annotated[float, Field(gt=0)] = 0.25  # controller loop period (as `rlboost launch`)
     # an engine that batches statically (torch): from one batch's end to its next batch starting (ends
     # reported, the coordinator's dispatch, the requests received); a calibrated local job measures it

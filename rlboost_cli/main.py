@@ -911,6 +911,23 @@ def logs(
         err.print(why, markup=False, highlight=False)
 
 
+# simulator.PRESETS' names and simulator.cli.DEFAULT_POLICIES, written out: importing the simulator (numpy
+# and all) would slow every command's start for a help line; a test keeps them the same
+SIM_POLICIES = (
+    "on-demand",
+    "sync",
+    "spot-restart",
+    "rlboost-rule",
+    "rlboost",
+    "rlboost-fixed",
+    "rlboost-cost",
+    "rlboost-throughput",
+    "rlboost-tail",
+    "job",
+)
+DEFAULT_SIM_POLICIES = ("on-demand", "spot-restart", "rlboost-rule", "rlboost")
+
+
 @app.command()
 def simulate(
     job_file: Annotated[Path, typer.Argument(help="the job YAML")],
@@ -923,7 +940,7 @@ def simulate(
     ] = None,
     policy: Annotated[
         list[str] | None,
-        typer.Option(help="on-demand, sync, spot-restart, rlboost-rule, rlboost, rlboost-tail, job (repeatable)"),
+        typer.Option(help=f"{', '.join(SIM_POLICIES)} (repeatable; default: {', '.join(DEFAULT_SIM_POLICIES)})"),
     ] = None,
     catalog: Annotated[
         Path | None,
@@ -932,7 +949,12 @@ def simulate(
             "(overrides local.catalog)"
         ),
     ] = None,
-    hours: Annotated[float | None, typer.Option(help="hours of trace to replay (default: all of it)")] = None,
+    hours: Annotated[
+        float | None,
+        typer.Option(
+            help="hours of trace to replay (default: the job's steps; the trace, where they outlast it by far)"
+        ),
+    ] = None,
     steps: Annotated[
         int | None, typer.Option(help="stop after this many steps (default: the job's; 0: no limit)")
     ] = None,
@@ -949,7 +971,9 @@ def simulate(
     sweep_workers: Annotated[
         str | None, typer.Option(help="the max_workers values --sweep tries, comma-separated (e.g. 1,2,4,8)")
     ] = None,
-    jobs: Annotated[int | None, typer.Option(help="--sweep: replays run in parallel (default: CPU count)")] = None,
+    jobs: Annotated[
+        int | None, typer.Option(help="replays (policies, sweep points) run in parallel processes (default: CPU count)")
+    ] = None,
     plot: Annotated[
         Path | None, typer.Option(help="write a PNG: throughput and spot workers over time (--sweep: by max_workers)")
     ] = None,
@@ -995,6 +1019,8 @@ def simulate(
                 err.print(rp.calibration.describe(), markup=False, highlight=False)
             if note := cores_note(rp.spec, cores):
                 err.print(note, markup=False, highlight=False)
+            if rp.outlasts_h is not None:
+                err.print(_outlasts_note(rp), markup=False, highlight=False)
         base, swept = None, []
         if sweep:
             most = most_workers(rp.spec, cores) if cores is not None else None
@@ -1002,7 +1028,7 @@ def simulate(
             results = [base, *(p.result for p in swept)]
             choices = [report.Choice(p.label, p.result) for p in swept]
         else:
-            results = rp.simulate(sim_cli.pick_policies(policy, rp.spec))
+            results = _run_policies(rp, sim_cli.pick_policies(policy, rp.spec), jobs)
             choices = [report.Choice(_policy_setting(r.policy, rp.spec), r) for r in results]
         sim_cli.check_steps(rp, results)
     except (PricingError, TraceError, ValueError) as e:
@@ -1031,6 +1057,7 @@ def simulate(
     if as_json:
         doc: dict = {"title": title, "recommendation": rec.as_json() if rec else None}
         doc["deadline"] = verdict.as_json() if verdict else None
+        doc["trainer_alone_hours"] = None if rp.outlasts_h is None else round(rp.outlasts_h, 1)
         if rp.calibration is not None:
             doc["calibration"] = rp.calibration.as_json()
         doc["results"] = report.sweep_json(base, swept) if sweep else report.results_json(results)
@@ -1049,6 +1076,17 @@ def simulate(
             console.print(f"plot: {plot}", markup=False)
 
 
+def _outlasts_note(rp) -> str:
+    from simulator.cli import OUTLAST
+
+    steps, trace_h = rp.spec.algorithm.steps, rp.trace.duration / 3600
+    return (
+        f"the job's {steps:,} steps would take the trainer alone ~{rp.outlasts_h:,.0f} h, over {OUTLAST:g}x this "
+        f"{trace_h:.1f} h trace: replaying the trace (--hours for longer, its last count held; --steps to stop "
+        "after fewer)"
+    )
+
+
 def _sweep_workers(text: str) -> list[int]:
     try:
         pts = sorted({int(x) for x in text.split(",") if x.strip()})
@@ -1059,14 +1097,40 @@ def _sweep_workers(text: str) -> list[int]:
     return pts
 
 
-def _run_sweep(rp, points: list[int], jobs: int | None):
-    from rich.progress import Progress
+def _replay_bars():
+    """Progress bars on stderr while replays run (none when it is not a terminal); they vanish after."""
+    from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
 
+    columns = (TextColumn("{task.description}"), BarColumn(), TaskProgressColumn(), TimeElapsedColumn())
+    return Progress(*columns, console=err, transient=True, disable=not err.is_terminal)
+
+
+def _run_policies(rp, policies, jobs: int | None):
+    """One bar per policy, each at the fraction of its replay done (trace hours or steps, whichever ends it)."""
     from simulator import cli as sim_cli
 
-    with Progress(console=err, transient=True, disable=not err.is_terminal) as bar:
-        task = bar.add_task("sweep", total=len(points) * len(sim_cli.SWEEP_OBJECTIVES))
-        return sim_cli.sweep(rp, points, jobs=jobs, on_done=lambda _: bar.advance(task))
+    with _replay_bars() as bars:
+        ids = [bars.add_task(f"replaying {p.name}", total=1.0) for p in policies]
+        return sim_cli.simulate_policies(
+            rp, policies, jobs=jobs, on_progress=lambda k, f: bars.update(ids[k], completed=f)
+        )
+
+
+def _run_sweep(rp, points: list[int], jobs: int | None):
+    """One bar for the whole sweep: the sum of its replays' fractions done."""
+    from simulator import cli as sim_cli
+
+    n = len(sim_cli.sweep_order(points)) + 1  # and the on-demand baseline
+    done = [0.0] * n
+
+    def moved(k: int, fraction: float) -> None:
+        done[k] = max(done[k], fraction)  # a report can arrive after its replay's last one
+        finished = sum(1 for f in done if f >= 1.0)
+        bars.update(bar, completed=sum(done), description=f"sweep: {finished}/{n} replays done")
+
+    with _replay_bars() as bars:
+        bar = bars.add_task(f"sweep: 0/{n} replays done", total=n)
+        return sim_cli.sweep(rp, points, jobs=jobs, on_progress=moved)
 
 
 def _policy_setting(p, spec: JobSpec) -> str:

@@ -2,18 +2,18 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 
 from contracts.lengths import LengthModel
 from contracts.spec import JobSpec
 from providers.pricing import Offer, spot_offers, trainer_offer
 from providers.spot_market import BUILTIN_TRACE, AvailabilityTrace, constant_trace, load_trace
-from simulator.core import simulate_job
+from simulator.core import Simulation
 from simulator.local_calibration import Calibration, calibrate, needs_calibration, one_process
+from simulator.parallel import Report, run_all
 from simulator.presets import PRESETS, SimPolicy, policy_from_spec
 from simulator.result import SimResult
 
@@ -52,18 +52,17 @@ class Replay:
     max_steps: int | None
     hours: float | None  # trace hours asked for (None: the whole trace, or until the job's steps)
     calibration: Calibration | None = None  # a local job's rates and timings, measured on this machine
+    # the trainer alone's hours for the job's steps, where they outlast the trace by far (the replay then
+    # ends with the trace, not holding its last count for weeks): see bound_to_trace
+    outlasts_h: float | None = None
 
     def simulate(self, policies: list[SimPolicy]) -> list[SimResult]:
-        return simulate_job(
-            self.spec,
-            self.trace,
-            policies,
-            self.trainer,
-            self.spots,
-            lengths=self.lengths,
-            max_steps=self.max_steps,
-            horizon_s=None,
-        )
+        """One replay per policy, one after another, here."""
+        return [self.replay(p) for p in policies]
+
+    def replay(self, policy: SimPolicy, on_progress: Report | None = None) -> SimResult:
+        sim = Simulation(self.spec, self.trace, policy, self.trainer, self.spots, self.lengths, self.max_steps)
+        return sim.run(on_progress)
 
     def with_max_workers(self, n: int) -> Replay:
         ro = self.spec.rollout.model_copy(update={"max_workers": n})
@@ -113,7 +112,7 @@ def prepare(
         spots = [replace(o, accelerator=one_process(o.accelerator)) for o in spots]
         if length_model is None and spec.rollout.synthetic.lengths.recorded is None:
             length_model = LengthModel(recorded=tuple(sorted(cal.lengths)))
-    return Replay(
+    rp = Replay(
         spec=spec,
         trace=trace,
         trainer=trainer,
@@ -123,6 +122,32 @@ def prepare(
         hours=hours,
         calibration=cal,
     )
+    return bound_to_trace(rp) if rp.max_steps is None and spec.simulate.hours is None else rp
+
+
+OUTLAST = 2.0  # a job the trainer alone would take more than this many trace lengths for replays the trace
+PROBE_STEPS = 4  # steps replayed to extrapolate a job's length
+
+
+def pace_hours(r: SimResult, steps: int) -> float:
+    """Trace hours a replay would take to `steps`, at the pace of its steps after the first (start-up)."""
+    later = [x["step_s"] for x in r.step_log[1:]] or [x["step_s"] for x in r.step_log]
+    per_step = sum(later) / len(later) if later else float("inf")
+    return (r.job_s + (steps - r.steps) * per_step) * r.time_scale / 3600
+
+
+def bound_to_trace(rp: Replay) -> Replay:
+    """By default a replay runs the job's steps, as a live job does, holding the trace's last count once
+    the trace is over. A job whose steps are a bound, not a plan (`steps: 100000`), would hold it for
+    weeks of constant market: where the trainer alone needs more than OUTLAST trace lengths for them
+    (a short replay of it, extrapolated), the replay ends with the trace instead."""
+    steps = rp.spec.algorithm.steps
+    probe = replace(rp, max_steps=min(PROBE_STEPS, steps)).replay(PRESETS["on-demand"])
+    need_h, trace_h = pace_hours(probe, steps), rp.trace.duration / 3600
+    if need_h <= OUTLAST * trace_h:
+        return rp
+    sim = rp.spec.simulate.model_copy(update={"hours": trace_h})
+    return replace(rp, spec=rp.spec.model_copy(update={"simulate": sim}), outlasts_h=need_h)
 
 
 def run(
@@ -191,16 +216,32 @@ def sweep_points(max_workers: int, most: int | None = None) -> list[int]:
     return sorted({min(p, most) for p in pts} if most is not None else pts)
 
 
-def _replay_one(rp: Replay, max_workers: int, objective: str) -> SweepPoint:
-    r = rp.with_max_workers(max_workers).simulate([PRESETS[f"rlboost-{objective}"]])[0]
+def _replay_one(rp: Replay, max_workers: int, objective: str, on_progress: Report) -> SweepPoint:
+    r = rp.with_max_workers(max_workers).replay(PRESETS[f"rlboost-{objective}"], on_progress)
     held = r.mean_spot_workers
     r.timeline = []  # not plotted in a sweep; keeps what crosses the process boundary small
     r.step_log = []
     return SweepPoint(max_workers, objective, r, held)
 
 
-def _replay_base(rp: Replay) -> SimResult:
-    return rp.simulate([PRESETS["on-demand"]])[0]
+def _replay_policy(rp: Replay, policy: SimPolicy, on_progress: Report) -> SimResult:
+    return rp.replay(policy, on_progress)
+
+
+OnProgress = Callable[[int, float], None]  # (replay's index, fraction done)
+
+
+def simulate_policies(
+    rp: Replay, policies: list[SimPolicy], *, jobs: int | None = None, on_progress: OnProgress | None = None
+) -> list[SimResult]:
+    """Every policy's replay, in parallel processes (`jobs`; 1: here, one after another), in their order."""
+    return run_all([partial(_replay_policy, rp, p) for p in policies], jobs=jobs, on_progress=on_progress)
+
+
+def sweep_order(points: list[int]) -> list[tuple[int, str]]:
+    """The sweep's replays as they start: the largest fleets replay longest, so they go first and no
+    process is left with one at the end."""
+    return sorted(((n, o) for n in points for o in SWEEP_OBJECTIVES), key=lambda p: -p[0])
 
 
 def sweep(
@@ -208,30 +249,19 @@ def sweep(
     points: list[int],
     *,
     jobs: int | None = None,
-    on_done: Callable[[SweepPoint], None] | None = None,
+    on_progress: OnProgress | None = None,
 ) -> tuple[SimResult, list[SweepPoint]]:
-    """The on-demand baseline once, then every max_workers x objective point, in parallel processes."""
-    # the largest fleets replay longest: start them first, so no process is left with one at the end
-    todo = sorted(((n, o) for n in points for o in SWEEP_OBJECTIVES), key=lambda p: -p[0])
-    jobs = max(1, min(jobs or os.cpu_count() or 1, len(todo)))
-    out: list[SweepPoint] = []
-    if jobs == 1:
-        base = _replay_base(rp)
-        for n, o in todo:
-            out.append(_replay_one(rp, n, o))
-            if on_done:
-                on_done(out[-1])
-    else:
-        with ProcessPoolExecutor(max_workers=jobs) as pool:
-            points_done = [pool.submit(_replay_one, rp, n, o) for n, o in todo]
-            base_done = pool.submit(_replay_base, rp)  # cheap (no spot workers): fills a gap at the end
-            for f in as_completed(points_done):
-                out.append(f.result())
-                if on_done:
-                    on_done(out[-1])
-            base = base_done.result()
-    out.sort(key=lambda p: (p.max_workers, SWEEP_OBJECTIVES.index(p.objective)))
-    return base, out
+    """Every max_workers x objective point (`sweep_order`) and, last, the on-demand baseline (cheap: no
+    spot worker; it fills a gap at the end), in parallel processes. on_progress's index is the replay's
+    place in that order."""
+    todo = sweep_order(points)
+    tasks: list[Callable[[Report], SweepPoint | SimResult]] = [partial(_replay_one, rp, n, o) for n, o in todo]
+    tasks.append(partial(_replay_policy, rp, PRESETS["on-demand"]))
+    *out, base = run_all(tasks, jobs=jobs, on_progress=on_progress)
+    assert isinstance(base, SimResult)
+    swept = [p for p in out if isinstance(p, SweepPoint)]
+    swept.sort(key=lambda p: (p.max_workers, SWEEP_OBJECTIVES.index(p.objective)))
+    return base, swept
 
 
 # ---- a deadline, up front --------------------------------------------------------------------
@@ -257,7 +287,7 @@ class DeadlineEstimate:
         return [f"{head} {est}: cannot be met; raise deadline_hours or max_workers, or cut algorithm.steps"]
 
 
-def estimate_deadline(spec: JobSpec, probe_steps: int = 4) -> DeadlineEstimate | None:
+def estimate_deadline(spec: JobSpec, probe_steps: int = PROBE_STEPS) -> DeadlineEstimate | None:
     """None when the job has no deadline."""
     if spec.deadline_hours is None:
         return None
@@ -268,9 +298,6 @@ def estimate_deadline(spec: JobSpec, probe_steps: int = 4) -> DeadlineEstimate |
     rp = prepare(spec, None, constant_workers=mw if with_fleet else 0, steps=k)
     alone, *fleet = rp.simulate([PRESETS["on-demand"], *([PRESETS["rlboost-fixed"]] if with_fleet else [])])
 
-    def hours(r: SimResult) -> float:
-        later = [x["step_s"] for x in r.step_log[1:]] or [x["step_s"] for x in r.step_log]
-        per_step = sum(later) / len(later) if later else float("inf")
-        return (r.job_s + (steps - k) * per_step) * r.time_scale / 3600
-
-    return DeadlineEstimate(spec.deadline_hours, hours(alone), hours(fleet[0]) if fleet else None)
+    return DeadlineEstimate(
+        spec.deadline_hours, pace_hours(alone, steps), pace_hours(fleet[0], steps) if fleet else None
+    )

@@ -21,6 +21,7 @@ per second for `provider: local` jobs (1 otherwise).
 from __future__ import annotations
 
 import heapq
+from collections.abc import Callable
 
 from contracts.engine import STATIC_BATCH_ENGINES
 from contracts.lengths import LengthModel
@@ -55,6 +56,9 @@ def coordinator_rules(spec: JobSpec, policy: SimPolicy) -> CoordinatorRules:
     )
     stats = LengthStats(spec.algorithm.max_new_tokens)
     return CoordinatorRules(offload, scheduling.tick_cadence(spec), migration, stats)
+
+
+PROGRESS_EVERY = 10_000  # events between progress reports: a few tenths of a second of replay
 
 
 class Simulation:
@@ -102,13 +106,15 @@ class Simulation:
         self.done = False
         self.end_t = INF
 
-    def run(self) -> SimResult:
+    def run(self, on_progress: Callable[[float], None] | None = None) -> SimResult:
+        """Replay to the end; `on_progress(fraction done)` every few thousand events (a sweep's bars)."""
         q = self.q
         tb = self.sim.trainer_boot_s
         q.push(self.sim.boot_s if tb is None else tb, "trainer_up")
         self.controller.schedule_poll(0.0)
         handlers, heap, horizon, pop = q.handlers, q.heap, self.horizon, heapq.heappop
         cores = self.cores if self.sim.cpu_cores else None
+        events = 0
         while heap and not self.done:
             t, _, kind, payload = pop(heap)
             if t > horizon and kind != "end":
@@ -118,9 +124,22 @@ class Simulation:
             handlers[kind](payload)
             if cores is not None:
                 cores.reshare()
+            if on_progress is not None:
+                events += 1
+                if events >= PROGRESS_EVERY:
+                    events = 0
+                    on_progress(self.fraction_done())
         if not self.done:
             self._finish(q.now)
+        if on_progress is not None:
+            on_progress(1.0)
         return self._result()
+
+    def fraction_done(self) -> float:
+        """How far the replay is, by whichever ends it first: the horizon or the step count."""
+        by_time = self.q.now / self.horizon if self.horizon < INF else 0.0
+        tr = self.trainer
+        return min(1.0, max(by_time, tr.steps_done / tr.max_steps if tr.max_steps else 0.0))
 
     def _finish(self, t: float) -> None:
         if self.done:

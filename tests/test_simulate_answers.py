@@ -12,6 +12,7 @@ import pytest
 import yaml
 
 from contracts.spec import parse_spec
+from providers.spot_market import AvailabilityTrace
 from rlboost_cli import sim_report as report
 from simulator import PRESETS
 from simulator import cli as sim_cli
@@ -74,6 +75,54 @@ def test_sweep_in_parallel_processes_matches_one_at_a_time():
     assert key == [(p.result.steps, p.result.trained_tokens, round(p.result.dollars, 9), p.mean_workers) for p in two]
     assert base1.dollars == base2.dollars and all(p.mean_workers <= p.max_workers for p in two)
     assert two[0].mean_workers < two[2].mean_workers  # a bigger cap holds more on this trace
+
+
+def test_policies_in_parallel_processes_match_one_at_a_time_and_report_progress(monkeypatch):
+    import simulator.core
+
+    monkeypatch.setattr(simulator.core, "PROGRESS_EVERY", 200)  # several reports from a short replay
+    spec = parse_spec(job(algorithm={"steps": 6}))
+    rp = replace(sim_cli.prepare(spec, None), trace=TRACE)
+    policies = sim_cli.pick_policies(["rlboost", "rlboost-rule"], rp.spec)
+    here = rp.simulate(policies)
+    seen: dict[int, list[float]] = {}
+    apart = sim_cli.simulate_policies(rp, policies, jobs=2, on_progress=lambda k, f: seen.setdefault(k, []).append(f))
+    assert [r.policy.name for r in apart] == ["on-demand", "rlboost", "rlboost-rule"]  # in the order asked
+    for a, b in zip(here, apart):
+        assert (a.steps, a.trained_tokens, a.dollars, a.migrations, a.step_log) == (
+            b.steps,
+            b.trained_tokens,
+            b.dollars,
+            b.migrations,
+            b.step_log,
+        )
+    # each replay reported from its process, moving forward, and ended at 1
+    assert sorted(seen) == [0, 1, 2] and all(len(f) > 2 for f in seen.values())
+    assert all(f == sorted(f) and any(0 < x < 1 for x in f) and f[-1] == 1.0 for f in seen.values())
+
+
+def test_the_policy_help_names_every_preset():
+    from rlboost_cli import main
+
+    assert (*PRESETS, "job") == main.SIM_POLICIES
+    assert main.DEFAULT_SIM_POLICIES == sim_cli.DEFAULT_POLICIES
+
+
+def test_a_job_whose_steps_outlast_the_trace_by_far_replays_the_trace():
+    """`steps: 100000` on an 11 h trace replayed ~5,000 h of its last count: the README's first simulate
+    command never returned. A job the trainer alone finishes within twice the trace still runs to its
+    last step, holding the trace's last count, as a live job would."""
+    short = AvailabilityTrace([0.0, 60.0, 600.0], [4, 1, 4], "ten minutes")  # the trainer alone: ~26 s a step
+    endless = replace(sim_cli.prepare(parse_spec(job(algorithm={"steps": 100_000})), None), trace=short)
+    endless = sim_cli.bound_to_trace(endless)
+    assert endless.outlasts_h is not None and endless.outlasts_h > 500  # ~100,000 steps of ~26 s
+    r = endless.replay(PRESETS["rlboost"])
+    assert r.job_s == pytest.approx(600.0) and 0 < r.steps < 1000
+    # 30 steps need ~13 min of the trainer alone, under 2 x 10 min: all of them, the last count held
+    finite = sim_cli.bound_to_trace(replace(endless, spec=parse_spec(job(algorithm={"steps": 30})), outlasts_h=None))
+    assert finite.outlasts_h is None and finite.spec.simulate.hours is None
+    done = finite.replay(PRESETS["rlboost"])
+    assert done.steps == 30 and done.job_s > 600.0
 
 
 def test_sweep_points_cover_the_job_and_twice_it():

@@ -1124,7 +1124,7 @@ def _run_sweep(rp, points: list[int], jobs: int | None):
     done = [0.0] * n
 
     def moved(k: int, fraction: float) -> None:
-        done[k] = max(done[k], fraction)  # a report can arrive after its replay's last one
+        done[k] = fraction  # a replay's reports arrive in order (simulator/parallel.py)
         finished = sum(1 for f in done if f >= 1.0)
         bars.update(bar, completed=sum(done), description=f"sweep: {finished}/{n} replays done")
 

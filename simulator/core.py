@@ -58,7 +58,7 @@ def coordinator_rules(spec: JobSpec, policy: SimPolicy) -> CoordinatorRules:
     return CoordinatorRules(offload, scheduling.tick_cadence(spec), migration, stats)
 
 
-PROGRESS_EVERY = 10_000  # events between progress reports: a few tenths of a second of replay
+PROGRESS_REPORTS = 200  # progress reports over the horizon (or, replaying to the job's last step, the trace)
 
 
 class Simulation:
@@ -84,6 +84,7 @@ class Simulation:
         if horizon_s is None:
             horizon_s = self.sim.hours * 3600 if self.sim.hours else (INF if max_steps is None else trace.duration)
         self.horizon = horizon_s / self.scale  # sim seconds
+        self.report_every = (self.horizon if self.horizon < INF else trace.duration / self.scale) / PROGRESS_REPORTS
         self.q = EventQueue()
         self.fleet = Fleet(spec.rollout.engine in STATIC_BATCH_ENGINES)
         self.cores = CoreShare(self.sim.cpu_cores, self.q, self.fleet)
@@ -107,28 +108,29 @@ class Simulation:
         self.end_t = INF
 
     def run(self, on_progress: Callable[[float], None] | None = None) -> SimResult:
-        """Replay to the end; `on_progress(fraction done)` every few thousand events (a sweep's bars)."""
+        """Replay to the end; `on_progress(fraction done)` every `report_every` sim seconds (a sweep's bars).
+        The report shares the loop's one time test with the horizon: nothing more runs per event."""
         q = self.q
         tb = self.sim.trainer_boot_s
         q.push(self.sim.boot_s if tb is None else tb, "trainer_up")
         self.controller.schedule_poll(0.0)
         handlers, heap, horizon, pop = q.handlers, q.heap, self.horizon, heapq.heappop
         cores = self.cores if self.sim.cpu_cores else None
-        events = 0
+        every = self.report_every
+        stop = min(horizon, every) if on_progress is not None else horizon
         while heap and not self.done:
             t, _, kind, payload = pop(heap)
-            if t > horizon and kind != "end":
-                self._finish(horizon)
-                break
+            if t > stop and kind != "end":
+                if t > horizon:
+                    self._finish(horizon)
+                    break
+                assert on_progress is not None
+                on_progress(self.fraction_done())
+                stop = min(horizon, t + every)
             q.now = t
             handlers[kind](payload)
             if cores is not None:
                 cores.reshare()
-            if on_progress is not None:
-                events += 1
-                if events >= PROGRESS_EVERY:
-                    events = 0
-                    on_progress(self.fraction_done())
         if not self.done:
             self._finish(q.now)
         if on_progress is not None:

@@ -80,7 +80,7 @@ def test_sweep_in_parallel_processes_matches_one_at_a_time():
 def test_policies_in_parallel_processes_match_one_at_a_time_and_report_progress(monkeypatch):
     import simulator.core
 
-    monkeypatch.setattr(simulator.core, "PROGRESS_EVERY", 200)  # several reports from a short replay
+    monkeypatch.setattr(simulator.core, "PROGRESS_REPORTS", 2000)  # several reports from a short replay
     spec = parse_spec(job(algorithm={"steps": 6}))
     rp = replace(sim_cli.prepare(spec, None), trace=TRACE)
     policies = sim_cli.pick_policies(["rlboost", "rlboost-rule"], rp.spec)

@@ -244,6 +244,8 @@ def _steps_table(js: dict[str, Any]) -> Table:
     cols = ("step", "weights", "reward", "tokens", "responses", "migrated", "seconds", "offload", "tail train", "idle")
     add_columns(table, *cols, numbers=cols)
     for s in js["recent_steps"]:
+        # with no offload there was no tail to train in or wait through (the trainer records 0 for both)
+        tail = ["-", "-"] if s.get("offload_s") is None else [_fmt(s.get(k), ".1f") for k in ("tail_train_s", "idle_s")]
         table.add_row(
             str(s["step"]),
             str(s["version"]),
@@ -253,8 +255,7 @@ def _steps_table(js: dict[str, Any]) -> Table:
             str(s["migrated"]),
             f"{s['seconds']:.1f}",
             _fmt(s.get("offload_s"), ".1f"),
-            _fmt(s.get("tail_train_s"), ".1f"),
-            _fmt(s.get("idle_s"), ".1f"),
+            *tail,
         )
     return table
 

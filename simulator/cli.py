@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from functools import partial
@@ -136,14 +137,23 @@ def pace_hours(r: SimResult, steps: int) -> float:
     return (r.job_s + (steps - r.steps) * per_step) * r.time_scale / 3600
 
 
+def _unbounded(rp: Replay, steps: int) -> Replay:
+    """`rp` to the job's first `steps` steps, however many hours it asks for."""
+    sim = rp.spec.simulate.model_copy(update={"hours": None})
+    return replace(rp, spec=rp.spec.model_copy(update={"simulate": sim}), hours=None, max_steps=steps)
+
+
+def _probe(rp: Replay) -> SimResult:
+    """The trainer alone's first steps of the job (PROBE_STEPS), to extrapolate its pace."""
+    return _unbounded(rp, min(PROBE_STEPS, rp.spec.algorithm.steps)).replay(PRESETS["on-demand"])
+
+
 def bound_to_trace(rp: Replay) -> Replay:
     """By default a replay runs the job's steps, as a live job does, holding the trace's last count once
     the trace is over. A job whose steps are a bound, not a plan (`steps: 100000`), would hold it for
     weeks of constant market: where the trainer alone needs more than OUTLAST trace lengths for them
     (a short replay of it, extrapolated), the replay ends with the trace instead."""
-    steps = rp.spec.algorithm.steps
-    probe = replace(rp, max_steps=min(PROBE_STEPS, steps)).replay(PRESETS["on-demand"])
-    need_h, trace_h = pace_hours(probe, steps), rp.trace.duration / 3600
+    need_h, trace_h = pace_hours(_probe(rp), rp.spec.algorithm.steps), rp.trace.duration / 3600
     if need_h <= OUTLAST * trace_h:
         return rp
     sim = rp.spec.simulate.model_copy(update={"hours": trace_h})
@@ -169,24 +179,47 @@ def run(
 
 def check_steps(rp: Replay, results: list[SimResult]) -> None:
     """A replay that trains nothing has no ratios to give: say why and what to change."""
-    idle = [r.policy.name for r in results if r.steps == 0]
+    idle = [r.policy for r in results if r.steps == 0]
     if not idle:
         return
     scale = results[0].time_scale
     replayed = max(r.job_s for r in results) * scale / 3600
     sim = rp.spec.simulate
     first = sim.trainer_boot_s if sim.trainer_boot_s is not None else sim.boot_s
-    how = (
-        f"replay more of it: --hours above {replayed:.1f}, or leave --hours out to run the job's "
-        f"{rp.spec.algorithm.steps} steps"
-        if rp.hours is not None
-        else "check simulate.* timings and the perf table"
-    )
+    how = _more_hours(rp, idle) if rp.hours is not None else "check simulate.* timings and the perf table"
     raise NoStepError(
-        f"no step finished in {replayed:.1f} h of trace ({replayed * 3600 / scale:,.0f} s of job time"
+        f"no step finished in {replayed:.3g} h of trace ({replayed * 3600 / scale:,.0f} s of job time"
         f"{f' at local.time_scale {scale:g}' if scale != 1 else ''}; the trainer alone needs "
-        f"{first:g} s to boot) for: {', '.join(idle)}. {how.capitalize()}"
+        f"{first:g} s to boot) for: {', '.join(p.name for p in idle)}. {how.capitalize()}"
     )
+
+
+def _more_hours(rp: Replay, idle: list[SimPolicy]) -> str:
+    """The --hours that give each idle policy its first step (each replayed to that step), and what
+    leaving --hours out does for this job (its steps, or the whole trace where they outlast it by far)."""
+    firsts = {p.name: _unbounded(rp, 1).replay(p) for p in idle}
+    ends = {
+        name: (r.step_log[0]["t0"] + r.step_log[0]["step_s"]) * r.time_scale / 3600
+        for name, r in firsts.items()
+        if r.step_log
+    }
+    if ends:
+        name, h = max(ends.items(), key=lambda x: x[1])
+        who = "the trainer alone" if name == "on-demand" else name
+        at_least = f"--hours {_round_up(h)} or more ({who} ends its first step {h:.3g} h in)"
+    else:  # none steps however long it runs: the hours are not what is wrong
+        at_least = "no --hours will do (none of them finished a step without a bound either: check simulate.* timings)"
+    steps, trace_h = rp.spec.algorithm.steps, rp.trace.duration / 3600
+    if pace_hours(_probe(rp), steps) > OUTLAST * trace_h:
+        return f"replay more of it: {at_least}, or leave --hours out to replay the whole trace ({trace_h:.1f} h)"
+    return f"replay more of it: {at_least}, or leave --hours out to run the job's {steps} steps"
+
+
+def _round_up(h: float) -> str:
+    """h rounded up to two significant digits, as a user would type it (0.0213 -> 0.022, 0.395 -> 0.4)."""
+    digits = max(0, 1 - math.floor(math.log10(h))) if h > 0 else 0
+    text = f"{math.ceil(h * 10**digits) / 10**digits:.{digits}f}"
+    return text.rstrip("0").rstrip(".") if "." in text else text
 
 
 # ---- sweep over max_workers x objectives ---------------------------------------------------

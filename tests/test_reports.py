@@ -154,6 +154,19 @@ def test_render_status(store: StateStore) -> None:
     assert TOKEN not in out
 
 
+def test_steps_table_leaves_tail_columns_empty_without_an_offload(store: StateStore) -> None:
+    job = store.create_job("offl", "name: offl\nalgorithm:\n  steps: 2\n", "local")
+    # the live trainer records 0.0 for both when its engine never handed over
+    store.record_step(job, StepMetrics(1, 1, 0.2, 900, 32, 0, 2.0, 60.0, offload_s=None, tail_train_s=0.0, idle_s=0.0))
+    store.record_step(job, StepMetrics(2, 2, 0.3, 900, 32, 5, 2.0, 120.0, offload_s=0.7, tail_train_s=1.2, idle_s=0.4))
+    console = Console(record=True, width=200)
+    render_status(store, "offl", console, now=200.0)
+    lines = map(str.split, console.export_text().splitlines())
+    rows = {cells[0]: cells for cells in lines if cells[:1] in (["1"], ["2"])}
+    assert rows["1"][-3:] == ["-", "-", "-"]
+    assert rows["2"][-3:] == ["0.7", "1.2", "0.4"]
+
+
 def test_unknown_job(store: StateStore) -> None:
     with pytest.raises(UnknownJobError, match="rlboost status"):
         status_json(store, "ghost")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from dataclasses import replace
 
 import pytest
@@ -118,6 +119,11 @@ def test_a_job_whose_steps_outlast_the_trace_by_far_replays_the_trace():
     assert endless.outlasts_h is not None and endless.outlasts_h > 500  # ~100,000 steps of ~26 s
     r = endless.replay(PRESETS["rlboost"])
     assert r.job_s == pytest.approx(600.0) and 0 < r.steps < 1000
+    # asked for too few hours, it says that leaving --hours out replays the trace, not 100,000 steps
+    sim = endless.spec.simulate.model_copy(update={"hours": 0.001})
+    tiny = replace(endless, spec=endless.spec.model_copy(update={"simulate": sim}), hours=0.001)
+    with pytest.raises(sim_cli.NoStepError, match=r"or leave --hours out to replay the whole trace \(0\.2 h\)$"):
+        sim_cli.check_steps(tiny, tiny.simulate([PRESETS["on-demand"]]))
     # 30 steps need ~13 min of the trainer alone, under 2 x 10 min: all of them, the last count held
     finite = sim_cli.bound_to_trace(replace(endless, spec=parse_spec(job(algorithm={"steps": 30})), outlasts_h=None))
     assert finite.outlasts_h is None and finite.spec.simulate.hours is None
@@ -170,10 +176,16 @@ def test_cli_sweep_prints_the_recommendation_first_then_the_table(jobfile, tmp_p
     assert bad.returncode == 2 and "--sweep-workers" in bad.stderr
 
 
-def test_cli_says_when_the_replay_trains_nothing(jobfile, home):
+def test_cli_says_when_the_replay_trains_nothing_and_the_hours_that_would(jobfile, home):
     out = run_cli("simulate", str(jobfile), "--hours", "0.001", home=home)
-    assert out.returncode == 2 and "no step finished in 0.0 h of trace" in out.stderr
-    assert "--hours" in out.stderr and out.stdout == ""
+    assert out.returncode == 2 and "no step finished in 0.001 h of trace" in out.stderr and out.stdout == ""
+    # the hours it names are enough for every policy it replayed, and leaving --hours out runs the job
+    hint = re.search(r"--hours ([0-9.]+) or more \((.+?) ends its first step", out.stderr)
+    assert hint is not None, out.stderr
+    assert "leave --hours out to run the job's" in out.stderr
+    again = run_cli("simulate", str(jobfile), "--hours", hint[1], "--json", home=home)
+    assert again.returncode == 0, again.stderr
+    assert all(r["steps"] >= 1 for r in json.loads(again.stdout)["results"])
 
 
 def test_deadline_verdict_names_who_meets_it_and_the_cheapest():

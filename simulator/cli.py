@@ -179,7 +179,8 @@ def run(
 
 def check_steps(rp: Replay, results: list[SimResult]) -> None:
     """A replay that trains nothing has no ratios to give: say why and what to change."""
-    idle = [r.policy for r in results if r.steps == 0]
+    # by name: a sweep replays each objective at several max_workers
+    idle = list({r.policy.name: r.policy for r in results if r.steps == 0}.values())
     if not idle:
         return
     scale = results[0].time_scale

@@ -191,7 +191,7 @@ def check_steps(rp: Replay, results: list[SimResult]) -> None:
     raise NoStepError(
         f"no step finished in {replayed:.3g} h of trace ({replayed * 3600 / scale:,.0f} s of job time"
         f"{f' at local.time_scale {scale:g}' if scale != 1 else ''}; the trainer alone needs "
-        f"{first:g} s to boot) for: {', '.join(p.name for p in idle)}. {how.capitalize()}"
+        f"{first:g} s to boot) for: {', '.join(p.name for p in idle)}. {how[:1].upper()}{how[1:]}"
     )
 
 
@@ -204,12 +204,11 @@ def _more_hours(rp: Replay, idle: list[SimPolicy]) -> str:
         for name, r in firsts.items()
         if r.step_log
     }
-    if ends:
-        name, h = max(ends.items(), key=lambda x: x[1])
-        who = "the trainer alone" if name == "on-demand" else name
-        at_least = f"--hours {_round_up(h)} or more ({who} ends its first step {h:.3g} h in)"
-    else:  # none steps however long it runs: the hours are not what is wrong
-        at_least = "no --hours will do (none of them finished a step without a bound either: check simulate.* timings)"
+    if not ends:  # none steps however long it runs: the hours are not what is wrong
+        return "no --hours will do: without a bound none of them finished a step either; check simulate.* timings"
+    name, h = max(ends.items(), key=lambda x: x[1])
+    who = "the trainer alone" if name == "on-demand" else name
+    at_least = f"--hours {_round_up(h)} or more ({who} ends its first step {h:.3g} h in)"
     steps, trace_h = rp.spec.algorithm.steps, rp.trace.duration / 3600
     if pace_hours(_probe(rp), steps) > OUTLAST * trace_h:
         return f"replay more of it: {at_least}, or leave --hours out to replay the whole trace ({trace_h:.1f} h)"

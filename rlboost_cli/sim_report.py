@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 from rich.table import Table
 
 from rlboost_cli.tables import add_columns, narrow_table
@@ -237,6 +238,31 @@ def results_json(results: list[SimResult]) -> list[dict]:
     return out
 
 
+PLOT_POINTS = 200  # samples of the throughput line
+PLOT_WINDOWS = 40  # the window is at least this fraction of the replay, and at least two steps' time
+
+
+def windowed_rate(r: SimResult) -> tuple[list[float], list[float]]:
+    """Trained tokens/s (the job's seconds) over a sliding window of trace time, sampled evenly: (trace
+    hours, rate). The timeline records every change of the fleet as well as each step's tokens, often a
+    moment apart: a window counted in records, not time, divided a step's tokens by that moment. Tokens
+    are counted as trained evenly over the time from one step's end to the next (linear between them),
+    so that a window does not swing with how many step ends it happens to hold."""
+    ts = [t * r.time_scale / 3600 for t, _, _ in r.timeline]
+    tok = [k for _, _, k in r.timeline]
+    if not ts or ts[-1] <= ts[0]:
+        return [], []
+    keep = [0, *(i for i in range(1, len(ts)) if tok[i] != tok[i - 1])]  # the start, then each step's end
+    xp, fp = [ts[i] for i in keep], [float(tok[i]) for i in keep]
+    span = xp[-1] - xp[0]
+    if span <= 0:
+        return [], []
+    window = min(span, max(span / PLOT_WINDOWS, 2 * span / max(1, len(keep) - 1)))
+    xs = [xp[0] + window + (span - window) * i / (PLOT_POINTS - 1) for i in range(PLOT_POINTS)]
+    done = np.interp(xs, xp, fp) - np.interp([x - window for x in xs], xp, fp)
+    return xs, (done / (window * 3600 / r.time_scale)).tolist()
+
+
 def plot(results: list[SimResult], path: Path, title: str) -> None:
     """Throughput (trained tokens/s over a sliding window) and live spot workers over time."""
     import matplotlib
@@ -245,20 +271,14 @@ def plot(results: list[SimResult], path: Path, title: str) -> None:
     import matplotlib.pyplot as plt
 
     fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(10, 6), sharex=True)
-    for r in results:
+    styles = ("-", "--", "-.", ":")  # policies often hold the same fleet: a line over another stays seen
+    for n, r in enumerate(results):
         if not r.timeline:
             continue
         ts = [t * r.time_scale / 3600 for t, _, _ in r.timeline]  # trace hours, as the title counts
-        tok = [k for _, _, k in r.timeline]
-        window = max(1, len(ts) // 60)
-        rate_t, rate = [], []
-        for i in range(window, len(ts)):
-            dt = (ts[i] - ts[i - window]) * 3600 / r.time_scale  # the job's own seconds
-            if dt > 0:
-                rate_t.append(ts[i])
-                rate.append((tok[i] - tok[i - window]) / dt)
-        ax1.plot(rate_t, rate, label=r.policy.name, lw=1)
-        ax2.step(ts, [w for _, w, _ in r.timeline], where="post", label=r.policy.name, lw=1)
+        ls = styles[n % len(styles)]
+        ax1.plot(*windowed_rate(r), label=r.policy.name, lw=1, ls=ls)
+        ax2.step(ts, [w for _, w, _ in r.timeline], where="post", label=r.policy.name, lw=1, ls=ls)
     ax1.set_ylabel("trained tokens/s")
     ax1.legend(fontsize=8)
     ax2.set_ylabel("spot workers held")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import replace
 
 import pytest
 
@@ -12,6 +13,7 @@ from providers.pricing import spot_offers, trainer_offer
 from providers.spot_market import AvailabilityTrace
 from simulator import PRESETS, simulate_job
 from simulator.presets import policy_from_spec
+from simulator.result import SimResult
 from tests.conftest import run_cli
 
 
@@ -172,6 +174,26 @@ def test_cli_prints_a_table_json_and_a_plot(tmp_path, home):
     assert table.returncode == 0 and "rlboost" in table.stdout and "tokens/$" in table.stdout
     bad = run_cli("simulate", str(jf), "--policy", "magic", home=home)
     assert bad.returncode == 2 and "unknown policy" in bad.stderr
+
+
+def test_plotted_throughput_is_a_rate_over_time_not_over_records():
+    """A step of 6,000 tokens a minute, and the fleet changing a millisecond before each step ends (its
+    own record, tokens unchanged): the line is 100 tokens/s. Counted over records, a window that began at
+    such a change divided a step's tokens by a millisecond (peaks of 1.5 million tokens/s on p3)."""
+    from rlboost_cli.sim_report import windowed_rate
+
+    timeline = [(0.0, 0, 0)]
+    for k in range(1, 121):
+        timeline += [(60.0 * k - 0.001, k % 3, 6000 * (k - 1)), (60.0 * k, k % 3, 6000 * k)]
+    r = SimResult(PRESETS["rlboost"], 120, 7200.0, 7200.0, 6000 * 120, 1.0, 0.5, 0.5, 0, 0, 0, 1.0, timeline)
+    xs, rates = windowed_rate(r)
+    assert len(xs) == len(rates) > 100 and xs == sorted(xs) and xs[-1] == pytest.approx(2.0)
+    assert rates == pytest.approx([100.0] * len(rates), rel=1e-6)
+    # on another clock (local.time_scale 360: trace hours, job seconds) the rate is the job's
+    fast = SimResult(PRESETS["rlboost"], 120, 20.0, 20.0, 6000 * 120, 1.0, 0.5, 0.5, 0, 0, 0, 360.0,
+                     [(t / 360, n, k) for t, n, k in timeline])
+    assert windowed_rate(fast)[1] == pytest.approx([36_000.0] * len(rates), rel=1e-6)
+    assert windowed_rate(replace(r, timeline=[(0.0, 0, 0)])) == ([], [])
 
 
 def test_a_fleet_raised_after_a_step_launches_at_the_next_poll(monkeypatch):

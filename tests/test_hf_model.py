@@ -47,6 +47,25 @@ def generate(engine, requests):
     return ids, lps
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_published_weights_are_host_copies_in_the_model_dtype(files, dtype: str) -> None:
+    """state_dict casts, then copies: what the trainer serves never aliases the master weights (a
+    float32 model's cast is a no-op, so without the copy a later update would rewrite a served version)."""
+    _, task_spec = specs(files[0], files[2])
+    learner = Learner(ModelSpec(kind="hf", path=str(files[0]), dtype=dtype), AlgorithmSpec(), task_spec, device="cpu")
+    published = learner.state_dict()
+    params = dict(learner.model.named_parameters())
+    assert published.keys() == params.keys()
+    for name, t in published.items():
+        assert t.device.type == "cpu" and t.dtype == getattr(torch, dtype) and t.is_contiguous()
+        assert torch.equal(t, params[name].detach().to(t.dtype))
+    before = {k: v.clone() for k, v in published.items()}
+    with torch.no_grad():
+        for p in params.values():
+            p.add_(1.0)
+    assert all(torch.equal(published[k], before[k]) for k in published)
+
+
 @pytest.mark.parametrize("tied", [False, True])
 def test_engine_logprobs_match_the_learner(files, tied: bool) -> None:
     model_spec, task_spec = specs(files[1] if tied else files[0], files[2])

@@ -479,7 +479,9 @@ class Learner:
             v = v.detach()
             if hasattr(v, "full_tensor"):
                 v = v.full_tensor()
-            out[k] = v.to("cpu", self.publish_dtype).clone().contiguous()
+            # cast where the weights live, then copy: on an H200, casting on the way to the host took
+            # 1.61 s for a 0.5 B model in bf16, this 0.76 s (BENCHMARKS.md, "The CUDA paths")
+            out[k] = v.to(self.publish_dtype).to("cpu", copy=True).contiguous()
         return out
 
     def checkpoint_state(self) -> dict:

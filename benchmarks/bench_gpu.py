@@ -267,6 +267,16 @@ def profile_decode(engine, path: Path, batch: int = 256, new_tokens: int = 16) -
         _sync()
     wall = time.perf_counter() - t0
     key = "self_cuda_time_total" if torch.cuda.is_available() else "self_cpu_time_total"
+    import cProfile
+    import io
+    import pstats
+
+    with cProfile.Profile() as py:  # the Python side: where the step's non-kernel time goes
+        engine.generate(reqs, lambda *a: None, lambda rid: False)
+        _sync()
+    stats = io.StringIO()
+    pstats.Stats(py, stream=stats).sort_stats("tottime").print_stats(30)
+    path.with_suffix(".py.txt").write_text(stats.getvalue())
     path.write_text(
         f"batch {batch}, {new_tokens} tokens, {wall:.3f} s under the profiler\n"
         + prof.key_averages().table(sort_by=key, row_limit=25)

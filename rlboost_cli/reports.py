@@ -207,7 +207,9 @@ def status_json(store: StateStore, job: str | None, *, now: float | None = None)
 
 def _workers_table(js: dict[str, Any]) -> Table:
     table = narrow_table(f"{js['name']} — workers")
-    add_columns(table, "instance", "kind", "provider/region/accel", "state", "ver", "tok/s", numbers=("ver", "tok/s"))
+    add_columns(
+        table, "instance", "kind", "provider / region / accel", "state", "ver", "tok/s", numbers=("ver", "tok/s")
+    )
     done = ("preempted", "exited", "terminated", "failed")
     live = [w for w in js["workers"] if w["state"] not in done]
     # launches refused for capacity never ran: count them, don't list them

@@ -167,6 +167,16 @@ def test_steps_table_leaves_tail_columns_empty_without_an_offload(store: StateSt
     assert rows["2"][-3:] == ["0.7", "1.2", "0.4"]
 
 
+def test_workers_table_headers_fold_between_words_at_80_columns(store: StateStore) -> None:
+    _populate(store)
+    console = Console(record=True, width=80)
+    render_status(store, "demo", console, now=2000.0)
+    text = console.export_text()
+    words = set(text.split())
+    assert {"provider", "region", "accel"} <= words, text  # no "acc" / "el" halves
+    assert "demo-w001" in text
+
+
 def test_unknown_job(store: StateStore) -> None:
     with pytest.raises(UnknownJobError, match="rlboost status"):
         status_json(store, "ghost")
@@ -228,8 +238,9 @@ def test_cost_report_splits_tokens_counts_refusals_and_measures_the_counterfactu
     # step 1 (warm-up) and step 3 ran without a spot worker; 3 trained 1000 tokens in 4 s: 250 tokens/s
     rows = [(1, 0, 9.0, 0), (2, 1, 2.0, 600), (3, 0, 4.0, 0), (4, 1, 2.0, 700)]
     for step, n, secs, spot in rows:
-        store.record_step(job, StepMetrics(step, step, 0.5, 1000, 8, 2 * n, secs, 0.0, n_remote=n,
-                                           gen_tokens=1000, spot_tokens=spot))
+        store.record_step(
+            job, StepMetrics(step, step, 0.5, 1000, 8, 2 * n, secs, 0.0, n_remote=n, gen_tokens=1000, spot_tokens=spot)
+        )
     data = cost_json(store, "split")
     assert data["refused_launches"] == 1 and sum(ln["instances"] for ln in data["lines"]) == 3
     assert data["preemptions"] == 1 and data["migrations"] == 4

@@ -18,10 +18,14 @@ here (nothing is downloaded); `--small` swaps in a 2-layer model so the script c
 - NCCL between two processes: on one GPU both ranks share the device, which NCCL refuses (the reason
   weights.broadcast.backend_for picks gloo for the local provider); this records what happens.
 
+`--profile FILE` adds a torch.profiler table of 16 decode steps at batch 256 (FILE) and a cProfile
+table of the same (FILE with .py.txt); `--skip-nccl` leaves out the NCCL check.
+
 `job` runs `rlboost launch` on a local job with this model: the trainer (hf learner on the GPU, its own
 torch engine) and two local "spot" workers (torch engine on the same GPU), weights to the workers over
-the chosen transport, the built-in spot trace with preemptions (time_scale 360); prints the per-step
-table of `rlboost status --json` and the cost report.
+the chosen transport, the built-in spot trace with preemptions (time_scale 360). It prints the launch's
+output and the cost report, and writes `rlboost status --json`, the cost report and every process's log
+to `job-<policy>.txt` under `--out`. A launch past `--timeout` is stopped with all its processes.
 """
 
 from __future__ import annotations
@@ -407,7 +411,6 @@ def job(args: argparse.Namespace) -> None:
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(tmp / "pkg"), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     cli = [sys.executable, "-m", "rlboost_cli.main"]
     t0 = time.perf_counter()
-    # its own process group: a launch cut off by --timeout takes its trainer and workers with it
     launch = subprocess.Popen(
         [*cli, "launch", str(path)],
         env=env,
@@ -420,6 +423,7 @@ def job(args: argparse.Namespace) -> None:
         text, _ = launch.communicate(timeout=args.timeout)
     except subprocess.TimeoutExpired:
         os.killpg(launch.pid, signal.SIGKILL)
+        _kill_job_processes(home)  # the trainer and workers run in sessions of their own
         text = launch.communicate()[0] + f"\n(cut off after {args.timeout:.0f} s)"
     wall = time.perf_counter() - t0
     print(text[-4000:], flush=True)
@@ -430,6 +434,19 @@ def job(args: argparse.Namespace) -> None:
     if args.out:  # one file per run
         logs = "\n".join(f"==== {p.relative_to(home)}\n{p.read_text()[-6000:]}" for p in sorted(home.rglob("log")))
         (args.out / f"job-{args.policy}.txt").write_text(f"{status.stdout}\n==== cost-report\n{report.stdout}\n{logs}")
+
+
+def _kill_job_processes(home: Path) -> None:
+    """Every process whose environment names this job's RLBOOST_HOME."""
+    mark = f"RLBOOST_HOME={home}".encode()
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit() or int(d.name) == os.getpid():
+            continue
+        try:
+            if mark in (d / "environ").read_bytes():
+                os.kill(int(d.name), signal.SIGKILL)
+        except OSError:
+            continue
 
 
 def main() -> None:

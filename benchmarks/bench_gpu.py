@@ -25,7 +25,7 @@ table of the same (FILE with .py.txt); `--skip-nccl` leaves out the NCCL check.
 torch engine) and two local "spot" workers (torch engine on the same GPU), weights to the workers over
 the chosen transport, the built-in spot trace with preemptions (time_scale 360). It prints the launch's
 output and the cost report, and writes `rlboost status --json`, the cost report and every process's log
-to `job-<policy>.txt` under `--out`. A launch past `--timeout` is stopped with all its processes.
+to `job-<policy>.txt` under `--out`. A launch past `--timeout` is killed and `rlboost gc` ends its processes.
 """
 
 from __future__ import annotations
@@ -97,7 +97,7 @@ def _prompts(n: int, length: int, vocab: int, seed: int = 0) -> list[list[int]]:
     return [rng.integers(10, min(vocab, 300), size=length).tolist() for _ in range(n)]
 
 
-def engine_parts(spec, new_tokens: int, batches: list[int]) -> dict:
+def engine_parts(spec, new_tokens: int, batches: list[int]) -> tuple[dict, object]:
     from contracts.engine import GenRequest
     from models.torch_engine import TorchEngine
 
@@ -255,7 +255,12 @@ def load_parts(learner, engine) -> dict:
 
 
 def profile_decode(engine, path: Path, batch: int = 256, new_tokens: int = 16) -> dict:
-    """Where a decode step's time goes: torch.profiler over one generate call (prefill + new_tokens)."""
+    """Where a decode step's time goes: torch.profiler over one generate call (prefill + new_tokens),
+    written to `path`, and cProfile over another (the Python side), written beside it (.py.txt)."""
+    import cProfile
+    import io
+    import pstats
+
     import torch
     from torch.profiler import ProfilerActivity, profile
 
@@ -271,10 +276,6 @@ def profile_decode(engine, path: Path, batch: int = 256, new_tokens: int = 16) -
         _sync()
     wall = time.perf_counter() - t0
     key = "self_cuda_time_total" if torch.cuda.is_available() else "self_cpu_time_total"
-    import cProfile
-    import io
-    import pstats
-
     with cProfile.Profile() as py:  # the Python side: where the step's non-kernel time goes
         engine.generate(reqs, lambda *a: None, lambda rid: False)
         _sync()
@@ -423,8 +424,10 @@ def job(args: argparse.Namespace) -> None:
         text, _ = launch.communicate(timeout=args.timeout)
     except subprocess.TimeoutExpired:
         os.killpg(launch.pid, signal.SIGKILL)
-        _kill_job_processes(home)  # the trainer and workers run in sessions of their own
         text = launch.communicate()[0] + f"\n(cut off after {args.timeout:.0f} s)"
+        # the trainer and workers run in sessions of their own: the job's orphans now, as a user would
+        gc = subprocess.run([*cli, "gc", "--wait", "60"], env=env, capture_output=True, text=True)
+        text += "\n" + gc.stdout + gc.stderr
     wall = time.perf_counter() - t0
     print(text[-4000:], flush=True)
     status = subprocess.run([*cli, "status", spec["name"], "--json"], env=env, capture_output=True, text=True)
@@ -434,19 +437,6 @@ def job(args: argparse.Namespace) -> None:
     if args.out:  # one file per run
         logs = "\n".join(f"==== {p.relative_to(home)}\n{p.read_text()[-6000:]}" for p in sorted(home.rglob("log")))
         (args.out / f"job-{args.policy}.txt").write_text(f"{status.stdout}\n==== cost-report\n{report.stdout}\n{logs}")
-
-
-def _kill_job_processes(home: Path) -> None:
-    """Every process whose environment names this job's RLBOOST_HOME."""
-    mark = f"RLBOOST_HOME={home}".encode()
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit() or int(d.name) == os.getpid():
-            continue
-        try:
-            if mark in (d / "environ").read_bytes():
-                os.kill(int(d.name), signal.SIGKILL)
-        except OSError:
-            continue
 
 
 def main() -> None:

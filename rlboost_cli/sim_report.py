@@ -250,7 +250,7 @@ def windowed_rate(r: SimResult) -> tuple[list[float], list[float]]:
     so that a window does not swing with how many step ends it happens to hold."""
     ts = [t * r.time_scale / 3600 for t, _, _ in r.timeline]
     tok = [k for _, _, k in r.timeline]
-    if not ts or ts[-1] <= ts[0]:
+    if not ts:
         return [], []
     keep = [0, *(i for i in range(1, len(ts)) if tok[i] != tok[i - 1])]  # the start, then each step's end
     xp, fp = [ts[i] for i in keep], [float(tok[i]) for i in keep]

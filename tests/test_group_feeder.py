@@ -1,6 +1,7 @@
 """trainer/streaming.py's GroupFeeder, against a stand-in coordinator and learner: nothing trains
-before the offload, each group trains as it completes after it, the rest go in one call in prompt
-order when generation ends, and the busy record covers exactly the learner calls."""
+before the offload, each group trains as it completes after it (those that complete while the learner
+is busy in one call), the rest go in one call in prompt order when generation ends, and the busy record
+covers exactly the learner calls."""
 
 from __future__ import annotations
 
@@ -25,15 +26,18 @@ class FakeCoord:
 
 
 class FakeLearner:
-    """Records add_groups calls (in the feeder's worker thread)."""
+    """Records add_groups calls (in the feeder's worker thread); with `hold`, each call waits for it."""
 
-    def __init__(self) -> None:
+    def __init__(self, hold: threading.Event | None = None) -> None:
         self.calls: list[list[int]] = []
         self.threads: set[str] = set()
+        self.hold = hold
 
     def add_groups(self, samples: Sequence[Sample]) -> None:
         self.threads.add(threading.current_thread().name)
         self.calls.append(sorted({s.group for s in samples}))
+        if self.hold is not None:
+            assert self.hold.wait(5), "the test never released the learner"
 
 
 def samples_of(groups: Sequence[str]) -> list[Sample]:
@@ -69,6 +73,32 @@ def test_feeder_streams_after_the_offload_and_batches_the_rest() -> None:
         assert feeder.streamed_groups == 2
         assert len(feeder.busy) == 3 and all(e > s for s, e in feeder.busy)  # one interval per call
         assert threading.main_thread().name not in learner.threads  # the event loop keeps serving
+
+    asyncio.run(scenario())
+
+
+def test_groups_that_complete_while_the_learner_is_busy_train_in_one_call() -> None:
+    """A group is group_size rows, often under a micro-batch: the backlog goes in one add_groups call
+    (completion order), not one call per group."""
+
+    async def scenario() -> None:
+        hold = threading.Event()
+        coord, learner = FakeCoord(), FakeLearner(hold)
+        feeder = GroupFeeder(learner, coord, samples_of)
+        task = asyncio.create_task(feeder.run())
+        coord.offloaded.set()
+        coord.complete("p0")
+        await until(lambda: learner.calls == [[0]])  # in training, held there
+        for g in ("p5", "p1", "p3"):
+            coord.complete(g)
+        hold.set()
+        await asyncio.wait_for(until(lambda: len(learner.calls) >= 2 and not coord.groups_done), 5)
+        assert learner.calls == [[0], [1, 3, 5]]
+        assert [s.group for s in feeder.samples] == [0, 0, 5, 5, 1, 1, 3, 3]  # completion order
+        assert feeder.streamed_groups == 4 and not coord.groups_done
+        feeder.gen_done.set()
+        await asyncio.wait_for(task, 5)
+        assert len(learner.calls) == 2 and len(feeder.busy) == 2
 
     asyncio.run(scenario())
 

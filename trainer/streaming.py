@@ -1,10 +1,15 @@
 """Feeds a step's complete groups to the learner while the tail still generates remotely.
 
 Until the coordinator offloads, the trainer's accelerators generate (the reserved engine), so nothing
-trains. Once it has offloaded (`coord.offloaded`), every complete GRPO group is trained as soon as it
-is there: one `learner.add_groups` per group, in a worker thread, while the event loop keeps serving
-the remote engines. When generation ends, the groups still waiting go in one call, in prompt order,
-so a step that never offloaded trains exactly like a whole batch. The optimizer step (finish_step) is
+trains. Once it has offloaded (`coord.offloaded`), every complete GRPO group is trained as soon as the
+learner is free: the groups that finished meanwhile go in one `learner.add_groups`, in completion
+order, in a worker thread, while the event loop keeps serving the remote engines. One call for the
+backlog, not one per group: a group is `group_size` rows, often under a micro-batch, and on a GPU
+small calls cost more per token (4 chunks of a step took 22 % longer than the whole batch on an H200,
+BENCHMARKS.md); the update is the same, being a sum over rows, and the simulator, which trains per
+token at the measured rate, is indifferent to the grouping. When generation ends, the groups still
+waiting go in one call, in prompt order, so a step that never offloaded trains exactly like a whole
+batch. The optimizer step (finish_step) is
 the caller's, after the step's last group: the update stays strictly on-policy.
 
 Works with any learner that has add_groups (trainer.learner.Learner, or rank 0's LeaderLearner); the
@@ -56,8 +61,10 @@ class GroupFeeder:
         await _first(coord.offloaded.wait(), self.gen_done.wait())
         while not self.abandon:
             if coord.groups_done and may_train_group(True, *self._marks()):
-                await self._add([coord.groups_done.popleft()])
-                self.streamed_groups += 1
+                ready = list(coord.groups_done)
+                coord.groups_done.clear()
+                await self._add(ready)
+                self.streamed_groups += len(ready)
                 continue
             if self.gen_done.is_set():
                 rest = sorted(coord.groups_done, key=lambda g: (len(g), g))  # p2 before p10

@@ -2,8 +2,9 @@
 the simulator share.
 
 Once the coordinator has offloaded the step's remaining generation, the trainer trains finished groups
-one at a time; when the last response arrives, a group still in training keeps the part already done,
-and the step's update trains what is left. Pure functions of one clock's marks.
+as they come (live: those waiting when the learner is free, in one call; simulated: per token at the
+training rate, which is the same time); when the last response arrives, what is in training keeps the
+part already done, and the step's update trains what is left. Pure functions of one clock's marks.
 """
 
 from __future__ import annotations

@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING, Annotated, NoReturn
 import typer
 from rich.console import Console
 from rich.markup import escape
+from rich.table import Table
+from rich.text import Text
 
 from contracts.provider_kinds import provider_kind
 from contracts.spec import JobSpec, SpecError, load_spec, spec_to_yaml
@@ -82,7 +84,7 @@ def check(
         print(json.dumps(results, indent=2))
         return
     table = narrow_table("providers (credentials from files and environment only; nothing is called)")
-    add_columns(table, "provider", "ready", "libraries", "credentials", "to fix")
+    add_columns(table, "provider", "ready", "libraries", "credentials")
     for r in results:
         libs = ", ".join(f"{m} {'ok' if ok else 'missing'}" for m, ok in r["libraries"].items())
         creds = [f"{c}: {where or 'none'}" for c, where in r["credentials"].items()]
@@ -92,9 +94,22 @@ def check(
             "[green]yes[/]" if r["ready"] else "[red]no[/]",
             escape(libs),
             escape("\n".join(creds) or "not needed"),
-            escape("\n".join(r["problems"]) or "-"),
         )
     console.print(table)
+    # the fixes are commands and variable names to copy: under the table, wrapped between words, never
+    # folded inside a narrow cell; one line per fix with the providers it readies
+    fixes: dict[str, list[str]] = {}
+    for r in results:
+        for problem in r["problems"]:
+            fixes.setdefault(problem, []).append(r["provider"])
+    if fixes:
+        console.print("\nto fix:", highlight=False)
+        items = Table.grid(padding=(0, 1))
+        items.add_column(justify="right", width=3)
+        items.add_column(overflow="fold")
+        for problem, providers in fixes.items():
+            items.add_row("-", Text(f"{problem} (for {', '.join(providers)})"))
+        console.print(items, highlight=False)
 
 
 def fail(msg: str, code: int = 1) -> NoReturn:

@@ -50,3 +50,16 @@ def test_check_finds_credentials_in_the_environment(tmp_path):
 
     table = _cli("check", tmp=tmp_path)
     assert table.returncode == 0 and "provider" in table.stdout and "gcloud auth" in table.stdout
+
+
+def test_check_prints_each_fix_whole_at_80_columns(tmp_path):
+    """A fix is a command or a variable name to copy: under the table, wrapped between words (never
+    inside one), once for every provider it readies."""
+    out = _cli("check", tmp=tmp_path, extra={"COLUMNS": "80"})
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert all(len(line) <= 80 for line in lines)
+    fixes = " ".join(line.strip() for line in lines[lines.index("to fix:") + 1 :])
+    gcloud = "run `gcloud auth application-default login` (or set GOOGLE_APPLICATION_CREDENTIALS)"
+    assert f"{gcloud} (for skypilot, gcp)" in fixes
+    assert fixes.count("aws: no credentials; run `aws configure`") == 1

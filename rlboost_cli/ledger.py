@@ -198,14 +198,15 @@ def _summary(store: StateStore, jobs: list[JobRow]) -> CostSummary:
             cloud=cloud,
             accelerator=acc,
             instances=len(group),
-            instance_hours=sum(c.hours for c in group),
-            dollars=sum(c.dollars for c in group),
-            on_demand_equivalent_dollars=sum(c.on_demand_equivalent_dollars for c in group),
+            instance_hours=sum((c.hours for c in group), 0.0),
+            dollars=sum((c.dollars for c in group), 0.0),
+            on_demand_equivalent_dollars=sum((c.on_demand_equivalent_dollars for c in group), 0.0),
         )
         for (kind, cloud, acc), group in sorted(groups.items(), key=lambda kv: (kv[0][0] != "on-demand", kv[0]))
     )
-    dollars = sum(line.dollars for line in lines)
-    od_equiv = sum(line.on_demand_equivalent_dollars for line in lines)
+    # sums start at 0.0: with no instance they are still floats, as `--json` readers expect of money
+    dollars = sum((line.dollars for line in lines), 0.0)
+    od_equiv = sum((line.on_demand_equivalent_dollars for line in lines), 0.0)
     savings = od_equiv - dollars
     notes = []
     cf = None
@@ -230,7 +231,7 @@ def _summary(store: StateStore, jobs: list[JobRow]) -> CostSummary:
     return CostSummary(
         lines=lines,
         instances=tuple(costs),
-        instance_hours=sum(line.instance_hours for line in lines),
+        instance_hours=sum((line.instance_hours for line in lines), 0.0),
         dollars=dollars,
         on_demand_equivalent_dollars=od_equiv,
         savings_dollars=savings,

@@ -102,6 +102,15 @@ def test_spot_without_on_demand_price_is_noted(store: StateStore) -> None:
     assert len(s.notes) == 1 and "no on-demand price" in s.notes[0]
 
 
+def test_money_and_hours_are_floats_even_with_no_instance(store: StateStore) -> None:
+    """`cost-report --json` readers get one type per field: 0.0, not 0, before anything launched."""
+    s = summarize(store, store.create_job("j", "spec", "local"))
+    for v in (s.dollars, s.on_demand_equivalent_dollars, s.savings_dollars, s.instance_hours):
+        assert type(v) is float and v == 0.0
+    assert type(s.generated.spot_dollars) is float
+    assert type(summarize_all(store).dollars) is float
+
+
 def test_summarize_all_spans_jobs(store: StateStore) -> None:
     a = store.create_job("a", "spec", "local")
     _launch(store, a, "a-w", price=1.0)

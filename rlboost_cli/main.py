@@ -999,12 +999,25 @@ def simulate(
     from rlboost_cli import sim_report as report
     from simulator import cli as sim_cli
 
+    # usage errors before anything loads or replays
+    wrong = sim_cli.option_error(
+        hours=hours,
+        steps=steps,
+        jobs=jobs,
+        constant_workers=constant_workers,
+        sweep=sweep,
+        sweep_workers=sweep_workers,
+    )
+    if wrong:
+        fail(wrong, 2)
     try:
         spec = load_spec(job_file)
     except SpecError as e:
         fail(str(e), 2)
     if plot is not None and importlib.util.find_spec("matplotlib") is None:
         fail("--plot needs matplotlib: pip install 'rlboost[plot]'", 2)
+    if plot is not None and (unwritable := report.plot_path_error(plot)):
+        fail(unwritable, 2)
     if sweep and policy:
         fail("--sweep replays objectives cost and throughput by max_workers: leave --policy out", 2)
     t0 = time.monotonic()
@@ -1083,10 +1096,13 @@ def simulate(
         table = report.sweep_table(base, swept, title) if sweep else report.results_table(results, title)
         console.print(table)
     if plot is not None:
-        if sweep:
-            report.plot_sweep(base, swept, plot, title)
-        else:
-            report.plot(results, plot, title)
+        try:
+            if sweep:
+                report.plot_sweep(base, swept, plot, title)
+            else:
+                report.plot(results, plot, title)
+        except OSError as e:  # checked up front; the disk can still fill or the directory go
+            fail(f"--plot {plot}: {e.strerror or e}", 1)
         if not as_json:
             console.print(f"plot: {plot}", markup=False)
 

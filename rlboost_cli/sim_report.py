@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -45,13 +46,17 @@ class Choice:
     result: SimResult
 
 
+SLOWER = 0.99  # a spot setting under this share of on-demand's speed is slower, not "no faster"
+
+
 @dataclass(frozen=True)
 class Recommendation:
     cheapest: Choice | None  # most tokens/$ (None: on-demand alone beats every spot setting)
-    fastest: Choice
+    fastest: Choice | None  # most tokens/s (None: on-demand alone is faster than every spot setting)
     best_spot: Choice  # the spot setting with the most tokens/$, even when on-demand beats it
     base: SimResult
     spot_price_now: float  # cheapest spot offer's $/h
+    fastest_spot: Choice | None = None  # the spot setting with the most tokens/s, even when on-demand beats it
 
     def vs(self, r: SimResult) -> tuple[float, float]:
         """(speed, tokens/$), each against on-demand."""
@@ -70,13 +75,20 @@ class Recommendation:
             sp, td = self.vs(c.result)
             return f"{c.label}: {td:.2f}x on-demand's tokens/$ at {sp:.2f}x its speed"
 
+        def speed(c: Choice) -> str:
+            sp, td = self.vs(c.result)
+            return f"{c.label}: {sp:.2f}x on-demand's speed at {td:.2f}x its tokens/$"
+
         out = []
         if self.cheapest is not None:
             out.append(f"Cheapest per token: {said(self.cheapest)}.")
         else:
             out.append(f"Cheapest per token: on-demand alone (no spot). The best spot setting, {said(self.best_spot)}.")
-        sp, td = self.vs(self.fastest.result)
-        out.append(f"Fastest: {self.fastest.label}: {sp:.2f}x on-demand's speed at {td:.2f}x its tokens/$.")
+        if self.fastest is not None:
+            out.append(f"Fastest: {speed(self.fastest)}.")
+        else:
+            quickest = speed(self.fastest_spot or self.best_spot)
+            out.append(f"Fastest: on-demand alone (no spot). The fastest spot setting, {quickest}.")
         if self.cheapest is None:
             out.append(self.why_spot_costs_more())
         return out
@@ -85,11 +97,14 @@ class Recommendation:
         r, b = self.best_spot.result, self.base
         sp, _ = self.vs(r)
         rate = (r.dollars / r.job_s) / (b.dollars / b.job_s) if r.job_s > 0 and b.job_s > 0 else float("nan")
-        msg = (
-            f"Why: spot workers add {sp - 1:+.0%} tokens/s but {rate - 1:+.0%} dollars per hour"
-            f" ({r.spot_dollars / r.dollars:.0%} of the bill is spot)"
-        )
-        if sp < 1.15:
+        share = f"({r.spot_dollars / r.dollars:.0%} of the bill is spot)"
+        if sp < SLOWER:
+            # slower than the trainer alone: "the trainer is the bottleneck" would not explain that
+            msg = f"Why: with spot workers it trains {1 - sp:.0%} fewer tokens/s at {rate - 1:+.0%} dollars per hour"
+            msg += f" {share}"
+        else:
+            msg = f"Why: spot workers add {sp - 1:+.0%} tokens/s but {rate - 1:+.0%} dollars per hour {share}"
+        if SLOWER <= sp < 1.15:
             msg += (
                 "; the trainer is the bottleneck, so more rollout capacity barely shortens a step"
                 " (spot helps once generation is: more trainer GPUs, longer responses)"
@@ -121,6 +136,7 @@ class Recommendation:
             "cheapest": one(self.cheapest),
             "fastest": one(self.fastest),
             "best_spot": one(self.best_spot),
+            "fastest_spot": one(self.fastest_spot),
             "spot_breakeven_price_fraction": round(be, 4) if be is not None else None,
             "text": " ".join(self.lines()),
         }
@@ -132,10 +148,29 @@ def recommend(base: SimResult, choices: list[Choice], spot_price_now: float) -> 
     if not spot or base.tokens_per_s <= 0 or base.tokens_per_dollar <= 0:
         return None
     best = max(spot, key=lambda c: c.result.tokens_per_dollar)
-    # a tie in speed (to 0.1 %) goes to the cheaper setting
-    fastest = max(spot, key=lambda c: (round(c.result.tokens_per_s / base.tokens_per_s, 3), c.result.tokens_per_dollar))
+
+    def pace(r: SimResult) -> tuple[float, float]:  # a tie in speed (to 0.1 %) goes to the cheaper setting
+        return round(r.tokens_per_s / base.tokens_per_s, 3), r.tokens_per_dollar
+
+    quickest = max(spot, key=lambda c: pace(c.result))
     cheapest = best if best.result.tokens_per_dollar >= base.tokens_per_dollar else None
-    return Recommendation(cheapest, fastest, best, base, spot_price_now)
+    # on-demand races too: a spot setting no faster than it (or as fast and dearer) is not the fastest
+    fastest = quickest if pace(quickest.result) > pace(base) else None
+    return Recommendation(cheapest, fastest, best, base, spot_price_now, fastest_spot=quickest)
+
+
+def plot_path_error(path: Path) -> str | None:
+    """What stops `--plot` writing `path`, checked before anything replays (None: nothing)."""
+    where = path.parent
+    if path.is_dir():
+        return f"--plot {path}: is a directory; give a file in it, e.g. --plot {path / 'simulate.png'}"
+    if not where.is_dir():
+        return f"--plot {path}: no directory {where}; create it first, or give a path in an existing directory"
+    if not os.access(where, os.W_OK | os.X_OK):
+        return f"--plot {path}: cannot write in {where}; give a path in a directory you can write"
+    if path.exists() and not os.access(path, os.W_OK):
+        return f"--plot {path}: cannot overwrite it; give another path"
+    return None
 
 
 def sweep_table(base: SimResult, points: list, title: str) -> Table:
@@ -219,10 +254,11 @@ def results_json(results: list[SimResult]) -> list[dict]:
                 "steps_per_hour": round(r.steps_per_hour, 3),
                 "trained_tokens": r.trained_tokens,
                 "tokens_per_s": round(r.tokens_per_s, 2),
-                "dollars": round(r.dollars, 4),
-                "spot_dollars": round(r.spot_dollars, 4),
-                "trainer_dollars": round(r.trainer_dollars, 4),
-                "tokens_per_dollar": round(r.tokens_per_dollar, 2),
+                # money as floats always (a policy without spot adds up an int 0)
+                "dollars": round(float(r.dollars), 4),
+                "spot_dollars": round(float(r.spot_dollars), 4),
+                "trainer_dollars": round(float(r.trainer_dollars), 4),
+                "tokens_per_dollar": round(float(r.tokens_per_dollar), 2),
                 "throughput_vs_on_demand": round(r.tokens_per_s / base.tokens_per_s, 4)
                 if base and base.tokens_per_s
                 else None,

@@ -26,6 +26,30 @@ class NoStepError(ValueError):
     """The replay ended before a policy finished its first step."""
 
 
+def option_error(
+    *,
+    hours: float | None = None,
+    steps: int | None = None,
+    jobs: int | None = None,
+    constant_workers: int | None = None,
+    sweep: bool = False,
+    sweep_workers: str | None = None,
+) -> str | None:
+    """What is wrong with `rlboost simulate`'s numeric options, checked before anything replays (None: nothing)."""
+    if hours is not None and not 0 < hours < math.inf:  # nan fails both comparisons
+        what = "a finite number" if hours == math.inf else "> 0"
+        return f"--hours {hours:g}: must be {what} (the hours of trace to replay; leave it out for the job's steps)"
+    if steps is not None and steps < 0:
+        return f"--steps {steps}: must be >= 0 (the steps to stop after; 0: no limit)"
+    if jobs is not None and jobs < 1:
+        return f"--jobs {jobs}: must be >= 1 (replays run in parallel processes; 1: one after another)"
+    if constant_workers is not None and constant_workers < 0:
+        return f"--constant-workers {constant_workers}: must be >= 0 (the spot workers available all along)"
+    if sweep_workers is not None and not sweep:
+        return "--sweep-workers needs --sweep: add --sweep, or leave --sweep-workers out"
+    return None
+
+
 def pick_policies(names: list[str] | None, spec: JobSpec) -> list[SimPolicy]:
     names = list(names or DEFAULT_POLICIES)
     out = []

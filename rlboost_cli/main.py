@@ -11,13 +11,14 @@ import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, NoReturn
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
+from typer.core import TyperGroup
 
 from contracts.provider_kinds import provider_kind
 from contracts.spec import JobSpec, SpecError, load_spec, spec_to_yaml
@@ -38,7 +39,35 @@ if TYPE_CHECKING:
     from providers.pricing import Offer
     from providers.spot_market import SpotMarket
 
+
+def examples(*lines: str) -> str:
+    """A command's --help epilog: one example a line."""
+    return "\n".join(("Examples:", *(f"  {line}" for line in lines)))
+
+
+def _unlabel_flags(params: list[Any]) -> list[Any]:
+    """typer labels a flag `<bool>` in --help as if it took a value (`--dryrun=true` is an error): no label."""
+    for p in params:
+        if getattr(p, "is_flag", False) and p.metavar is None:
+            p.metavar = ""
+    return params
+
+
+class _Commands(TyperGroup):
+    """The app's group: its own and its commands' --help show flags without a type."""
+
+    def get_params(self, ctx: Any) -> list[Any]:
+        return _unlabel_flags(super().get_params(ctx))
+
+    def get_command(self, ctx: Any, cmd_name: str) -> Any:
+        cmd = super().get_command(ctx, cmd_name)
+        if cmd is not None:
+            _unlabel_flags(cmd.get_params(ctx))
+        return cmd
+
+
 app = typer.Typer(
+    cls=_Commands,
     add_completion=True,  # --install-completion / --show-completion [bash|zsh|fish|powershell]
     pretty_exceptions_show_locals=False,  # a crash's traceback must not print job tokens held in locals
     no_args_is_help=True,
@@ -177,7 +206,14 @@ def _check_budget(spec: JobSpec) -> None:
         )
 
 
-@app.command()
+@app.command(
+    epilog=examples(
+        "rlboost launch examples/local.yaml",
+        "rlboost launch --dryrun examples/aws-gcp.yaml",
+        "rlboost launch -d job.yaml --set algorithm.steps=10 --env HF_TOKEN",
+        "rlboost launch --resume JOB",
+    )
+)
 def launch(
     job_file: Annotated[
         str, typer.Argument(help="the job YAML, e.g. examples/local.yaml (with --resume: the job's id, name or YAML)")
@@ -192,7 +228,8 @@ def launch(
         ),
     ] = False,
     record_rollouts: Annotated[
-        bool, typer.Option(help="write every response and the final weights to the trainer's run dir")
+        bool,
+        typer.Option("--record-rollouts", help="write every response and the final weights to the trainer's run dir"),
     ] = False,
     detach: Annotated[
         bool,
@@ -680,7 +717,13 @@ def _print_outcome(store: StateStore, job_id: int) -> None:
     )
 
 
-@app.command()
+@app.command(
+    epilog=examples(
+        "rlboost status",
+        "rlboost status my-job",
+        "rlboost status 12 --json",
+    )
+)
 def status(
     job: Annotated[
         str | None, typer.Argument(help="a job id, or a name (its newest run); all jobs when omitted")
@@ -701,7 +744,13 @@ def status(
         fail(str(e))
 
 
-@app.command("cost-report")
+@app.command(
+    "cost-report",
+    epilog=examples(
+        "rlboost cost-report",
+        "rlboost cost-report my-job --json",
+    ),
+)
 def cost_report(
     job: Annotated[
         str | None, typer.Argument(help="a job id, or a name (its newest run); every job and the total when omitted")
@@ -722,7 +771,12 @@ def cost_report(
         fail(str(e))
 
 
-@app.command()
+@app.command(
+    epilog=examples(
+        "rlboost down my-job",
+        "rlboost down --all",
+    )
+)
 def down(
     job: Annotated[str | None, typer.Argument(help="the job to stop: its id or name (newest run)")] = None,
     all_jobs: Annotated[bool, typer.Option("--all", help="stop every active job")] = False,
@@ -741,7 +795,12 @@ def down(
         _report_gc(_run_gc(store))
 
 
-@app.command()
+@app.command(
+    epilog=examples(
+        "rlboost gc",
+        "rlboost gc --older-than 7d",
+    )
+)
 def gc(
     wait: Annotated[float, typer.Option(help="seconds to wait for each provider to confirm terminations")] = 600.0,
     older_than: Annotated[
@@ -899,7 +958,12 @@ def _teardown_orphans(store: StateStore, job) -> int:
     return len(res.terminated)
 
 
-@app.command()
+@app.command(
+    epilog=examples(
+        "rlboost logs my-job -f",
+        "rlboost logs my-job --instance w0003-my-job -n 200",
+    )
+)
 def logs(
     job: Annotated[str, typer.Argument(help="the job: its id or name (newest run)")],
     instance: Annotated[
@@ -943,7 +1007,13 @@ SIM_POLICIES = (
 DEFAULT_SIM_POLICIES = ("on-demand", "spot-restart", "rlboost-rule", "rlboost")
 
 
-@app.command()
+@app.command(
+    epilog=examples(
+        "rlboost simulate examples/simulate/aws-p3-v100.yaml",
+        "rlboost simulate job.yaml --trace trace.csv --hours 12 --policy rlboost --json",
+        "rlboost simulate job.yaml --sweep --plot sweep.png",
+    )
+)
 def simulate(
     job_file: Annotated[Path, typer.Argument(help="the job YAML")],
     trace: Annotated[

@@ -145,3 +145,25 @@ def test_status_and_cost_report_fold_long_ids_instead_of_cutting_them(tmp_path):
     # a terminal as wide as it likes: the same ids on one line each
     wide = _rlboost("status", NAME, home=home, COLUMNS="200").stdout
     assert WORKER in wide and max(map(len, wide.splitlines())) > 80
+
+
+def test_every_help_fits_80_columns_shows_flags_without_a_type_and_examples():
+    """`--dryrun <bool>` read as if it took a value (`--dryrun=true` is an error); an option cut to
+    `--no-record-rollo…` could not be typed; the main commands show how they are called."""
+    from typer.main import get_command
+    from typer.testing import CliRunner
+
+    from rlboost_cli.main import app
+
+    group = get_command(app)
+    names = [n for n, c in group.commands.items() if not c.hidden]
+    assert {"launch", "status", "cost-report", "simulate", "check"} <= set(names)
+    for args in ([], *([n] for n in names)):
+        out = CliRunner().invoke(app, [*args, "--help"], env={"COLUMNS": "80"}).output
+        assert "<bool>" not in out and "…" not in out, (args, out)
+        assert all(len(line) <= 80 for line in out.splitlines()), args
+        if args and args[0] in ("launch", "status", "cost-report", "simulate", "logs"):
+            lines = [line.strip() for line in out.splitlines()]
+            assert lines[lines.index("Examples:") + 1].split()[:2] == ["rlboost", args[0]], out
+    dry = CliRunner().invoke(app, ["launch", "--dryrun=true", "x.yaml"])
+    assert dry.exit_code == 2 and "does not take a value" in dry.output  # why the label misled

@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from contracts.bundled_data import bundled_path, is_bundled
 from contracts.provider_kinds import PROVIDER_KINDS, provider_kind
+from contracts.spec_hints import count_form, did_you_mean, model_at, not_a_mapping, unknown_key_hint
 
 PROVIDERS = tuple(PROVIDER_KINDS)  # JobSpec.provider's values (tests/test_provider_registry.py keeps them equal)
 ENGINES = ("torch", "vllm", "synthetic")
@@ -247,7 +248,11 @@ def _parse_accelerator(value: str | None) -> str | None:
     if value is None:
         return None
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*(:[1-9][0-9]*)?", value):
-        raise ValueError(f"{value!r} is not NAME or NAME:COUNT (e.g. 'A100:8', 'H100', 'cpu')")
+        from contracts.perf import DEFAULT_PERF
+
+        fixed = count_form(value, DEFAULT_PERF)
+        hint = f"did you mean {fixed!r}?" if fixed else "e.g. 'A100:8', 'H100', 'cpu'"
+        raise ValueError(f"{value!r} is not NAME or NAME:COUNT ({hint})")
     return value
 
 
@@ -647,23 +652,34 @@ class JobSpec(Strict):
     def _check_perf_models(self) -> None:
         """Accelerators the scheduling models need a performance model for (else a KeyError on the
         trainer node, mid-job): the trainer's (its training rate sizes the offload), and for synthetic
-        engines every candidate's (their speed is the model)."""
+        engines every candidate's (their speed is the model). On a provider that runs here (local) a
+        candidate's accelerator is a label like the trainer's, checked by no price catalog when its
+        prices are given: it needs a model too (one without turns off every candidate's priors)."""
         from contracts.perf import DEFAULT_PERF, split_accelerator
 
-        known = {k.lower() for k in (*DEFAULT_PERF, *self.perf)}
+        names = [*DEFAULT_PERF, *self.perf]
+        known = {k.lower() for k in names}
         needs: list[tuple[str, str | None]] = []
         if not (self.model.kind == "synthetic" and self.model.train_tokens_per_s is not None):
             needs.append(("trainer.accelerators", self.trainer.accelerators))
-        if self.model.kind == "synthetic":
+        if self.model.kind == "synthetic" or provider_kind(self.provider).runs_here:
             cands = self.rollout.candidates
             needs += [(f"rollout.candidates[{i}].accelerator", c.accelerator) for i, c in enumerate(cands)]
         for field, acc in needs:
             name, _ = split_accelerator(acc)
-            if name.lower() not in known:
-                raise ValueError(
-                    f"{field}: no performance model for {name!r} (built-in: {', '.join(DEFAULT_PERF)}); add "
-                    f"perf.{name} with tokens_per_s, seq_tokens_per_s, prefill_tokens_per_s and train_tokens_per_s"
-                )
+            if name.lower() in known:
+                continue
+            perf = f"perf.{name} with tokens_per_s, seq_tokens_per_s, prefill_tokens_per_s and train_tokens_per_s"
+            fixed = count_form(name, names) if ":" not in (acc or "") else None
+            if fixed is not None:
+                base = fixed.partition(":")[0]
+                then = f"or add {perf}" if base.lower() in known else f"and add perf.{base}: it has no model either"
+                raise ValueError(f"{field}: {acc!r} is not NAME:COUNT; did you mean {fixed!r}? ({then})")
+            near = did_you_mean(name, names)
+            hint = f"{near} " if near else ""
+            raise ValueError(
+                f"{field}: no performance model for {name!r} ({hint}built-in: {', '.join(DEFAULT_PERF)}); add {perf}"
+            )
 
     def perf_table(self):
         """The performance table: built-in models with this job's overrides (name -> AcceleratorPerf)."""
@@ -699,16 +715,21 @@ _STRICT_FIXES = {
     "float_type": "write a number without quotes, e.g. 3e-3 or 0.5",
     "bool_type": "write true or false without quotes",
     "string_type": 'quote it, e.g. "A100:8"',
+    "list_type": "write a YAML list: [a, b], or one '- item' per line",
+    "dict_type": "write a mapping: one 'key: value' per line, indented under it",
 }
 
 
 def format_validation_error(err: ValidationError) -> str:
     lines = []
     for e in err.errors():
-        loc = _loc(tuple(p for p in e["loc"] if not str(p).startswith("function-")))
+        parts = tuple(p for p in e["loc"] if not str(p).startswith("function-"))
+        loc = _loc(parts)
         msg = e["msg"].removeprefix("Value error, ")
         if e["type"] == "extra_forbidden":
-            msg = "unknown key (remove it, or check its spelling against README's job-file reference)"
+            msg = unknown_key_hint(JobSpec, parts)
+        elif e["type"] == "model_type":  # pydantic's message names the model class
+            msg = not_a_mapping(model_at(JobSpec, parts), e.get("input"))
         elif e["type"] == "literal_error":
             msg = f"invalid value {e.get('input')!r}; {msg.lower()}"
         elif e["type"] in _STRICT_FIXES:
@@ -822,6 +843,8 @@ def load_spec(
     `env_names`: `launch --env` names, recorded under `envs:` with a null value (theirs is secret).
     `on_node`: read on the trainer node, where file_mounts' sources are not (their destinations are)."""
     p = Path(path)
+    if p.is_dir():
+        raise SpecError(f"{p} is a directory; pass a job YAML file")
     if not p.is_file():
         raise SpecError(f"{p}: job file not found (check the path)")
     try:

@@ -158,8 +158,17 @@ def test_accelerators_without_a_performance_model(raw, needle):
     with pytest.raises(SpecError) as e:
         parse_spec(raw)
     assert needle in str(e.value) and "add perf." in str(e.value)
-    raw = {**raw, "perf": {needle.split("'")[1]: {"tokens_per_s": 9, "seq_tokens_per_s": 1,
-                                                   "prefill_tokens_per_s": 9, "train_tokens_per_s": 9}}}
+    raw = {
+        **raw,
+        "perf": {
+            needle.split("'")[1]: {
+                "tokens_per_s": 9,
+                "seq_tokens_per_s": 1,
+                "prefill_tokens_per_s": 9,
+                "train_tokens_per_s": 9,
+            }
+        },
+    }
     parse_spec(raw)  # a perf entry fixes it
 
 
@@ -167,3 +176,97 @@ def test_jsonl_only_task_settings_on_a_string_task():
     with pytest.raises(SpecError) as e:
         parse_spec({"name": "x1", "rollout": {"max_workers": 0}, "task": {"name": "reverse", "system_prompt": "hi"}})
     assert "task: system_prompt: apply to name: jsonl only" in str(e.value)
+
+
+# ---- hints in errors: close matches, the NAME:COUNT form, sections in the user's terms ----
+@pytest.mark.parametrize(
+    "raw, needle",
+    [
+        ({"rollout": {"max_worker": 3}}, "rollout.max_worker: unknown key; did you mean max_workers?"),
+        ({"algoritm": {}}, "algoritm: unknown key; did you mean algorithm?"),
+        (
+            {"perf": {"A100": {"tokens_per_sec": 9}}},
+            "perf.A100.tokens_per_sec: unknown key; did you mean tokens_per_s?",
+        ),
+        ({"rollout": {"candidates": [{"accelerator": "A100", "cloud": ["local"]}]}}, "did you mean clouds?"),
+        (
+            {"logging": {"wandb": {"project": "p", "entty": "me"}}},
+            "logging.wandb.entty: unknown key; did you mean entity?",
+        ),
+        ({"zzzz": 1}, "zzzz: unknown key (remove it, or check its spelling"),
+    ],
+)
+def test_unknown_key_names_its_close_match(raw, needle):
+    with pytest.raises(SpecError) as e:
+        parse_spec({"name": "x1", **raw})
+    assert needle in str(e.value), str(e.value)
+
+
+@pytest.mark.parametrize("acc", ["A100x8", "A100-8", "8xA100", "A100 8", "8 x A100", "a100*8"])
+def test_accelerator_count_in_another_form_gets_the_name_count_form(acc):
+    with pytest.raises(SpecError) as e:
+        parse_spec({"name": "x1", "rollout": {"max_workers": 0}, "trainer": {"accelerators": acc}})
+    msg = str(e.value)
+    assert f"trainer.accelerators: {acc!r} is not NAME" in msg and "did you mean 'A100:8'?" in msg, msg
+    assert "perf." not in msg or msg.index("did you mean") < msg.index("perf."), msg
+
+
+def test_mistyped_accelerator_gets_its_close_match():
+    with pytest.raises(SpecError) as e:
+        parse_spec({"name": "x1", "rollout": {"max_workers": 0}, "trainer": {"accelerators": "A10O:8"}})
+    assert "trainer.accelerators: no performance model for 'A10O' (did you mean 'A100'?" in str(e.value)
+
+
+@pytest.mark.parametrize(
+    "raw, needle",
+    [
+        ({"model": 5}, "model: expected a mapping such as {kind: tiny-gpt}, got 5"),
+        ({"model": None}, "model: empty; give a mapping such as {kind: tiny-gpt}"),
+        ({"rollout": 5}, "rollout: expected a mapping such as {engine: torch}, got 5"),
+        ({"trainer": [1]}, 'trainer: expected a mapping such as {accelerators: "A100:8"}, got [1]'),
+        ({"rollout": {"candidates": [5]}}, "rollout.candidates[0]: expected a mapping such as {accelerator: A100"),
+        ({"perf": {"A100": 5}}, "perf.A100: expected a mapping such as {tokens_per_s: 3926}, got 5"),
+        ({"logging": {"wandb": "p"}}, "logging.wandb: expected a mapping such as {project: my-project}, got 'p'"),
+        ({"rollout": {"synthetic": {"lengths": 1}}}, "rollout.synthetic.lengths: expected a mapping such as"),
+        ({"rollout": {"candidates": 5}}, "rollout.candidates: Input should be a valid list (got 5"),
+    ],
+)
+def test_a_section_that_is_not_a_mapping_is_named_in_the_users_terms(raw, needle):
+    with pytest.raises(SpecError) as e:
+        parse_spec({"name": "x1", **raw})
+    assert needle in str(e.value), str(e.value)
+    assert "instance of" not in str(e.value) and "Spec" not in str(e.value)
+
+
+def test_model_example_in_the_error_is_a_real_model_kind():
+    from contracts.spec import load_yaml
+
+    with pytest.raises(SpecError) as e:
+        parse_spec({"name": "x1", "model": 5})
+    example = str(e.value).split("such as ", 1)[1].split(", got")[0]
+    parse_spec({"name": "x1", "rollout": {"max_workers": 0}, "model": load_yaml(example)})
+
+
+def test_a_directory_is_not_a_job_file(tmp_path):
+    with pytest.raises(SpecError, match=r"is a directory; pass a job YAML file"):
+        load_spec(tmp_path)
+
+
+def test_local_spot_candidate_accelerator_is_checked_like_the_trainers(tmp_path):
+    # on the local provider the candidate's accelerator is a label priced by its spot_price: no catalog
+    # catches a typo (letter O for a zero), which dropped every candidate's performance priors
+    text = (ROOT / "examples" / "local.yaml").read_text().replace("accelerator: A100\n", "accelerator: A10O\n")
+    with pytest.raises(SpecError) as e:
+        _load_text(tmp_path, text)
+    assert "rollout.candidates[0].accelerator: no performance model for 'A10O' (did you mean 'A100'?" in str(e.value)
+    # a cloud's candidates stay free of the rule: the price catalog checks them, and explicit prices
+    # bid for one it lacks
+    cand = {"accelerator": "K80", "clouds": ["aws"], "spot_price": 0.2, "on_demand_price": 0.9}
+    parse_spec(
+        {
+            "name": "x1",
+            "provider": "aws",
+            "trainer": {"cloud": "aws", "accelerators": "A100:8"},
+            "rollout": {"candidates": [cand]},
+        }
+    )

@@ -95,6 +95,27 @@ class Catalog:
         best = found[0]
         return best.spot if spot else best.on_demand
 
+    def spot_pair(
+        self, accelerator: str, count: int, *, cloud: str | None, region: str | None
+    ) -> tuple[float, float | None] | None:
+        """(spot $/h, on-demand $/h) of one place: the cheapest spot offer (the first of
+        `offers(spot=True)`, the zone and instance type a plan shows) and the on-demand price of that
+        instance type in that zone, else in its region, else of the region's cheapest instance with
+        these accelerators; None for it where the region sells none on demand. None: no spot offer.
+
+        With `region=None` the two prices must not be minimised separately: the cheapest on-demand
+        price is often another region's, and savings measured against it would be wrong."""
+        found = self.offers(accelerator, count, cloud=cloud, region=region, spot=True)
+        if not found:
+            return None
+        best = found[0]
+        spot = float(best.spot or 0.0)  # set: offers(spot=True) keeps only offers with a spot price
+        if best.on_demand is not None:
+            return spot, best.on_demand
+        here = self.offers(accelerator, count, cloud=best.cloud, region=best.region, spot=False)
+        same_type = [o for o in here if o.instance_type == best.instance_type]
+        return spot, ((same_type or here)[0].on_demand if here else None)
+
 
 def _num(raw: str | None, src: str, lineno: int, col: str) -> float | None:
     if raw is None or raw.strip() == "":

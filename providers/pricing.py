@@ -13,7 +13,12 @@ from contracts.spec import JobSpec, SpotCandidate
 
 # A real cloud's price source: (accelerator, cloud, region or None = any, spot) -> $/h or None.
 # When given, it replaces the built-in local table (a real cloud is never priced from it).
+# A spot candidate's two prices come from its `spot_pair(accelerator, cloud, region)` where it has one
+# (`providers.prices.CloudPrices`): (spot, on-demand) of one place, so that the on-demand reference a
+# spot offer's savings are measured against is never another region's. Its `skipped` list, where it has
+# one, collects the placements a candidate lost for want of a spot offer, as lines for the plan.
 PriceLookup = Callable[[str | None, str, str | None, bool], float | None]
+Pair = tuple[float, float | None]  # (spot $/h, on-demand $/h or None) of one place
 
 
 class PricingError(Exception):
@@ -68,6 +73,27 @@ def _catalog_price(spec: JobSpec, acc: str | None, cloud: str | None, region: st
     name, count = _split(acc)
     cat = load_catalog(spec.local.catalog)
     return cat.price(name, count, cloud=None if cloud == "local" else cloud, region=region, spot=spot)
+
+
+def _catalog_pair(spec: JobSpec, acc: str | None, cloud: str, region: str | None) -> Pair | None:
+    """`local.catalog`'s (spot, on-demand) of its cheapest spot offer's zone; None: no spot offer."""
+    if spec.local.catalog is None:
+        return None
+    from providers.catalog import load_catalog
+
+    name, count = _split(acc)
+    cat = load_catalog(spec.local.catalog)
+    return cat.spot_pair(name, count, cloud=None if cloud == "local" else cloud, region=region)
+
+
+def _lookup_pair(prices: PriceLookup, acc: str | None, cloud: str, region: str | None) -> Pair | None:
+    """(spot, on-demand) from a price source, both of one place where it can tell (`spot_pair`); a
+    plain lookup is asked twice, which pairs them only where `region` is named."""
+    pair = getattr(prices, "spot_pair", None)
+    if pair is not None:
+        return pair(acc, cloud, region)
+    spot = prices(acc, cloud, region, True)
+    return None if spot is None else (spot, prices(acc, cloud, region, False))
 
 
 def _why_missing(prices: PriceLookup, acc: str | None, cloud: str, region: str | None) -> tuple[str, str] | None:
@@ -125,18 +151,23 @@ def _candidate_offers(spec: JobSpec, i: int, c: SpotCandidate, prices: PriceLook
     # (cloud, region) -> why the catalog has no spot price there; a miss in one of several clouds or
     # regions is normal, so these become errors only below, when they explain the candidate as a whole
     misses: dict[tuple[str, str | None], tuple[str, str]] = {}
+    skipped: list[tuple[str, str | None]] = []  # (cloud, region) with no spot offer, left out
     for cloud in c.clouds:
         for region in c.regions or [None]:
-            spot = c.spot_price
-            if spot is None:
-                spot = _catalog_price(spec, c.accelerator, cloud, region, spot=True)
+            # spot and on-demand of one place: the catalog's cheapest spot offer and its own on-demand
+            # price (with region=None, two separate minima would often be two regions' prices)
+            pair = None
+            if c.spot_price is None or c.on_demand_price is None:
+                pair = _catalog_pair(spec, c.accelerator, cloud, region)
+                if pair is None and prices is not None:
+                    pair = _lookup_pair(prices, c.accelerator, cloud, region)
+            spot = c.spot_price if c.spot_price is not None else (pair[0] if pair else None)
             if spot is None and prices is not None:
-                spot = prices(c.accelerator, cloud, region, True)
-                if spot is None:
-                    why = _why_missing(prices, c.accelerator, cloud, region)
-                    if why is not None:
-                        misses[(cloud, region)] = why
-                    continue  # not offered as spot there (a region lists only what it sells)
+                why = _why_missing(prices, c.accelerator, cloud, region)
+                if why is not None:
+                    misses[(cloud, region)] = why
+                skipped.append((cloud, region))
+                continue  # not offered as spot there (a region lists only what it sells)
             if spot is None:
                 spot = default_price(c.accelerator, spot=True)
             if spot is None:
@@ -144,13 +175,7 @@ def _candidate_offers(spec: JobSpec, i: int, c: SpotCandidate, prices: PriceLook
                     f"rollout.candidates[{i}]: no spot price known for {c.accelerator!r} on {cloud}; "
                     "set spot_price (and on_demand_price) or local.catalog"
                 )
-            od = c.on_demand_price
-            if od is None:
-                od = _catalog_price(spec, c.accelerator, cloud, region, spot=False)
-            if od is None and prices is not None:
-                od = prices(c.accelerator, cloud, region, False)
-            elif od is None:
-                od = default_price(c.accelerator, spot=False)
+            od = _on_demand(spec, c, cloud, region, prices, pair)
             out.append(Offer(cloud, region, c.accelerator, spot, od, c.throughput))
     _raise_candidate_miss(i, c, misses, found_any=bool(out))
     if not out:
@@ -159,7 +184,55 @@ def _candidate_offers(spec: JobSpec, i: int, c: SpotCandidate, prices: PriceLook
             f"rollout.candidates[{i}]: no cloud offers {c.accelerator!r} as spot ({where}, per the price "
             "catalog); pick another accelerator, cloud or region, or set spot_price"
         )
+    _note_skipped(prices, i, c, skipped, misses)
     return out
+
+
+def _on_demand(
+    spec: JobSpec,
+    c: SpotCandidate,
+    cloud: str,
+    region: str | None,
+    prices: PriceLookup | None,
+    pair: Pair | None,
+) -> float | None:
+    """The on-demand $/h a spot offer is measured against: the job file's, else that of the place of
+    the catalog's spot offer (`pair`; None where that place sells none on demand), else, with no spot
+    offer in any catalog (`spot_price` set, or the built-in table), the on-demand price alone."""
+    if c.on_demand_price is not None:
+        return c.on_demand_price
+    if pair is not None:
+        if pair[1] is not None or prices is not None:
+            return pair[1]
+        return default_price(c.accelerator, spot=False)  # local.catalog without it: the built-in table
+    od = _catalog_price(spec, c.accelerator, cloud, region, spot=False)
+    if od is None and prices is not None:
+        od = prices(c.accelerator, cloud, region, False)
+    elif od is None:
+        od = default_price(c.accelerator, spot=False)
+    return od
+
+
+def _note_skipped(
+    prices: PriceLookup | None,
+    i: int,
+    c: SpotCandidate,
+    skipped: list[tuple[str, str | None]],
+    misses: dict[tuple[str, str | None], tuple[str, str]],
+) -> None:
+    """One line per placement a priced candidate lost for want of a spot offer, in `prices.skipped`
+    (for the plan: otherwise a cloud listed in `clouds` vanishes without a word)."""
+    notes = getattr(prices, "skipped", None)
+    if notes is None:
+        return
+    name, count = _split(c.accelerator)
+    for cloud, region in skipped:
+        why = misses.get((cloud, region))
+        reason = why[1] if why else "the price catalog lists no spot offer for it there"
+        where = cloud + (f"/{region}" if region else "")
+        line = f"rollout.candidates[{i}]: {where}: no {name}:{count} spot offer ({reason}); skipped"
+        if line not in notes:
+            notes.append(line)
 
 
 def _raise_candidate_miss(i: int, c: SpotCandidate, misses: dict, *, found_any: bool) -> None:

@@ -664,6 +664,8 @@ def _print_plan(spec: JobSpec, t_offer, s_offers, prices=None) -> None:
         console.print(f"at most {mw} spot worker{'s' if mw != 1 else ''}: up to ${worst:.2f}/h with the trainer")
     for cloud, source in sorted(getattr(prices, "sources", {}).items()):
         console.print(f"prices for {cloud}: {source}", markup=False)
+    for line in getattr(prices, "skipped", []):  # a candidate's cloud or region with no spot offer
+        console.print(line, markup=False, highlight=False)
     console.print(
         "controller: on the trainer node (it bids for spot workers itself; this machine may sleep)"
         if spec.controller == "trainer"

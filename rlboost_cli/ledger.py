@@ -9,11 +9,13 @@ on-demand price is counted at its own price in that baseline (no savings claimed
 Totals are computed as sums of the lines, so they always add up.
 
 The on-demand counterfactual answers "what did spot save me": what the trainer alone would have
-cost to train the same tokens, at the rate this job's own steps without a spot worker measured.
+cost to train the same tokens, at the rate this job's own steps with no spot worker up measured.
 """
 
 from __future__ import annotations
 
+import bisect
+import math
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -132,13 +134,44 @@ def instance_cost(inst: InstanceRow, job_clock: float | None) -> InstanceCost:
     )
 
 
-def trainer_alone(job: JobRow, steps: list[StepRow], trainer_dollars: float) -> Counterfactual | None:
+def alone_steps(steps: list[StepRow], instances: list[InstanceRow]) -> list[StepRow]:
+    """The steps that measure the trainer alone: no spot worker up at any time during the step, and
+    not the first step after a trainer (re)started.
+
+    "Up" is from its start to its end on the billing clock, booting and leaving included: on a machine
+    the trainer shares (the local provider) a booting worker slows the trainer's step 1.5-2.5x, and a
+    worker that joined mid-step generated part of it (`n_remote`, counted at the step's start, misses
+    both). A step spans the billing clock from the previous recording to its own; steps recorded at
+    one poll share that span. The first step after a trainer starts (the job's first, after a resume
+    or a restart) carries warm-up: 5x a later step in the local demo."""
+    up = [
+        (i.started_clock, math.inf if i.ended_clock is None else i.ended_clock)
+        for i in instances
+        if i.kind == "spot" and i.started_clock is not None
+    ]
+    starts = [i.started_clock for i in instances if i.role == "trainer" and i.started_clock is not None]
+    warm = {0} | {next((k for k, s in enumerate(steps) if s.clock >= t), -1) for t in starts}
+    clocks = sorted({s.clock for s in steps})
+    out = []
+    for k, s in enumerate(steps):
+        if k in warm or s.n_remote or s.spot_tokens or s.seconds <= 0:
+            continue
+        j = bisect.bisect_left(clocks, s.clock)
+        begin = clocks[j - 1] if j > 0 else -math.inf
+        if not any(a <= s.clock and b > begin for a, b in up):
+            out.append(s)
+    return out
+
+
+def trainer_alone(
+    job: JobRow, steps: list[StepRow], instances: list[InstanceRow], trainer_dollars: float
+) -> Counterfactual | None:
     """What the trainer alone would have cost for this job's trained tokens (None: nothing measured).
 
-    The rate comes from the job's own steps that ran with no spot worker, never the first (it carries
-    warm-up: 5x a later step in the local demo). The time outside steps (boot, teardown) is the same
-    either way, so only the steps' share of the trainer's bill scales with the slower rate."""
-    alone = [s for s in steps[1:] if s.n_remote == 0 and s.seconds > 0]
+    The rate comes from the job's own steps that ran with no spot worker up (`alone_steps`). The time
+    outside steps (boot, teardown) is the same either way, so only the steps' share of the trainer's
+    bill scales with the slower rate."""
+    alone = alone_steps(steps, instances)
     step_s = sum(s.seconds for s in steps)
     if not alone or step_s <= 0 or trainer_dollars <= 0 or job.started_at is None:
         return None
@@ -161,7 +194,8 @@ def _summary(store: StateStore, jobs: list[JobRow]) -> CostSummary:
     alone_rates: list[Counterfactual] = []
     for job in jobs:
         job_costs = []
-        for inst in store.instances(job.id):
+        instances = store.instances(job.id)
+        for inst in instances:
             if inst.started_clock is None and inst.terminal:
                 refused += 1  # never ran (capacity refused, or gone before it started): not billed
                 continue
@@ -183,7 +217,7 @@ def _summary(store: StateStore, jobs: list[JobRow]) -> CostSummary:
             reserved_tok += sum((r.gen_tokens or 0) - (r.spot_tokens or 0) for r in split)
             split_dollars[0] += spot_dollars
             split_dollars[1] += trainer_dollars
-        cf = trainer_alone(job, rows, trainer_dollars)
+        cf = trainer_alone(job, rows, instances, trainer_dollars)
         if cf is not None:
             measured += 1
             alone_rates.append(cf)
@@ -220,8 +254,8 @@ def _summary(store: StateStore, jobs: list[JobRow]) -> CostSummary:
         )
     elif steps:
         notes.append(
-            "no on-demand counterfactual: no step after the first ran on the trainer alone, so its rate "
-            "alone is not measured (`rlboost simulate` estimates it)"
+            "no on-demand counterfactual: no step ran with no spot worker up (booting or serving) after "
+            "the trainer's first, so its rate alone is not measured (`rlboost simulate` estimates it)"
         )
     if unpriced:
         notes.append(

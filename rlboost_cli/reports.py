@@ -421,7 +421,7 @@ def render_cost(store: StateStore, job: str | None, console: Console) -> None:
         rate = f"at its measured {tps:,.0f} tokens/s" if tps else "as measured"
         say(
             f"on-demand counterfactual: {fmt_money(cf['dollars'])} for the same trained tokens on the trainer alone "
-            f"({rate} on {cf['alone_steps']} step(s) without a spot worker); spot saved "
+            f"({rate} on {cf['alone_steps']} step(s) with no spot worker up); spot saved "
             f"{fmt_money(cf['saved_dollars'])}{frac}"
         )
     frac = data["savings_fraction"]

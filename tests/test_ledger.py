@@ -174,3 +174,30 @@ def test_totals_equal_sum_of_lines(insts: list[tuple], job_clock: float) -> None
     assert math.isclose(s.savings_dollars, expect_od - expect_dollars, rel_tol=1e-9, abs_tol=1e-6)
     keys = [(ln.kind, ln.cloud, ln.accelerator) for ln in s.lines]
     assert len(keys) == len(set(keys))
+
+
+def test_the_trainer_alone_is_measured_on_steps_with_no_spot_worker_up_and_no_warm_up(store: StateStore) -> None:
+    """A worker booting on the trainer's machine slows its step though none serves yet (n_remote 0);
+    one that joined mid-step generated part of it; the first step after a trainer (re)start (a resume)
+    carries warm-up. None of them measures the trainer alone."""
+    from rlboost_cli.ledger import alone_steps
+
+    job = store.create_job("j", "spec", "local")
+    _launch(store, job, "t1", kind=InstanceKind.ON_DEMAND, price=3.0, od=None)
+    store.update_instance("t1", InstanceState.RUNNING, 0.0)
+    store.update_instance("t1", InstanceState.FAILED, 700.0)
+    _launch(store, job, "t2", kind=InstanceKind.ON_DEMAND, price=3.0, od=None)  # restarted (or resumed)
+    store.update_instance("t2", InstanceState.RUNNING, 720.0)
+    _launch(store, job, "booting", price=1.0, od=4.0)  # up 350-560, never served
+    store.update_instance("booting", InstanceState.RUNNING, 350.0)
+    store.update_instance("booting", InstanceState.PREEMPTED, 560.0)
+    _launch(store, job, "brief", price=1.0, od=4.0)  # up 1050-1100
+    store.update_instance("brief", InstanceState.RUNNING, 1050.0)
+    store.update_instance("brief", InstanceState.TERMINATED, 1100.0)
+    clocks = {k: 100.0 * k for k in range(1, 11)} | {11: 1200.0, 12: 1200.0, 13: 1400.0, 14: 1400.0}
+    for k, clock in clocks.items():  # 11-12 and 13-14: two steps recorded at one poll
+        spot_tokens = 50 if k == 10 else 0  # a worker joined step 10 after it started
+        store.record_step(job, StepMetrics(k, k, 0.5, 100, 8, 0, 1.0, clock, n_remote=0, spot_tokens=spot_tokens))
+    alone = [s.step for s in alone_steps(store.steps(job), store.instances(job))]
+    # 1: the job's first; 4-6: "booting" up; 8: first after t2 started; 10: spot tokens; 11-12: "brief" up
+    assert alone == [2, 3, 7, 9, 13, 14]

@@ -226,21 +226,21 @@ def test_cost_report_splits_tokens_counts_refusals_and_measures_the_counterfactu
     job = store.create_job("split", SPEC, "local")
     store.update_job(job, status="succeeded", started_at=1000.0, ended_at=1040.0)  # 40 s of wall time
     _launch(store, job, "split-trainer", InstanceKind.ON_DEMAND, 10.0, None)
-    for w in ("split-w1", "split-w2", "split-w3"):
-        _launch(store, job, w, InstanceKind.SPOT, 1.0, 3.0)
+    for w, price in (("split-w1", 1.0), ("split-w2", 1.5), ("split-w3", 1.0)):
+        _launch(store, job, w, InstanceKind.SPOT, price, 3.0)
     store.update_instance("split-trainer", InstanceState.RUNNING, 0.0)
     store.update_instance("split-trainer", InstanceState.TERMINATED, 3600.0)  # $10
     store.update_instance("split-w1", InstanceState.RUNNING, 0.0)
     store.update_instance("split-w1", InstanceState.PREEMPTED, 1800.0)  # $0.50
-    store.update_instance("split-w2", InstanceState.RUNNING, 1800.0)
+    store.update_instance("split-w2", InstanceState.RUNNING, 2400.0)
     store.update_instance("split-w2", InstanceState.TERMINATED, 3600.0)  # $0.50
     store.update_instance("split-w3", InstanceState.FAILED, 10.0)  # refused: never ran
-    # step 1 (warm-up) and step 3 ran without a spot worker; 3 trained 1000 tokens in 4 s: 250 tokens/s
-    rows = [(1, 0, 9.0, 0), (2, 1, 2.0, 600), (3, 0, 4.0, 0), (4, 1, 2.0, 700)]
-    for step, n, secs, spot in rows:
-        store.record_step(
-            job, StepMetrics(step, step, 0.5, 1000, 8, 2 * n, secs, 0.0, n_remote=n, gen_tokens=1000, spot_tokens=spot)
-        )
+    # step 1 (warm-up) and step 3 ran without a spot worker up (billing clock 1800-2300, between w1 and
+    # w2); 3 trained 1000 tokens in 4 s: 250 tokens/s
+    rows = [(1, 0, 9.0, 0, 600.0), (2, 1, 2.0, 600, 1800.0), (3, 0, 4.0, 0, 2300.0), (4, 1, 2.0, 700, 3600.0)]
+    for step, n, secs, spot, clock in rows:
+        m = StepMetrics(step, step, 0.5, 1000, 8, 2 * n, secs, clock, n_remote=n, gen_tokens=1000, spot_tokens=spot)
+        store.record_step(job, m)
     data = cost_json(store, "split")
     assert data["refused_launches"] == 1 and sum(ln["instances"] for ln in data["lines"]) == 3
     assert data["preemptions"] == 1 and data["migrations"] == 4

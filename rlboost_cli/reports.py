@@ -63,6 +63,11 @@ def _fmt(x: Any, spec: str = "") -> str:
     return "-" if x is None else format(x, spec)
 
 
+def _version(v: Any) -> int | None:
+    """A weights version as shown: None before the first is published (the trainer's -1 then)."""
+    return v if isinstance(v, int) and v >= 0 else None
+
+
 # ---- status ------------------------------------------------------------------------------
 
 
@@ -89,7 +94,7 @@ def _worker_row(inst: InstanceRow | None, snap: dict[str, Any] | None, wid: str)
         "hourly_price": inst.hourly_price if inst else None,
         "state": inst.state if inst else snap.get("state"),
         "end_reason": inst.end_reason if inst else None,
-        "version": snap.get("version"),
+        "version": _version(snap.get("version")),
         "tokens_per_s": snap.get("tokens_per_s"),
         "tokens": snap.get("tokens"),
         "active": snap.get("active"),
@@ -135,7 +140,7 @@ def _job_status(store: StateStore, job: JobRow, now: float) -> dict[str, Any]:
         "step": job.step if job.step is not None else snap.get("step"),
         "steps": snap.get("steps") or _spec_steps(job),
         "reward": job.reward if job.reward is not None else snap.get("reward"),
-        "version": job.version if job.version is not None else snap.get("version"),
+        "version": _version(job.version if job.version is not None else snap.get("version")),
         "created_at": job.created_at,
         "started_at": job.started_at,
         "ended_at": job.ended_at,

@@ -115,6 +115,20 @@ def test_steps_fall_back_to_spec_and_all_jobs_listed(store: StateStore) -> None:
     assert fresh["workers"] == [] and fresh["preemptions"] == 0
 
 
+def test_no_version_published_yet_reads_none_not_minus_one(store: StateStore) -> None:
+    """The trainer counts -1 before its first version: `status` shows '-' and `--json` null."""
+    job = store.create_job("early", "name: early\nalgorithm:\n  steps: 12\n", "local")
+    store.update_job(job, status="stopped", started_at=10.0, ended_at=18.0, step=0, version=-1)
+    snap = {"version": -1, "workers": [{"id": "w1", "kind": "spot", "version": -1, "state": "pulling"}]}
+    store.update_job(job, snapshot=snap)
+    [js] = status_json(store, "early", now=20.0)["jobs"]
+    assert js["version"] is None and all(w["version"] is None for w in js["workers"])
+    console = Console(record=True, width=120)
+    render_status(store, None, console)
+    [row] = [ln.split() for ln in console.export_text().splitlines() if ln.split()[1:2] == ["early"]]
+    assert "-1" not in row and row[:5] == [str(job), "early", "stopped", "0/12", "-"], row
+
+
 def test_json_never_contains_the_token(store: StateStore) -> None:
     _populate(store)
     for blob in (

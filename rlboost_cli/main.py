@@ -895,6 +895,7 @@ def _down_one(store: StateStore, job_id: int) -> None:
     from rlboost_cli.reconcile import controller_alive
 
     job = store.job_by_id(job_id)
+    was_active, live = job.status in ACTIVE, [i.id for i in store.live_instances(job_id)]
     pid = job.controller_pid
     if job.remote and job.active:
         _down_node(store, job)
@@ -909,11 +910,28 @@ def _down_one(store: StateStore, job_id: int) -> None:
     leftovers = _teardown_orphans(store, job)
     if job.status in ACTIVE:
         store.update_job(job.id, status="stopped", ended_at=time.time(), error="stopped by `rlboost down`")
-    console.print(
-        f"job {job.name} (id {job.id}): stopped"
-        + (f"; terminated {leftovers} leftover instance(s)" if leftovers else ""),
-        markup=False,
+    job = store.job_by_id(job_id)
+    ended = [i.id for i in store.instances(job_id) if i.id in live and i.terminal]
+    console.print(down_message(job, was_active, ended, leftovers), markup=False, highlight=False)
+
+
+def down_message(job: JobRow, was_active: bool, ended: list[str], leftovers: int) -> str:
+    """What `down` did to one job: the instances it ended, where the job stands, how to continue it."""
+    out = f"job {job.name} (id {job.id}): " + (
+        f"stopped after step {job.step or 0}" if was_active else f"already {job.status}"
     )
+    if ended:
+        out += f"; terminated {len(ended)} instance(s): {', '.join(ended)}"
+    # leftovers: what its controller (gone, or crashed mid-teardown) left, found and ended from here
+    if leftovers and ended:
+        out += f" ({leftovers} of them left behind by its controller)"
+    elif leftovers:
+        out += f"; terminated {leftovers} instance(s) its controller left behind"
+    elif not ended and not was_active:
+        out += "; nothing to stop"
+    if was_active and job.status == "stopped":
+        out += f"\ncontinue it with `rlboost launch --resume {job.id}`"
+    return out
 
 
 def _down_node(store: StateStore, job: JobRow) -> None:

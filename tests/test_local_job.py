@@ -263,6 +263,13 @@ def test_down_stops_a_running_job_and_everything_it_owns(tmp_path):
         down = run_cli("down", "downer", home=home)
         assert down.returncode == 0, down.stderr
         _out, err = launch.communicate(timeout=60)
+        # what it did: the instances it ended (the trainer among them) and how to continue
+        job_id = live["id"]
+        assert f"job downer (id {job_id}): stopped after step " in down.stdout, down.stdout
+        assert f"downer-{job_id}-trainer" in down.stdout.replace("\n", "")
+        assert f"continue it with `rlboost launch --resume {job_id}`" in down.stdout
+        again = run_cli("down", "downer", home=home)
+        assert again.returncode == 0 and f"(id {job_id}): already stopped; nothing to stop" in again.stdout
     finally:
         if launch.poll() is None:
             launch.kill()

@@ -297,7 +297,7 @@ def launch(
         fail(
             f"job {spec.name!r} is already {job.status} "
             f"({'controller on its trainer node' if job.remote else f'controller pid {job.controller_pid}'}); "
-            f"watch it with `rlboost status {spec.name}`, stop it with `rlboost down {spec.name}`, "
+            f"watch it with `rlboost status {job.id}`, stop it with `rlboost down {job.id}`, "
             "or give the new job another name"
         )
     store.update_job(job_id, controller_pid=os.getpid())  # at once: `rlboost gc` tells live from dead by it
@@ -350,8 +350,7 @@ def _start_on_node(
     sync(store, store.job_by_id(job_id))
     console.print(
         f"job id {job_id}: controller running on the trainer node ({addr.url}); it keeps running when "
-        f"this machine sleeps or this terminal closes\n"
-        f"  follow it: rlboost logs {job_id} -f    status: rlboost status {job_id}    stop: rlboost down {job_id}",
+        f"this machine sleeps or this terminal closes\n" + _job_commands(job_id),
         highlight=False,
         markup=False,
     )
@@ -395,7 +394,7 @@ def _detach(store: StateStore, job_id: int, run_dir: Path, *, resume: bool, reco
     store.update_job(job_id, controller_pid=pid)  # this process exits now; the job is the child's
     console.print(
         f"job id {job_id}: controller running in the background (pid {pid}), log {controller_log(run_dir)}\n"
-        f"  follow it: rlboost logs {job_id} -f    status: rlboost status {job_id}    stop: rlboost down {job_id}",
+        + _job_commands(job_id),
         highlight=False,
         markup=False,
     )
@@ -715,7 +714,8 @@ def _print_outcome(store: StateStore, job_id: int) -> None:
             f"({sum(s.migrated for s in steps)} responses migrated)"
         )
     console.print(
-        f"job {job.name}: {job.status}; cost ${cost.total_dollars:.2f} (see `rlboost cost-report {job.name}`)"
+        f"job {job.name} (id {job.id}): {job.status}; cost ${cost.total_dollars:.2f} "
+        f"(see `rlboost cost-report {job.id}`)"
     )
 
 
@@ -913,6 +913,11 @@ def _down_one(store: StateStore, job_id: int) -> None:
     job = store.job_by_id(job_id)
     ended = [i.id for i in store.instances(job_id) if i.id in live and i.terminal]
     console.print(down_message(job, was_active, ended, leftovers), markup=False, highlight=False)
+
+
+def _job_commands(job_id: int) -> str:
+    """The commands for a job just started in the background, one a line (whole for copy and paste)."""
+    return f"  follow: rlboost logs {job_id} -f\n  status: rlboost status {job_id}\n  stop:   rlboost down {job_id}"
 
 
 def down_message(job: JobRow, was_active: bool, ended: list[str], leftovers: int) -> str:

@@ -109,6 +109,9 @@ def test_job_finishes_with_preemptions_of_both_kinds(spot_run):
     store = StateStore(home / "state.db")
     job = store.get_job("itest")
     assert job.status == "succeeded" and job.step == STEPS
+    # its last line points at this run by id (a name means its newest run, which changes)
+    assert f"job itest (id {job.id}): succeeded; cost $" in proc.stdout
+    assert f"(see `rlboost cost-report {job.id}`)" in proc.stdout.replace("\n", " ")
     workers = [i for i in store.instances(job.id) if i.role == "worker"]
     preempted = [i for i in workers if i.state == "preempted"]
     noticed = {e.instance_id for e in store.events(job.id) if e.type == "notice"}

@@ -169,6 +169,9 @@ def test_detached_launch_outlives_its_shell_and_down_stops_it(tmp_path, home, no
     m = re.search(r"job id (\d+): controller running in the background \(pid (\d+)\)", out)
     assert m, out
     job_id, pid = int(m.group(1)), int(m.group(2))
+    # the commands for it one a line, whole at 80 columns (piped), ready to copy
+    assert f"\n  follow: rlboost logs {job_id} -f\n  status: rlboost status {job_id}\n" in out, out
+    assert f"\n  stop:   rlboost down {job_id}\n" in out, out
     assert job_row(home, job_id).controller_pid == pid
     assert os.getsid(pid) == pid != os.getsid(shell.pid), "the controller must lead its own session"
     assert os.readlink(f"/proc/{pid}/fd/0") == "/dev/null"

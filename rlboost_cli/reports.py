@@ -111,7 +111,10 @@ def _job_status(store: StateStore, job: JobRow, now: float) -> dict[str, Any]:
     insts = store.instances(job.id)
     workers = [_worker_row(i, by_id.get(i.instance_id), i.instance_id) for i in insts]
     known = {i.instance_id for i in insts}
-    workers += [_worker_row(None, w, wid) for wid, w in by_id.items() if wid not in known]
+    # engines only the coordinator knew (the trainer's own): their last snapshot is stale once the job
+    # has ended, and they ended with its trainer
+    gone = {} if job.active else {"state": "ended", "tokens_per_s": None, "active": None}
+    workers += [_worker_row(None, {**w, **gone}, wid) for wid, w in by_id.items() if wid not in known]
     steps = store.steps(job.id)
     start = job.started_at if job.started_at is not None else job.created_at
     end = job.ended_at if job.ended_at is not None else (now if job.active else None)

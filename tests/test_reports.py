@@ -129,6 +129,16 @@ def test_no_version_published_yet_reads_none_not_minus_one(store: StateStore) ->
     assert "-1" not in row and row[:5] == [str(job), "early", "stopped", "0/12", "-"], row
 
 
+def test_an_ended_jobs_trainer_engine_reads_ended_not_its_last_snapshot(store: StateStore) -> None:
+    _populate(store)
+    running = {w["instance_id"]: w for w in status_json(store, "demo", now=1100.0)["jobs"][0]["workers"]}
+    assert running["trainer-local"]["state"] != "ended" and running["trainer-local"]["tokens_per_s"] is not None
+    store.update_job(store.get_job("demo").id, status="succeeded", ended_at=1200.0)
+    ended = {w["instance_id"]: w for w in status_json(store, "demo", now=1300.0)["jobs"][0]["workers"]}
+    assert ended["trainer-local"]["state"] == "ended" and ended["trainer-local"]["tokens_per_s"] is None
+    assert ended["trainer-local"]["tokens"] == running["trainer-local"]["tokens"]
+
+
 def test_json_never_contains_the_token(store: StateStore) -> None:
     _populate(store)
     for blob in (

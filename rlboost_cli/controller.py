@@ -12,7 +12,7 @@ import os
 import signal
 import sys
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from functools import partial
 from pathlib import Path
 
@@ -91,7 +91,11 @@ class Controller:
             shared_cores(self.spec),
         )
         self.fleet_target = self.sizer.max_workers
-        self.steps_recorded = 0  # the trainer's step records recorded here
+        self.steps_recorded = 0  # how many of the trainer's step records this controller has taken
+        # the figures of every step the store holds (a resumed job's too): a step the trainer reports
+        # again unchanged (a restarted trainer's or a resumed controller's first status carries the
+        # whole history) is not recorded, written to metrics.jsonl or logged again
+        self.recorded = {r.step: _own_figures(r) for r in self.store.steps(self.job_id)}
         self.evals_seen = 0  # and its evaluations
         self.snapshot: dict = {}
         from contracts.tls import client_context, job_tls
@@ -248,7 +252,8 @@ class Controller:
         self._apply_events()
         self.trainer_id = f"{self.prefix}-trainer-r{self.trainer_restarts}"
         self.trainer_url, self.trainer_exit = None, None
-        # the new trainer reports its whole history (records are idempotent)
+        # the new trainer reports its whole history: the steps it runs again are recorded again, the
+        # ones from its checkpoint are known already (self.recorded)
         self.steps_recorded = self.evals_seen = 0
         self._launch_trainer(progress)
 
@@ -428,7 +433,7 @@ class Controller:
         )
         started = [i.started_clock for i in self.store.instances(self.job_id) if i.started_clock is not None]
         spent = summarize(self.store, self.job_id).total_dollars
-        at = FleetClock(self.steps_recorded + 1, clock - min(started, default=clock), spent)
+        at = FleetClock(shown(rec["step"]), clock - min(started, default=clock), spent)  # this step included
         d = self.sizer.decide(sample, at, clock, self.fleet_target)
         if d.deadline_at_risk:
             self.store.add_event(self.job_id, "deadline-at-risk", d.why, clock=clock)
@@ -486,7 +491,12 @@ class Controller:
                 gen_tokens=rec.get("gen_tokens"),
                 spot_tokens=rec.get("spot_tokens"),
             )
-            self.store.record_step(self.job_id, metrics)
+            figures = _own_figures(metrics)
+            if self.recorded.get(metrics.step) == figures:  # recorded already, by this controller or one before
+                progress.caught_up(rec)
+                continue
+            # metrics.jsonl first: a controller killed between the two takes the step again on resume,
+            # and metrics.jsonl (which knows its own lines) does not repeat it
             self.metrics_log.write(
                 metrics.step,
                 rec,
@@ -494,6 +504,8 @@ class Controller:
                 dollars=summarize(self.store, self.job_id).total_dollars,
                 preemptions=self._preemptions(),
             )
+            self.store.record_step(self.job_id, metrics)
+            self.recorded[metrics.step] = figures
             progress.step(rec)
             self._size_fleet(rec, progress)
         self.steps_recorded = max(self.steps_recorded, first + len(history))
@@ -575,6 +587,11 @@ class Controller:
 
 class TrainerFailed(Exception):
     pass
+
+
+def _own_figures(m: StepMetrics) -> tuple:
+    """A step's own figures: the same record reported again differs only in the clock it is taken at."""
+    return tuple(getattr(m, f.name) for f in fields(StepMetrics) if f.name != "clock")
 
 
 def _raise_stop(signum: int, frame: object) -> None:

@@ -3,7 +3,8 @@ notebooks and dashboards (`rlboost status JOB --json` gives its path as `metrics
 
 Written by the controller as it records each step. A step the trainer runs again after a restart
 from its checkpoint is written again (the last line of a step wins); a step re-reported unchanged
-(a restarted trainer reports its whole history) is not.
+(a restarted trainer reports its whole history, so does a trainer a resumed controller reattaches
+to) is not, by this controller or by a resumed one (what the file holds counts as written).
 
 With `task.eval_every`, each evaluation adds its own line: `{"step": N, "version": N, "eval/pass@1",
 "eval/mean_reward", "eval/problems", "eval/temperature", "eval/s"}` (N = steps trained into the
@@ -40,9 +41,30 @@ class MetricsLog:
     on_error: SinkError = _ignore
     _written: dict[int, str] = field(default_factory=dict)
     _evals_written: dict[int, str] = field(default_factory=dict)
+    _loaded: bool = False
 
     def __post_init__(self) -> None:
         self._jsonl = JsonlSink(self.path)
+
+    def _load(self) -> None:
+        """Once: what the file already holds (a resumed controller's, a restarted one's) counts as
+        written; for a step or an evaluation written more than once, its last line."""
+        if self._loaded:
+            return
+        self._loaded = True
+        if not self.path.exists():
+            return
+        for line in self.path.read_text().splitlines():
+            try:
+                prev = json.loads(line)
+            except ValueError:  # a line cut short (a full disk, a crash mid-write): not a record
+                continue
+            if not isinstance(prev, dict):
+                continue
+            if "eval/pass@1" in prev:
+                self._evals_written[prev["version"]] = _eval_key(prev)
+            elif "reward" in prev and "step" in prev:
+                self._written[prev["step"]] = _without_totals(prev)
 
     def _emit(self, row: dict[str, Any]) -> None:
         self._jsonl.write(row)
@@ -74,19 +96,16 @@ class MetricsLog:
             "eval/s": ev["seconds"],
         }
         key = _eval_key(row)
-        if not self._evals_written and self.path.exists():  # a resumed controller: what is already there
-            for old in self.path.read_text().splitlines():
-                prev = json.loads(old) if old.strip() else {}
-                if "eval/pass@1" in prev:
-                    self._evals_written[prev["version"]] = _eval_key(prev)
+        self._load()
         if self._evals_written.get(ev["version"]) == key:
             return False
         self._evals_written[ev["version"]] = key
         self._emit(row)
         return True
 
-    def write(self, step: int, rec: dict[str, Any], *, clock: float, dollars: float, preemptions: int) -> None:
-        """One step (counted from 1) from the trainer's step record and the controller's ledger."""
+    def write(self, step: int, rec: dict[str, Any], *, clock: float, dollars: float, preemptions: int) -> bool:
+        """One step (counted from 1) from the trainer's step record and the controller's ledger; False
+        if this step was already written with the same figures (only the running totals differ)."""
         secs = float(rec.get("seconds") or 0.0)
         gen, spot = rec.get("gen_tokens"), rec.get("spot_tokens")
         row = {
@@ -120,10 +139,13 @@ class MetricsLog:
             "dollars": round(dollars, 4),  # so far in the job
             "clock_s": round(clock, 3),  # the provider's billing clock
         }
-        if self._written.get(step) == _without_totals(row):
-            return
-        self._written[step] = _without_totals(row)
+        key = _without_totals(row)
+        self._load()
+        if self._written.get(step) == key:
+            return False
+        self._written[step] = key
         self._emit(row)
+        return True
 
 
 def _eval_key(row: dict[str, Any]) -> str:

@@ -53,10 +53,17 @@ class JsonlSink:
 
     def __init__(self, path: Path) -> None:
         self.path = path
+        self._opened = False
 
     def write(self, row: Mapping[str, Any]) -> None:
-        with open(self.path, "a") as f:
-            f.write(json.dumps(row, separators=(",", ":")) + "\n")
+        with open(self.path, "a+b") as f:
+            lead = b""
+            if not self._opened:  # a line an earlier controller left cut short stays a line of its own
+                self._opened = True
+                if f.seek(0, os.SEEK_END) > 0:
+                    f.seek(-1, os.SEEK_END)
+                    lead = b"" if f.read(1) == b"\n" else b"\n"
+            f.write(lead + (json.dumps(row, separators=(",", ":")) + "\n").encode())
 
     def close(self) -> None:
         pass

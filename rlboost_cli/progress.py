@@ -57,6 +57,10 @@ class JobProgress:
         )
         self.progress.update(self.train, completed=n)
 
+    def caught_up(self, rec: dict) -> None:
+        """A step recorded before (a resumed controller, a restarted trainer's history): the bar only."""
+        self.progress.update(self.train, completed=shown(rec["step"]))
+
     def update(self, snap: dict, live_workers: list, preemptions: int) -> None:
         reward = snap.get("reward")
         r = f"reward {reward:.3f}" if reward is not None else snap.get("phase", "")

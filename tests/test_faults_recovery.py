@@ -9,9 +9,11 @@ table printed at the end of the run (tests/conftest.py).
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import random
+import re
 import signal
 import sqlite3
 import subprocess
@@ -19,6 +21,7 @@ import sys
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 import torch
 import yaml
@@ -198,12 +201,86 @@ def test_down_checkpoints_on_drain_and_resume_continues(reference, tmp_path):
     assert j.status == "stopped"
     ck = checkpoint.load_latest(home / "jobs" / f"{name}-{j.id}" / "checkpoints")
     assert ck is not None and ck.next_step >= 5  # the drain saved the last completed step
+    before = recorded_steps(home, name)
     proc = run_cli("launch", "--resume", name, "--record-rollouts", home=home, timeout=540)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+    # the drained checkpoint holds every recorded step (and maybe one finished after the controller's
+    # last look): nothing runs again, and nothing recorded is written, recorded or logged again
+    assert_each_step_recorded_once(home, name, before, proc.stdout)
     # the CLI and the trainer name the same step (steps are numbered from 1 everywhere)
     assert f"the trainer continues at step {ck.next_step + 1}" in proc.stdout
-    assert f"continuing at step {ck.next_step + 1}" in (
-        home / "jobs" / f"{name}-{j.id}" / "instances" / f"{name}-{j.id}-trainer-r1" / "log"
-    ).read_text()
+    assert (
+        f"continuing at step {ck.next_step + 1}"
+        in (home / "jobs" / f"{name}-{j.id}" / "instances" / f"{name}-{j.id}-trainer-r1" / "log").read_text()
+    )
     lost = assert_clean_finish(home, name, reference)
     FAULTS.append(FaultRecord(f"`rlboost down` at step {ck.next_step}, `launch --resume`", 1, 1, lost))
+
+
+def recorded_steps(home: Path, name: str) -> tuple[str, list[tuple[int, float, float]]]:
+    """What a job has recorded so far: metrics.jsonl's text, and each step's row (step, clock, wall)."""
+    with StateStore(home / "state.db") as store:
+        j = store.get_job(name)
+        rows = [(r.step, r.clock, r.wall) for r in store.steps(j.id)]
+    return (home / "jobs" / f"{name}-{j.id}" / "metrics.jsonl").read_text(), rows
+
+
+def assert_each_step_recorded_once(home: Path, name: str, before: tuple[str, list], resume_stdout: str) -> None:
+    """After `launch --resume` ran a job to its end, with no step run again: metrics.jsonl has each
+    step once, in order, its lines from before untouched (their dollars and clock too); the store's
+    rows from before are kept as they were; the resumed controller logged only the steps new to it."""
+    text_before, rows_before = before
+    with StateStore(home / "state.db") as store:
+        total = yaml.safe_load(store.get_job(name).spec_yaml)["algorithm"]["steps"]
+    all_steps = list(range(1, total + 1))
+    assert [s for s, _, _ in rows_before] == all_steps[: len(rows_before)]
+    text, rows = recorded_steps(home, name)
+    assert text.startswith(text_before)
+    assert [r["step"] for r in map(json.loads, text.splitlines()) if "reward" in r] == all_steps
+    assert rows[: len(rows_before)] == rows_before and [s for s, _, _ in rows] == all_steps
+    logged = [int(n) for n in re.findall(r"step +(\d+) +reward", resume_stdout)]
+    assert logged == all_steps[len(rows_before) :], logged
+
+
+def test_resume_after_a_controller_kill_records_the_steps_it_missed_once(tmp_path):
+    """The controller is killed (-9); its trainer trains on. `launch --resume` reattaches: the trainer
+    reports its whole history, of which the steps finished while no controller ran are recorded (once),
+    the steps recorded before are not written, recorded or logged again."""
+    home = tmp_path / "home"
+    name = "catchup"
+    job = job_yaml(tmp_path, name, 1, checkpoint_every=100)
+    env = {**os.environ, "RLBOOST_HOME": str(home), "COLUMNS": "200"}
+    cmd = [sys.executable, "-m", "rlboost_cli.main", "launch", str(job), "--record-rollouts"]
+    ctl = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    wait_until_step(home, name, 3)
+    os.kill(ctl.pid, signal.SIGKILL)
+    ctl.wait(10)
+    before = recorded_steps(home, name)
+    done = len(before[1])
+    with StateStore(home / "state.db") as store:
+        j = store.get_job(name)
+    token = (home / "jobs" / f"{name}-{j.id}" / "token").read_text().strip()
+    # the trainer, on its own, finishes two more steps that no controller takes
+    deadline = time.monotonic() + 300
+    while True:
+        try:
+            r = httpx.get(
+                f"{j.trainer_url}/v1/status",
+                params={"since": done},
+                headers={"Authorization": f"Bearer {token}"},
+                timeout=5,
+            )
+            trained = r.json()["step"]
+        except (httpx.HTTPError, ValueError, KeyError):
+            trained = 0
+        if trained >= done + 2:
+            break
+        assert time.monotonic() < deadline, f"the trainer never got past step {done} on its own"
+        time.sleep(0.05)
+    assert recorded_steps(home, name) == before  # no controller: nothing recorded meanwhile
+    proc = run_cli("launch", "--resume", name, "--record-rollouts", home=home, timeout=540)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert_each_step_recorded_once(home, name, before, proc.stdout)
+    store = StateStore(home / "state.db")
+    assert store.get_job(name).status == "succeeded"
+    assert rlboost_pids(f"RLBOOST_RUN_DIR={home}") == []

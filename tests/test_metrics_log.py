@@ -67,3 +67,33 @@ def test_an_evaluation_is_written_once_per_version_even_by_a_resumed_controller(
         "eval/s": 0.4,
     }
     assert all("reward" not in r for r in rows)  # what tells an eval line from a step line
+
+
+class _Sink:
+    name = "fake"
+
+    def __init__(self) -> None:
+        self.steps: list[int] = []
+
+    def write(self, row) -> None:
+        self.steps.append(row["step"])
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_resumed_controller_does_not_write_a_step_the_file_already_has(tmp_path):
+    path = tmp_path / "m.jsonl"
+    log = MetricsLog(path)
+    for step in (1, 2):
+        assert log.write(step, {**REC, "version": step - 1}, clock=60.0 * step, dollars=step, preemptions=0)
+    path.write_text(path.read_text() + '{"step": 3, "rew')  # a line cut short: no record
+    sink = _Sink()
+    resumed = MetricsLog(path, sinks=[sink])  # a new controller process; its trainer reports its history
+    assert not resumed.write(1, {**REC, "version": 0}, clock=900.0, dollars=9.0, preemptions=2)
+    assert not resumed.write(2, {**REC, "version": 1}, clock=900.0, dollars=9.0, preemptions=2)
+    assert resumed.write(2, {**REC, "version": 1, "reward": 0.9}, clock=950.0, dollars=9.5, preemptions=2)  # run again
+    assert resumed.write(3, {**REC, "version": 2}, clock=990.0, dollars=9.9, preemptions=2)  # never written
+    assert sink.steps == [2, 3]  # the dashboards' steps do not go back to 1
+    rows = [json.loads(x) for x in path.read_text().splitlines()[:2] + path.read_text().splitlines()[3:]]
+    assert [(r["step"], r["dollars"]) for r in rows] == [(1, 1.0), (2, 2.0), (2, 9.5), (3, 9.9)]

@@ -126,7 +126,7 @@ def check(
         )
     console.print(table)
     # the fixes are commands and variable names to copy: under the table, wrapped between words, never
-    # folded inside a narrow cell; one line per fix with the providers it readies
+    # folded inside a narrow cell; one item per fix, with the providers it readies
     fixes: dict[str, list[str]] = {}
     for r in results:
         for problem in r["problems"]:

@@ -72,7 +72,7 @@ def test_second_launch_of_a_running_job_is_refused(tmp_path, home):
     job = {"name": "twice", "rollout": {"max_workers": 0}}
     proc = run_cli("launch", str(write(tmp_path, job)), home=home)
     assert proc.returncode == 1
-    assert "already running" in proc.stderr and "rlboost down twice" in proc.stderr
+    assert "already running" in proc.stderr and f"rlboost down {jid}" in proc.stderr  # this run, by id
     assert job_count(home) == 1
 
 

@@ -233,7 +233,7 @@ def test_signal_to_attached_launch_stops_the_job_like_down(tmp_path, home, sig, 
     assert ("SIGHUP" in why) if sig == signal.SIGHUP else ("Ctrl-C" in why), why
     # after a hang-up the controller writes to the job's log, not to the terminal that is gone
     said = home / "jobs" / f"{name}-1" / "controller.log" if sig == signal.SIGHUP else out
-    assert f"job {name}: stopped" in said.read_text(errors="replace")
+    assert f"job {name} (id 1): stopped" in said.read_text(errors="replace")
 
 
 def test_nohup_launch_outlives_its_terminal(tmp_path, home, no_job_left):

@@ -54,9 +54,9 @@ class Recommendation:
     cheapest: Choice | None  # most tokens/$ (None: on-demand alone beats every spot setting)
     fastest: Choice | None  # most tokens/s (None: on-demand alone is faster than every spot setting)
     best_spot: Choice  # the spot setting with the most tokens/$, even when on-demand beats it
+    fastest_spot: Choice  # the spot setting with the most tokens/s, even when on-demand beats it
     base: SimResult
     spot_price_now: float  # cheapest spot offer's $/h
-    fastest_spot: Choice | None = None  # the spot setting with the most tokens/s, even when on-demand beats it
 
     def vs(self, r: SimResult) -> tuple[float, float]:
         """(speed, tokens/$), each against on-demand."""
@@ -87,7 +87,7 @@ class Recommendation:
         if self.fastest is not None:
             out.append(f"Fastest: {speed(self.fastest)}.")
         else:
-            quickest = speed(self.fastest_spot or self.best_spot)
+            quickest = speed(self.fastest_spot)
             out.append(f"Fastest: on-demand alone (no spot). The fastest spot setting, {quickest}.")
         if self.cheapest is None:
             out.append(self.why_spot_costs_more())
@@ -156,7 +156,7 @@ def recommend(base: SimResult, choices: list[Choice], spot_price_now: float) -> 
     cheapest = best if best.result.tokens_per_dollar >= base.tokens_per_dollar else None
     # on-demand races too: a spot setting no faster than it (or as fast and dearer) is not the fastest
     fastest = quickest if pace(quickest.result) > pace(base) else None
-    return Recommendation(cheapest, fastest, best, base, spot_price_now, fastest_spot=quickest)
+    return Recommendation(cheapest, fastest, best, quickest, base, spot_price_now)
 
 
 def plot_path_error(path: Path) -> str | None:

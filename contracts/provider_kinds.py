@@ -51,6 +51,9 @@ class ProviderKind:
     # a spot worker's launch -> dialled in, in wall seconds, before any is seen (placement's prior):
     # a cloud VM's boot and image pull, or a local process's start (~1.7 s measured here, plus its pull)
     boot_prior_s: float = 120.0
+    # how long the provider's listing may lag a change (a cloud API's eventual consistency): an
+    # instance missing from it is asked for again over this long before it is called gone
+    listing_lag_s: float = 30.0
 
 
 # a cloud's own API: one cloud, the regions the job names, a boot script (gcp differs in its prices)
@@ -90,6 +93,7 @@ PROVIDER_KINDS: dict[str, ProviderKind] = {
             pricing_source="local-table",
             boot_templates=(),
             boot_prior_s=2.0,
+            listing_lag_s=0.0,  # the processes themselves are looked at
         ),
         ProviderKind(
             name="skypilot",

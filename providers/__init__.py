@@ -16,7 +16,7 @@ from contracts.provider_kinds import PROVIDER_KINDS, UnknownProviderError, provi
 
 if TYPE_CHECKING:
     from contracts.spec import JobSpec
-    from providers.base import Provider, ProviderClass
+    from providers.base import Owner, Provider, ProviderClass
 
 # The class of each provider (module:class, imported when a job uses it); its `kind` is the record of
 # the same name in contracts/provider_kinds.py, which everything outside providers/ asks instead of
@@ -214,11 +214,12 @@ def price_lookup(spec: JobSpec) -> Any:
 
 # ---- construction -------------------------------------------------------------------------------
 def make_provider(
-    spec: JobSpec, run_dir: Path, *, job: str | None = None, market: Any = None, trainer_here: bool = False
+    spec: JobSpec, run_dir: Path, *, owner: Owner, market: Any = None, trainer_here: bool = False
 ) -> Provider:
-    """The provider for a job's run dir (`market`: the local provider's spot market; `trainer_here`:
-    the controller runs on the job's cloud trainer node, which runs the trainer as a local process)."""
-    provider = _cloud_or_local(spec, run_dir, job or spec.name, market)
+    """The provider for a job's run dir (`owner`: the job its instances are tagged with and listed by;
+    `market`: the local provider's spot market; `trainer_here`: the controller runs on the job's cloud
+    trainer node, which runs the trainer as a local process)."""
+    provider = _cloud_or_local(spec, run_dir, owner, market)
     if not trainer_here:
         return provider
     from providers.bootstrap import TRAINER_PORT
@@ -231,7 +232,7 @@ def make_provider(
         raise PreflightError(str(e)) from None
     # the port the node's task opened (providers/bootstrap.py node_env)
     port = int(os.environ.get("RLBOOST_TRAINER_PORT", TRAINER_PORT))
-    return TrainerHere(run_dir, provider, public_host=host, port=port)
+    return TrainerHere(run_dir, provider, public_host=host, port=port, owner=owner)
 
 
 def provider_class(name: str) -> ProviderClass:
@@ -243,9 +244,9 @@ def provider_class(name: str) -> ProviderClass:
     return cast("ProviderClass", getattr(importlib.import_module(module), attr))
 
 
-def _cloud_or_local(spec: JobSpec, run_dir: Path, name: str, market: Any) -> Provider:
+def _cloud_or_local(spec: JobSpec, run_dir: Path, owner: Owner, market: Any) -> Provider:
     try:
         cls = provider_class(spec.provider)
     except UnknownProviderError:
         raise PreflightError(f"provider: unknown provider {spec.provider!r}") from None
-    return cls.for_job(spec, run_dir, job=name, market=market)
+    return cls.for_job(spec, run_dir, owner=owner, market=market)

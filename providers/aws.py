@@ -2,8 +2,9 @@
 
 For users who do not run SkyPilot. Each instance is a `run_instances` call with a user-data boot
 script (templates/node_boot.sh), spot market options for workers, IMDSv2 (the worker reads its
-spot interruption notice from it), terminate-on-shutdown, and tags naming the job and the instance,
-by which `list_owned` finds everything a job still holds in the regions it uses.
+spot interruption notice from it), terminate-on-shutdown, and tags naming the job's uid, the store,
+the job and the instance, by which `list_owned` finds everything a job still holds in the regions it
+uses (by uid: never another job of the same name).
 
 `launch` returns once EC2 accepted the request; `poll` describes the job's instances every
 `describe_every_s` and turns state changes into events.
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import time
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -20,12 +22,17 @@ from typing import TYPE_CHECKING, Any
 
 from contracts.provider_kinds import PROVIDER_KINDS
 from providers.base import (
+    INSTANCE_TAG,
+    JOB_TAG,
+    UID_TAG,
     CapacityError,
     InstanceEvent,
     InstanceState,
     LaunchRequest,
+    Owner,
     ProviderError,
     Role,
+    Tagged,
     job_regions,
 )
 from providers.bootstrap import TRAINER_PORT, boot_script
@@ -55,14 +62,14 @@ class AwsProvider:
     kind = PROVIDER_KINDS["aws"]
 
     @classmethod
-    def for_job(cls, spec: JobSpec, run_dir: Path, *, job: str, market: Any = None) -> AwsProvider:
+    def for_job(cls, spec: JobSpec, run_dir: Path, *, owner: Owner, market: Any = None) -> AwsProvider:
         """In the regions the job names for aws; RLBOOST_AWS_AMI overrides the Deep Learning AMI."""
-        return cls(run_dir, job, job_regions(spec, "aws"), ami=os.environ.get("RLBOOST_AWS_AMI"))
+        return cls(run_dir, owner, job_regions(spec, "aws"), ami=os.environ.get("RLBOOST_AWS_AMI"))
 
     def __init__(
         self,
         run_dir: Path,
-        job: str,
+        owner: Owner,
         regions: list[str],
         *,
         session: Any = None,
@@ -73,7 +80,7 @@ class AwsProvider:
         import boto3
 
         self.run_dir = run_dir
-        self.job = job
+        self.owner = owner
         self.regions = sorted(set(regions))
         self.session = session or boto3.Session()
         self.ami = ami
@@ -125,14 +132,16 @@ class AwsProvider:
 
     def _trainer_sg(self, region: str, ec2: Any) -> str:
         """A security group with the trainer's one port open (every route needs the job token)."""
-        name = f"rlboost-{self.job}-trainer"
+        name = f"rlboost-{self.owner.name}-trainer"
         found = ec2.describe_security_groups(Filters=[{"Name": "group-name", "Values": [name]}])["SecurityGroups"]
         if found:
             return found[0]["GroupId"]
         sg = ec2.create_security_group(
             GroupName=name,
             Description="rlboost trainer port (workers dial home)",
-            TagSpecifications=[{"ResourceType": "security-group", "Tags": [{"Key": "rlboost-job", "Value": self.job}]}],
+            TagSpecifications=[
+                {"ResourceType": "security-group", "Tags": [{"Key": JOB_TAG, "Value": self.owner.name}]}
+            ],
         )["GroupId"]
         ec2.authorize_security_group_ingress(
             GroupId=sg,
@@ -146,7 +155,7 @@ class AwsProvider:
     def clock(self) -> float:
         return time.time()
 
-    def launch(self, req: LaunchRequest) -> None:
+    def launch(self, req: LaunchRequest) -> str:
         from botocore.exceptions import BotoCoreError, ClientError
 
         if not req.region:
@@ -161,15 +170,12 @@ class AwsProvider:
             "UserData": boot_script(req, self.run_dir, port=self.port),
             "InstanceInitiatedShutdownBehavior": "terminate",  # the node powers off when done
             "MetadataOptions": {"HttpTokens": "required", "HttpEndpoint": "enabled"},  # IMDSv2
+            # tagged at creation, atomically: an instance is never without its owner's uid
             "TagSpecifications": [
                 {
                     "ResourceType": "instance",
-                    "Tags": [
-                        {"Key": "Name", "Value": req.instance_id},
-                        {"Key": "rlboost-job", "Value": req.job},
-                        {"Key": "rlboost-instance", "Value": req.instance_id},
-                        {"Key": "rlboost-role", "Value": req.role.value},
-                    ],
+                    "Tags": [{"Key": "Name", "Value": req.instance_id}]
+                    + [{"Key": k, "Value": v} for k, v in req.tags.items()],
                 }
             ],
         }
@@ -194,6 +200,7 @@ class AwsProvider:
         self.ec2_ids[req.instance_id] = (req.region, inst["InstanceId"])
         self.next_describe = 0.0
         self._emit(req.instance_id, InstanceState.PENDING, f"{inst['InstanceId']} ({args['InstanceType']})")
+        return f"{req.region}/{inst['InstanceId']}"
 
     def poll(self) -> list[InstanceEvent]:
         if time.monotonic() >= self.next_describe and (set(self.ec2_ids) - self.done):
@@ -214,8 +221,28 @@ class AwsProvider:
         self.terminating.add(instance_id)
         self.next_describe = 0.0
 
-    def list_owned(self, job: str) -> list[str]:
-        return sorted(self._owned(job))
+    def list_owned(self, owner: Owner) -> list[str]:
+        return sorted(self._owned(owner))
+
+    def list_tagged(self) -> list[Tagged]:
+        flt = [{"Name": "tag-key", "Values": [INSTANCE_TAG]}]
+        found = [inst for _, inst in self._describe_live(flt) if inst["State"]["Name"] != "shutting-down"]
+        return sorted((Tagged.of(_tag(i, INSTANCE_TAG) or "", _tags(i)) for i in found), key=lambda t: t.instance_id)
+
+    def exit_clock(self, instance_id: str) -> float | None:
+        """EC2 keeps a terminated instance listed for about an hour, with the time of the user's
+        terminate call in its StateTransitionReason ("User initiated (2026-11-27 10:00:00 GMT)")."""
+        for region in self.regions:
+            flt = [{"Name": f"tag:{INSTANCE_TAG}", "Values": [instance_id]}]
+            for r in self.client(region).describe_instances(Filters=flt)["Reservations"]:
+                for inst in r["Instances"]:
+                    if inst["State"]["Name"] in LIVE or not self.owner.owns(instance_id, _tags(inst)):
+                        continue
+                    m = _GMT.search(inst.get("StateTransitionReason") or "")
+                    if m:
+                        at = datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S").replace(tzinfo=timezone.utc)
+                        return at.timestamp()
+        return None
 
     def adopt(self, req: LaunchRequest) -> bool:
         where = self._find(req.instance_id)
@@ -228,30 +255,33 @@ class AwsProvider:
         pass
 
     # ---- describing --------------------------------------------------------------------
-    def _owned(self, job: str) -> dict[str, tuple[str, str]]:
-        out = {}
+    def _describe_live(self, filters: list[dict[str, Any]]) -> list[tuple[str, dict[str, Any]]]:
+        """(region, instance) of every live instance matching `filters` in the provider's regions."""
+        out = []
+        flt = [*filters, {"Name": "instance-state-name", "Values": LIVE}]
         for region in self.regions:
-            pages = self.client(region).get_paginator("describe_instances").paginate(
-                Filters=[
-                    {"Name": "tag:rlboost-job", "Values": [job]},
-                    {"Name": "instance-state-name", "Values": LIVE},
-                ]
-            )
-            for page in pages:
+            for page in self.client(region).get_paginator("describe_instances").paginate(Filters=flt):
                 for res in page["Reservations"]:
-                    for inst in res["Instances"]:
-                        iid = _tag(inst, "rlboost-instance")
-                        if iid and inst["State"]["Name"] != "shutting-down":
-                            out[iid] = (region, inst["InstanceId"])
+                    out.extend((region, inst) for inst in res["Instances"])
+        return out
+
+    def _owned(self, owner: Owner) -> dict[str, tuple[str, str]]:
+        """The job's live instances: iid -> (region, EC2 id). Listed by the uid tag (by name for a
+        job recorded before uids), then each checked against the owner whole."""
+        key, value = (UID_TAG, owner.uid) if owner.uid else (JOB_TAG, owner.name)
+        out = {}
+        for region, inst in self._describe_live([{"Name": f"tag:{key}", "Values": [value]}]):
+            iid = _tag(inst, INSTANCE_TAG)
+            if iid and inst["State"]["Name"] != "shutting-down" and owner.owns(iid, _tags(inst)):
+                out[iid] = (region, inst["InstanceId"])
         return out
 
     def _find(self, iid: str) -> tuple[str, str] | None:
-        for region in self.regions:
-            flt = [{"Name": "tag:rlboost-instance", "Values": [iid]}, {"Name": "instance-state-name", "Values": LIVE}]
-            res = self.client(region).describe_instances(Filters=flt)["Reservations"]
-            for r in res:
-                for inst in r["Instances"]:
-                    return region, inst["InstanceId"]
+        """This job's live instance named `iid` (another job's of the same name, in this store or
+        another, is never found: instance ids repeat across stores)."""
+        for region, inst in self._describe_live([{"Name": f"tag:{INSTANCE_TAG}", "Values": [iid]}]):
+            if self.owner.owns(iid, _tags(inst)):
+                return region, inst["InstanceId"]
         return None
 
     def _describe(self) -> None:
@@ -304,6 +334,13 @@ class AwsProvider:
 
 def _tag(inst: dict[str, Any], key: str) -> str | None:
     return next((t["Value"] for t in inst.get("Tags", []) if t["Key"] == key), None)
+
+
+def _tags(inst: dict[str, Any]) -> dict[str, str]:
+    return {t["Key"]: t["Value"] for t in inst.get("Tags", [])}
+
+
+_GMT = re.compile(r"\((\d{4}-\d\d-\d\d \d\d:\d\d:\d\d) GMT\)")
 
 
 class AwsLivePrices(CloudPrices):

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import base64
 import os
-import re
 import shlex
 from importlib import resources
 from importlib.metadata import PackageNotFoundError, version
@@ -36,15 +35,6 @@ NOTICE_BY_CLOUD = {"aws": "aws", "gcp": "gcp"}
 
 def template(name: str) -> str:
     return resources.files("templates").joinpath(name).read_text()
-
-
-def instance_name_re(job: str) -> re.Pattern[str]:
-    """Names rlboost gives a job's instances: `{job}-{job id}-trainer` (`-trainer-r1`... when a lost
-    trainer is relaunched) / `{job}-{job id}-w001`.
-
-    Anchored, so job `demo` never claims the instances of job `demo-2`.
-    """
-    return re.compile(rf"^{re.escape(job)}-\d+-(trainer(-r\d+)?|w\d+)$")
 
 
 def is_source_checkout() -> bool:

@@ -23,7 +23,19 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from contracts.provider_kinds import PROVIDER_KINDS
-from providers.base import CapacityError, InstanceEvent, InstanceState, LaunchRequest, ProviderError, Role
+from providers.base import (
+    INSTANCE_TAG,
+    JOB_TAG,
+    UID_TAG,
+    CapacityError,
+    InstanceEvent,
+    InstanceState,
+    LaunchRequest,
+    Owner,
+    ProviderError,
+    Role,
+    Tagged,
+)
 from providers.bootstrap import TRAINER_PORT, boot_script
 from providers.prices import placements
 
@@ -53,19 +65,19 @@ class GcpProvider:
     kind = PROVIDER_KINDS["gcp"]
 
     @classmethod
-    def for_job(cls, spec: JobSpec, run_dir: Path, *, job: str, market: Any = None) -> GcpProvider:
+    def for_job(cls, spec: JobSpec, run_dir: Path, *, owner: Owner, market: Any = None) -> GcpProvider:
         """In the project gcloud (or GOOGLE_CLOUD_PROJECT) names; RLBOOST_GCP_IMAGE overrides the image."""
         from providers import PreflightError, gcp_project
 
         project = gcp_project()
         if project is None:
             raise PreflightError("credentials: no GCP project; set GOOGLE_CLOUD_PROJECT or `gcloud config set project`")
-        return cls(run_dir, job, project, options=GcpOptions(image=os.environ.get("RLBOOST_GCP_IMAGE", IMAGE)))
+        return cls(run_dir, owner, project, options=GcpOptions(image=os.environ.get("RLBOOST_GCP_IMAGE", IMAGE)))
 
     def __init__(
         self,
         run_dir: Path,
-        job: str,
+        owner: Owner,
         project: str,
         *,
         credentials: Any = None,
@@ -82,7 +94,7 @@ class GcpProvider:
         self.zone_ops = compute_v1.ZoneOperationsClient(**kw)
         self.firewalls = compute_v1.FirewallsClient(**kw)
         self.run_dir = run_dir
-        self.job = job
+        self.owner = owner
         self.project = project
         opt = options or GcpOptions()
         self.image = opt.image
@@ -104,7 +116,7 @@ class GcpProvider:
     def clock(self) -> float:
         return time.time()
 
-    def launch(self, req: LaunchRequest) -> None:
+    def launch(self, req: LaunchRequest) -> str:
         from google.api_core import exceptions as gexc
 
         if not req.region:
@@ -136,6 +148,7 @@ class GcpProvider:
         self.ops[req.instance_id] = (zone, op.name)
         self.next_list = 0.0
         self._emit(req.instance_id, InstanceState.PENDING, f"{machine} in {zone}")
+        return f"{zone}/{req.instance_id}"
 
     def poll(self) -> list[InstanceEvent]:
         if time.monotonic() >= self.next_list and (set(self.reqs) - self.done):
@@ -150,7 +163,7 @@ class GcpProvider:
 
         if instance_id in self.terminating or instance_id in self.done:
             return
-        zone = self.zones.get(instance_id) or self._owned(self.job).get(instance_id)
+        zone = self.zones.get(instance_id) or self._owned(self.owner).get(instance_id)
         if zone is None:
             return
         self.zones[instance_id] = zone
@@ -159,11 +172,19 @@ class GcpProvider:
         with contextlib.suppress(gexc.NotFound):  # already gone: the next listing reports it
             self.instances.delete(project=self.project, zone=zone, instance=instance_id)
 
-    def list_owned(self, job: str) -> list[str]:
-        return sorted(self._owned(job))
+    def list_owned(self, owner: Owner) -> list[str]:
+        return sorted(self._owned(owner))
+
+    def list_tagged(self) -> list[Tagged]:
+        found = self._list(f"labels.{INSTANCE_TAG}:*")
+        return sorted((Tagged.of(inst.name, dict(inst.labels)) for _, inst in found), key=lambda t: t.instance_id)
+
+    def exit_clock(self, instance_id: str) -> float | None:
+        """A deleted VM is gone from the API at once (a preempted spot VM deletes itself): no record."""
+        return None
 
     def adopt(self, req: LaunchRequest) -> bool:
-        zone = self._owned(req.job).get(req.instance_id)
+        zone = self._owned(req.owner).get(req.instance_id)
         if zone is None:
             return False
         self.zones[req.instance_id], self.reqs[req.instance_id] = zone, req
@@ -199,7 +220,7 @@ class GcpProvider:
                 )
             ],
             metadata=c.Metadata(items=[c.Items(key="startup-script", value=script)]),
-            labels={"rlboost-job": req.job, "rlboost-instance": req.instance_id, "rlboost-role": req.role.value},
+            labels=req.tags,  # set at creation: a VM is never without its owner's uid
             tags=c.Tags(items=[TRAINER_TAG] if req.role is Role.TRAINER else []),
         )
 
@@ -224,17 +245,20 @@ class GcpProvider:
         with contextlib.suppress(gexc.Conflict):  # created meanwhile by another job
             self.firewalls.insert(project=self.project, firewall_resource=rule)
 
-    def _owned(self, job: str) -> dict[str, str]:
-        """Live instances labelled with this job: name -> zone."""
-        req = self._listing(job)
-        out = {}
-        for scope, listed in self.instances.aggregated_list(request=req):
-            for inst in listed.instances:  # a stopped VM still bills its disk: it counts
-                out[inst.name] = scope.rsplit("/", 1)[-1]
-        return out
+    def _owned(self, owner: Owner) -> dict[str, str]:
+        """The job's instances (a stopped VM still bills its disk: it counts): name -> zone. Listed
+        by the uid label (by name for a job recorded before uids), each checked against the owner."""
+        found = self._list(_label_filter(owner))
+        return {inst.name: zone for zone, inst in found if owner.owns(inst.name, inst.labels)}
 
-    def _listing(self, job: str) -> Any:
-        return self.compute.AggregatedListInstancesRequest(project=self.project, filter=f'labels.rlboost-job = "{job}"')
+    def _list(self, filter: str) -> list[tuple[str, Any]]:
+        """(zone, instance) of every instance in the project matching the filter."""
+        req = self.compute.AggregatedListInstancesRequest(project=self.project, filter=filter)
+        return [
+            (scope.rsplit("/", 1)[-1], inst)
+            for scope, listed in self.instances.aggregated_list(request=req)
+            for inst in listed.instances
+        ]
 
     def _check_ops(self) -> None:
         for iid, (zone, name) in list(self.ops.items()):
@@ -256,12 +280,8 @@ class GcpProvider:
                 self._emit(iid, InstanceState.FAILED, f"{codes}: {errors[0].message}", capacity=capacity)
 
     def _refresh(self) -> None:
-        listed = {}
-        req = self._listing(self.job)
         try:
-            for _scope, scoped in self.instances.aggregated_list(request=req):
-                for inst in scoped.instances:
-                    listed[inst.name] = inst
+            listed = {i.name: i for _, i in self._list(_label_filter(self.owner)) if self.owner.owns(i.name, i.labels)}
         except Exception as e:
             log.warning("listing instances failed: %s", e)
             return
@@ -304,3 +324,8 @@ class GcpProvider:
         self, iid: str, state: InstanceState, detail: str = "", endpoint: str | None = None, capacity: bool = False
     ) -> None:
         self.events.append(InstanceEvent(iid, state, self.clock(), detail, endpoint, capacity))
+
+
+def _label_filter(owner: Owner) -> str:
+    key, value = (UID_TAG, owner.uid) if owner.uid else (JOB_TAG, owner.name)
+    return f'labels.{key} = "{value}"'

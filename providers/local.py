@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from contracts.heartbeat import last_beat
 from contracts.mounts import MOUNT_ROOT_ENV, copy_mounts
 from contracts.provider_kinds import PROVIDER_KINDS
 from providers.base import (
@@ -24,10 +25,12 @@ from providers.base import (
     InstanceKind,
     InstanceState,
     LaunchRequest,
+    Owner,
     ProviderError,
     Role,
+    Tagged,
+    instance_name_re,
 )
-from providers.bootstrap import instance_name_re
 from providers.spot_market import SpotMarket
 
 if TYPE_CHECKING:
@@ -39,13 +42,13 @@ class LocalProvider:
     kind = PROVIDER_KINDS["local"]
 
     @classmethod
-    def for_job(cls, spec: JobSpec, run_dir: Path, *, job: str, market: Any = None) -> LocalProvider:
+    def for_job(cls, spec: JobSpec, run_dir: Path, *, owner: Owner, market: Any = None) -> LocalProvider:
         """`market`: the spot market to replay (default: the built-in trace, no notices)."""
         from providers.spot_market import BUILTIN_TRACE
 
         market = market or SpotMarket(BUILTIN_TRACE, notice_fraction=0, seed=0)
         loc = spec.local
-        return cls(run_dir, market, time_scale=loc.time_scale, notice_seconds=loc.notice_seconds)
+        return cls(run_dir, market, time_scale=loc.time_scale, notice_seconds=loc.notice_seconds, owner=owner)
 
     def __init__(
         self,
@@ -55,8 +58,10 @@ class LocalProvider:
         time_scale: float = 60.0,
         notice_seconds: float = 1.0,
         term_grace_s: float = 3.0,
+        owner: Owner | None = None,
     ) -> None:
         self.run_dir = run_dir
+        self.owner = owner  # the run dir's job (one job a run dir): what list_tagged reports
         self.market = market
         self.time_scale = time_scale
         self.notice_seconds = notice_seconds
@@ -80,7 +85,7 @@ class LocalProvider:
     def clock(self) -> float:
         return (time.time() - self.t0) * self.time_scale
 
-    def launch(self, req: LaunchRequest) -> None:
+    def launch(self, req: LaunchRequest) -> str:
         if not req.command:
             raise ProviderError(f"{req.instance_id}: nothing to run (empty command)")
         if req.kind is InstanceKind.SPOT:
@@ -122,6 +127,7 @@ class LocalProvider:
         self.reqs[req.instance_id] = req
         state = InstanceState.PENDING if req.role is Role.TRAINER else InstanceState.RUNNING
         self._emit(req.instance_id, state, f"pid {proc.pid}")
+        return f"pid {proc.pid}"
 
     def poll(self) -> list[InstanceEvent]:
         now = time.time()
@@ -170,14 +176,32 @@ class LocalProvider:
         state = InstanceState.PREEMPTED if instance_id in self.victims else InstanceState.TERMINATED
         self._emit(instance_id, state, "terminated")
 
-    def list_owned(self, job: str) -> list[str]:
+    def list_owned(self, owner: Owner) -> list[str]:
+        # a run dir is one job's (of one store), and a process carries no tags: the names rlboost
+        # gives that job's instances (its store job id included) are its instances
+        names = instance_name_re(owner.name, owner.job_id)
+        return sorted(i for i in self._live() if names.match(i))
+
+    def list_tagged(self) -> list[Tagged]:
+        """What lives in this run dir: one job's instances (no other store's can be here)."""
+        o = self.owner
+        return [Tagged(i, o.name if o else None, o.uid if o else None, o.store if o else None) for i in self._live()]
+
+    def exit_clock(self, instance_id: str) -> float | None:
+        """A node process beats a file in its directory every second (contracts/heartbeat.py): gone, it
+        stopped within a second of its last beat."""
+        if self._pid(instance_id) is not None:
+            return None
+        beat = last_beat(self._dir(instance_id))
+        return None if beat is None else (beat - self.t0) * self.time_scale
+
+    def _live(self) -> set[str]:
         out = set(self._stragglers())  # also processes whose pid file was never written
         for pid_file in sorted((self.run_dir / "instances").glob("*/pid")):
             iid = pid_file.parent.name
             if self._pid(iid) is not None:
                 out.add(iid)
-        # one run dir per job, but the same rule as the clouds: only this job's names
-        return sorted(i for i in out if instance_name_re(job).match(i))
+        return out
 
     def adopt(self, req: LaunchRequest) -> bool:
         pid = self._pid(req.instance_id)

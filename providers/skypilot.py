@@ -10,7 +10,8 @@ and many launches are in flight at once.
 - Preemption: `sky.status(refresh=FORCE)` every `status_every_s`; a worker cluster that is gone,
   INIT or STOPPED was preempted (or its worker exited and powered the node off) and is downed.
 - Teardown: `sky.down`, always; a down that fails is retried.
-- Orphans: `list_owned(job)` lists clusters by rlboost's anchored names and `rlboost-job` label.
+- Orphans: `list_owned(owner)` lists the clusters labelled with the job's uid (a cluster SkyPilot
+  reports without labels, e.g. one whose provisioning failed, by its exact name `{job}-{id}-…`).
 """
 
 from __future__ import annotations
@@ -30,13 +31,23 @@ import yaml
 
 from contracts.provider_kinds import PROVIDER_KINDS
 from contracts.tls import SECRET_ENV
-from providers.base import CapacityError, InstanceEvent, InstanceState, LaunchRequest, ProviderError, Role
+from providers.base import (
+    INSTANCE_TAG,
+    CapacityError,
+    InstanceEvent,
+    InstanceState,
+    LaunchRequest,
+    Owner,
+    ProviderError,
+    Role,
+    Tagged,
+    instance_name_re,
+)
 from providers.bootstrap import (
     CONTROL_PORT,
     SOURCE_ROOT,
     TRAINER_PORT,
     cloud_spec_yaml,
-    instance_name_re,
     is_source_checkout,
     job_extras,
     node_env,
@@ -99,7 +110,7 @@ class SkyPilotProvider:
     kind = PROVIDER_KINDS["skypilot"]
 
     @classmethod
-    def for_job(cls, spec: JobSpec, run_dir: Path, *, job: str, market: Any = None) -> SkyPilotProvider:
+    def for_job(cls, spec: JobSpec, run_dir: Path, *, owner: Owner, market: Any = None) -> SkyPilotProvider:
         return cls(run_dir)
 
     def __init__(
@@ -149,7 +160,7 @@ class SkyPilotProvider:
         res: dict[str, Any] = {
             "cloud": req.cloud,
             "use_spot": not trainer,
-            "labels": {"rlboost-job": req.job, "rlboost-instance": req.instance_id, "rlboost-role": req.role.value},
+            "labels": req.tags,
         }
         if req.region:
             res["region"] = req.region
@@ -180,7 +191,7 @@ class SkyPilotProvider:
     def clock(self) -> float:
         return time.time()
 
-    def launch(self, req: LaunchRequest) -> None:
+    def launch(self, req: LaunchRequest) -> str:
         cfg = self.task_config(req)
         try:
             task = self._sky.Task.from_yaml_str(yaml.safe_dump(cfg, sort_keys=False))  # schema check
@@ -204,6 +215,7 @@ class SkyPilotProvider:
         self.launching[req.instance_id] = rid
         self._submit("launch", req.instance_id, rid)
         self._emit(req.instance_id, InstanceState.PENDING, f"sky.launch request {rid}")
+        return f"cluster {req.instance_id} (sky.launch request {rid})"
 
     def poll(self) -> list[InstanceEvent]:
         for r in [r for r in self.inflight if r.future.done()]:
@@ -234,19 +246,30 @@ class SkyPilotProvider:
         self.terminating.add(instance_id)
         self._submit("down", instance_id, self.sdk.down(instance_id))
 
-    def list_owned(self, job: str) -> list[str]:
+    def list_owned(self, owner: Owner) -> list[str]:
+        exact = instance_name_re(owner.name, owner.job_id)
+        return sorted(
+            name
+            for name, labels in self._clusters()
+            # a cluster whose resources SkyPilot never recorded has no labels: its exact name decides
+            if owner.owns(name, labels) or (not labels and exact.match(name))
+        )
+
+    def list_tagged(self) -> list[Tagged]:
+        return [Tagged.of(name, labels) for name, labels in self._clusters() if INSTANCE_TAG in labels]
+
+    def exit_clock(self, instance_id: str) -> float | None:
+        """A downed or preempted cluster leaves SkyPilot's status: no record of when."""
+        return None
+
+    def _clusters(self) -> list[tuple[str, dict[str, str]]]:
+        """(name, labels) of every cluster SkyPilot lists, less those downed here."""
         records = self.sdk.get(self.sdk.status(cluster_names=None, refresh=self._sky.StatusRefreshMode.NONE))
-        pat = instance_name_re(job)
-        out = []
-        for rec in records or []:
-            name = str(_field(rec, "name"))
-            labels = _field(rec, "labels") or {}
-            if (pat.match(name) or labels.get("rlboost-job") == job) and name not in self.gone:
-                out.append(name)
-        return sorted(out)
+        out = [(str(_field(r, "name")), dict(_field(r, "labels") or {})) for r in records or []]
+        return sorted((n, labels) for n, labels in out if n not in self.gone)
 
     def adopt(self, req: LaunchRequest) -> bool:
-        if req.instance_id not in self.list_owned(req.job):
+        if req.instance_id not in self.list_owned(req.owner):
             return False
         self.up.add(req.instance_id)
         self.reqs[req.instance_id] = req
@@ -271,6 +294,7 @@ class SkyPilotProvider:
         extras = (*job_extras(req), "skypilot", *(("logging",) if any(sinks.values()) else ()))
         cfg["envs"].update(
             RLBOOST_JOB_ID=str(job_id),
+            RLBOOST_JOB_UID=req.owner.uid or "",
             RLBOOST_CONTROL_PORT=str(CONTROL_PORT),
             RLBOOST_RESUME_FLAG="--resume" if resume else "",
             RLBOOST_PIP_SPEC=pip_spec(engine, from_workdir=self.sync_workdir, extras=extras),

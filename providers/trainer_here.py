@@ -13,7 +13,7 @@ from dataclasses import replace
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
-from providers.base import InstanceEvent, LaunchRequest, Provider, Role
+from providers.base import InstanceEvent, LaunchRequest, Owner, Provider, Role, Tagged
 from providers.local import LocalProvider
 
 TRAINER_NAME = re.compile(r"-trainer(-r\d+)?$")
@@ -40,12 +40,14 @@ class TrainerHere:
     """Trainer: a process on this node; workers: `workers` (a cloud provider). One billing clock,
     the cloud's (wall time)."""
 
-    def __init__(self, run_dir: Path, workers: Provider, *, public_host: str, port: int) -> None:
+    def __init__(
+        self, run_dir: Path, workers: Provider, *, public_host: str, port: int, owner: Owner | None = None
+    ) -> None:
         self.name = workers.name
         self.kind = workers.kind  # the job's provider: the trainer process here is its stand-in
         self.workers = workers
         self.public_host, self.port = public_host, port
-        self.here = LocalProvider(run_dir, _NoSpotMarket(), time_scale=1.0, term_grace_s=30.0)
+        self.here = LocalProvider(run_dir, _NoSpotMarket(), time_scale=1.0, term_grace_s=30.0, owner=owner)
 
     def _owner(self, instance_id: str) -> Provider:
         # rlboost names a trainer `{job}-{id}-trainer` (`-rN` when relaunched), known after a restart too
@@ -55,13 +57,12 @@ class TrainerHere:
     def clock(self) -> float:
         return self.workers.clock()
 
-    def launch(self, req: LaunchRequest) -> None:
+    def launch(self, req: LaunchRequest) -> str | None:
         if req.role is not Role.TRAINER:
-            self.workers.launch(req)
-            return
+            return self.workers.launch(req)
         # the port the cluster opened (sky `ports:`), on every interface, so workers can dial it
         cmd = [*req.command, "--host", "0.0.0.0", "--port", str(self.port)]
-        self.here.launch(replace(req, command=cmd))
+        return self.here.launch(replace(req, command=cmd))
 
     def poll(self) -> list[InstanceEvent]:
         now = self.clock()
@@ -74,8 +75,17 @@ class TrainerHere:
     def terminate(self, instance_id: str) -> None:
         self._owner(instance_id).terminate(instance_id)
 
-    def list_owned(self, job: str) -> list[str]:
-        return sorted({*self.here.list_owned(job), *self.workers.list_owned(job)})
+    def list_owned(self, owner: Owner) -> list[str]:
+        return sorted({*self.here.list_owned(owner), *self.workers.list_owned(owner)})
+
+    def list_tagged(self) -> list[Tagged]:
+        return [*self.here.list_tagged(), *self.workers.list_tagged()]
+
+    def exit_clock(self, instance_id: str) -> float | None:
+        if self._owner(instance_id) is self.workers:
+            return self.workers.exit_clock(instance_id)
+        at = self.here.exit_clock(instance_id)  # the local half's clock: seconds since its origin, at scale 1
+        return None if at is None else self.here.t0 + at
 
     def adopt(self, req: LaunchRequest) -> bool:
         return (self.here if req.role is Role.TRAINER else self.workers).adopt(req)

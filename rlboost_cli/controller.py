@@ -28,6 +28,7 @@ from providers.base import (
     InstanceKind,
     InstanceState,
     LaunchRequest,
+    Owner,
     Provider,
     ProviderError,
     Role,
@@ -41,7 +42,7 @@ from rlboost_cli.metrics_log import METRICS_FILE, MetricsLog
 from rlboost_cli.metrics_sinks import open_sinks
 from rlboost_cli.node_extras import node_extras
 from rlboost_cli.progress import JobProgress
-from rlboost_cli.state import StateStore, StepMetrics, UnknownInstanceError
+from rlboost_cli.state import InstanceRow, StateStore, StepMetrics, UnknownInstanceError
 from rlboost_cli.step_numbers import shown
 from rollout.policies.fleet import StepSample, surplus
 from rollout.policies.reconcile import BACKOFF_CAP_S, CandidateBackoff, reconcile_fleet
@@ -68,10 +69,14 @@ class Controller:
     poll_s: float = 0.25
     backoff_cap_s: float = BACKOFF_CAP_S  # a candidate that keeps failing cools down up to this long
     teardown_wait_s: float = 60.0  # how long teardown waits for the provider to confirm terminations
+    touch_every_s: float = 2.0  # how often the store records that the live instances are still there
 
     def __post_init__(self) -> None:
         # ids are global in the store; the job id keeps a reused job name from clashing
         self.prefix = f"{self.spec.name}-{self.job_id}"
+        # what every instance is tagged with and listed by: the job's uid, never its (reused) name
+        self.owner = Owner(self.spec.name, self.job_id, self.store.job_by_id(self.job_id).uid, self.store.store_id)
+        self.touched_at = 0.0
         self.trainer_id = f"{self.prefix}-trainer"
         self.trainer_url: str | None = None
         self.worker_seq = 0
@@ -189,7 +194,7 @@ class Controller:
             env["RLBOOST_RECORD_DIR"] = str(self.run_dir / "records")
         if self.record_rollouts:
             cmd.append("--record-rollouts")
-        req = trainer_request(o, self.trainer_id, self.spec.name, env, cmd, self._node_files())
+        req = trainer_request(o, self.trainer_id, self.owner, env, cmd, self._node_files())
         self._launch(req, o.on_demand_price)
         progress.provisioning(f"trainer {self.trainer_id} ({o.describe()})")
         deadline = time.monotonic() + self.trainer_boot_timeout_s
@@ -230,6 +235,7 @@ class Controller:
                 continue
             if self._over_budget():
                 return "stopped", f"budget cap ${self.spec.budget_usd:.2f} reached"
+            self._touch_live()
             self._reconcile_workers(progress)
             progress.update(self.snapshot, self._live_workers(), self._preemptions())
             time.sleep(self.poll_s)
@@ -259,16 +265,19 @@ class Controller:
 
     def _reattach(self, progress: JobProgress) -> None:
         """After a controller restart: adopt every recorded instance the provider still runs, close
-        the records of those it does not, terminate what it runs that no record names."""
+        the records of those it does not (billed until the provider or their heartbeat says they
+        stopped), terminate what it runs that no record names. A trainer that is not serving any more
+        is relaunched, and the old workers go with it: they know only the old trainer's endpoint."""
         clock = self.provider.clock()
-        owned = set(self.provider.list_owned(self.spec.name))
         records = self.store.instances(self.job_id)
+        live = self.store.live_instances(self.job_id)
+        owned = self._listed_settled({i.id for i in live})
         by_key = {(o.cloud, o.region, o.accelerator): o.key for o in self.spot_offers}
         adopted: list[str] = []
-        for inst in self.store.live_instances(self.job_id):
+        for inst in live:
             req = LaunchRequest(
                 instance_id=inst.id,
-                job=self.spec.name,
+                owner=self.owner,
                 role=Role(inst.role),
                 kind=InstanceKind(inst.kind),
                 cloud=inst.cloud,
@@ -283,7 +292,7 @@ class Controller:
                     self.worker_offer[inst.id] = key
                     self.placement.launched(inst.id, key, clock)
             else:
-                self.store.update_instance(inst.id, InstanceState.EXITED, clock, "gone while the controller was down")
+                self._close_gone(inst)
         for iid in sorted(owned - set(adopted)):  # running, but no live record: not ours to keep
             self.provider.terminate(iid)
         workers = [int(i.id.rsplit("-w", 1)[1]) for i in records if i.role == Role.WORKER.value]
@@ -303,18 +312,42 @@ class Controller:
                 self.store.update_job(self.job_id, trainer_url=self.trainer_url)
                 progress.provisioned(f"trainer {latest} still serving at {self.trainer_url}")
                 return
+        stale = [i for i in adopted if i != latest and self.store.instance(i).role == Role.WORKER.value]
+        for iid in stale:  # they dial the old trainer's endpoint: replaced by workers that know the new one
+            self.store.add_event(self.job_id, "worker-replaced", "its trainer is relaunched", iid, clock)
+            self.provider.terminate(iid)
+        if stale:
+            progress.note(f"terminating {len(stale)} worker(s) of the old trainer; new ones will dial the new one")
         if latest is not None:
             self.trainer_restarts += 1
             self.trainer_id = f"{self.prefix}-trainer-r{self.trainer_restarts}"
         self.trainer_url, self.trainer_exit = None, None
         self._launch_trainer(progress)
 
+    def _listed_settled(self, want: set[str]) -> set[str]:
+        from rlboost_cli.reconcile import listed_settled
+
+        return listed_settled(self.provider, self.owner, want, lag_s=self.provider.kind.listing_lag_s)
+
+    def _close_gone(self, inst: InstanceRow) -> None:
+        """An instance that went while no controller watched: its record ends when the provider says
+        it stopped, else at the last time the store saw it alive (its heartbeat), never at the resume."""
+        at = self.provider.exit_clock(inst.id)
+        how = "stopped (per the provider)"
+        if at is None:
+            at = inst.last_clock if inst.last_clock is not None else inst.started_clock
+            how = "last seen alive"
+        if at is None:  # never seen running: nothing to bill
+            at, how = self.provider.clock(), "never seen running"
+        at = max(at, inst.started_clock or at)
+        self.store.update_instance(inst.id, InstanceState.EXITED, at, f"gone while the controller was down ({how})")
+
     # ---- instances ---------------------------------------------------------------------
     def _launch(self, req: LaunchRequest, on_demand_price: float | None) -> None:
         # durable first: a crash between these two lines leaves a record to reconcile, not a leak
         self.store.record_launch(self.job_id, req, self.provider.name, on_demand_price)
         try:
-            self.provider.launch(req)
+            handle = self.provider.launch(req)
         except CapacityError as e:
             why = self.redact(str(e)) or ""
             self.store.update_instance(req.instance_id, InstanceState.FAILED, self.provider.clock(), why)
@@ -323,9 +356,22 @@ class Controller:
             raise
         except Exception as e:
             why = self.redact(str(e)) or type(e).__name__
-            self.store.update_instance(req.instance_id, InstanceState.FAILED, self.provider.clock(), why)
+            self._failed_launch(req, why)
             # not chained: a printed traceback would show the unredacted message
             raise ProviderError(f"could not launch {req.instance_id}: {why}") from None
+        if handle:  # at once: what gc and a resume look the instance up by
+            self.store.set_instance_handle(req.instance_id, handle)
+
+    def _failed_launch(self, req: LaunchRequest, why: str) -> None:
+        """A launch call raised, maybe after the cloud made the instance (a timeout on the reply): look
+        for it by its tags (over the listing's lag) before calling it failed. Found, it is tracked and
+        terminated, and billed until the provider confirms; not found, it never started."""
+        if req.instance_id in self._listed_settled({req.instance_id}) and self.provider.adopt(req):
+            what = f"{why}; the instance exists: terminating it"
+            self.store.add_event(self.job_id, "launch-error-instance-found", what, req.instance_id)
+            self.provider.terminate(req.instance_id)
+            return
+        self.store.update_instance(req.instance_id, InstanceState.FAILED, self.provider.clock(), why)
 
     def _reconcile_on_start(self) -> None:
         """Terminate what the provider still holds under this job's name from earlier runs (a crashed
@@ -360,6 +406,13 @@ class Controller:
                 if ev.state.terminal:
                     self.trainer_exit = f"{ev.state.value}: {ev.detail}"
 
+    def _touch_live(self) -> None:
+        """Every few seconds: the live instances are still there (the bound a restarted controller
+        bills one up to when it went unseen and the provider cannot say when)."""
+        if time.monotonic() - self.touched_at >= self.touch_every_s:
+            self.touched_at = time.monotonic()
+            self.store.touch_live(self.job_id, self.provider.clock())
+
     def _live_workers(self) -> list:
         return [i for i in self.store.live_instances(self.job_id) if i.role == Role.WORKER.value]
 
@@ -385,7 +438,7 @@ class Controller:
         iid = f"{self.prefix}-w{self.worker_seq:03d}"
         req = LaunchRequest(
             instance_id=iid,
-            job=self.spec.name,
+            owner=self.owner,
             role=Role.WORKER,
             kind=InstanceKind.SPOT,
             cloud=offer.cloud,
@@ -542,7 +595,7 @@ class Controller:
     def teardown(self) -> None:
         """Terminate every instance this job owns: what the store knows and what the provider lists."""
         live = {i.id for i in self.store.live_instances(self.job_id)}
-        owned = set(self.provider.list_owned(self.spec.name))
+        owned = set(self.provider.list_owned(self.owner))
         # workers first, the trainer last (it may still be serving its final status)
         order = sorted(live | owned, key=lambda i: (i == self.trainer_id, i))
         for iid in order:
@@ -552,7 +605,7 @@ class Controller:
         while True:
             self._apply_events()
             try:
-                remaining &= set(self.provider.list_owned(self.spec.name))
+                remaining &= set(self.provider.list_owned(self.owner))
             except Exception as e:  # unreachable: keep them as unconfirmed rather than crash teardown
                 self.store.add_event(self.job_id, "teardown-check-failed", self.redact(str(e)) or "")
             if not remaining or time.monotonic() > deadline:

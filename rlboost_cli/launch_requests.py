@@ -5,7 +5,7 @@ starts a trainer node that runs the controller itself (node_host.py)."""
 from __future__ import annotations
 
 from contracts.spec import JobSpec
-from providers.base import InstanceKind, LaunchRequest, Role
+from providers.base import InstanceKind, LaunchRequest, Owner, Role
 from providers.pricing import Offer
 
 
@@ -19,12 +19,12 @@ def node_files(spec: JobSpec, user_envs: dict[str, str], user_secrets: dict[str,
     }
 
 
-def trainer_request(o: Offer, instance_id: str, job: str, env: dict[str, str], command: list[str], files: dict):
+def trainer_request(o: Offer, instance_id: str, owner: Owner, env: dict[str, str], command: list[str], files: dict):
     """The on-demand trainer's launch request at offer `o` (a controller's, or a SkyPilot trainer
     node's, whose head runs the controller)."""
     return LaunchRequest(
         instance_id=instance_id,
-        job=job,
+        owner=owner,
         role=Role.TRAINER,
         kind=InstanceKind.ON_DEMAND,
         cloud=o.cloud,

@@ -182,8 +182,9 @@ def follow(
     prefix = instance is None
     ended_at: float | None = None
     while True:
-        pid = store.job_by_id(job.id).controller_pid
-        alive = controller_alive(pid)
+        row = store.job_by_id(job.id)
+        pid = row.controller_pid
+        alive = controller_alive(pid, row.controller_start)
         # read after the liveness check: a controller records its end before it exits, so a dead
         # controller with an active row really died
         now = store.job_by_id(job.id)
@@ -191,7 +192,9 @@ def follow(
         if not now.active and ended_at is None:
             ended_at = time.monotonic()
         # once ended, the controller writes its last lines and exits (a pid reused since: give up)
-        if ended_at is not None and (not controller_alive(now.controller_pid) or time.monotonic() - ended_at > 10):
+        if ended_at is not None and (
+            not controller_alive(now.controller_pid, now.controller_start) or time.monotonic() - ended_at > 10
+        ):
             f.drain(readers(store, now, instance), prefix)  # the last words written before it exited
             return f"job {now.name} (id {now.id}) {now.status}"
         if now.active and pid and now.controller_pid == pid and not alive:

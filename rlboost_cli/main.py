@@ -31,6 +31,7 @@ from rlboost_cli.job_envs import (
     write_secret_envs,
 )
 from rlboost_cli.jobs_ref import resolve_job
+from rlboost_cli.pids import controller_identity
 from rlboost_cli.state import JobExistsError, JobRow, StateStore, UnknownJobError, job_run_dir, rlboost_home
 from rlboost_cli.step_numbers import checkpointed_steps, resume_message
 from rlboost_cli.tables import add_columns, narrow_table
@@ -38,6 +39,7 @@ from rlboost_cli.tables import add_columns, narrow_table
 if TYPE_CHECKING:
     from providers.pricing import Offer
     from providers.spot_market import SpotMarket
+    from rlboost_cli.reconcile import GcResult
 
 
 def examples(*lines: str) -> str:
@@ -300,7 +302,7 @@ def launch(
             f"watch it with `rlboost status {job.id}`, stop it with `rlboost down {job.id}`, "
             "or give the new job another name"
         )
-    store.update_job(job_id, controller_pid=os.getpid())  # at once: `rlboost gc` tells live from dead by it
+    store.update_job(job_id, **controller_identity())  # at once: `rlboost gc` tells live from dead by it
     run_dir = rlboost_home() / "jobs" / f"{spec.name}-{job_id}"
     run_dir.mkdir(parents=True, mode=0o700)
     (run_dir / "spec.yaml").write_text(saved)
@@ -346,7 +348,7 @@ def _start_on_node(
     except (NodeStartError, OSError) as e:
         store.update_job(job_id, status="failed", ended_at=time.time(), error=str(e))
         fail(f"job {job.name} (id {job_id}): {e}")
-    store.update_job(job_id, controller_url=addr.url, controller_pid=None)  # from now on, the node owns it
+    store.update_job(job_id, controller_url=addr.url, controller_pid=None, controller_start=None)  # the node owns it
     sync(store, store.job_by_id(job_id))
     console.print(
         f"job id {job_id}: controller running on the trainer node ({addr.url}); it keeps running when "
@@ -391,7 +393,7 @@ def _detach(store: StateStore, job_id: int, run_dir: Path, *, resume: bool, reco
     from rlboost_cli.detach import controller_log, spawn_controller
 
     pid = spawn_controller(job_id, run_dir, resume=resume, record_rollouts=record_rollouts)
-    store.update_job(job_id, controller_pid=pid)  # this process exits now; the job is the child's
+    store.update_job(job_id, **controller_identity(pid))  # this process exits now; the job is the child's
     console.print(
         f"job id {job_id}: controller running in the background (pid {pid}), log {controller_log(run_dir)}\n"
         + _job_commands(job_id),
@@ -417,7 +419,7 @@ def run_detached_controller(
     store = _store()
     job = store.job_by_id(job_id)
     run_dir = job_run_dir(job)
-    store.update_job(job_id, controller_pid=os.getpid())
+    store.update_job(job_id, **controller_identity())
     console.print(f"controller pid {os.getpid()} for job {job.name} (id {job_id})", highlight=False)
     try:  # launch checked all of this a moment ago; a failure now still must not leave the job 'pending'
         spec = load_spec(run_dir / "spec.yaml")
@@ -464,7 +466,8 @@ def run_node_controller(
     spec = load_spec(spec_file)
     # `launch --env` values come as SkyPilot secrets, named in the job file with no value
     secret = {k: os.environ[k] for k, v in spec.envs.items() if v is None and k in os.environ}
-    prepare_node(rlboost_home(), NodeJob(job_id, name, spec.provider, spec_file.read_text(), token, secret))
+    uid = os.environ.get("RLBOOST_JOB_UID") or None  # the launching machine's: the node tags instances with it
+    prepare_node(rlboost_home(), NodeJob(job_id, name, spec.provider, spec_file.read_text(), token, secret, uid))
     run_detached_controller(
         job_id,
         resume=resume,
@@ -502,12 +505,14 @@ class ControllerRun:
 def _run_controller(run: ControllerRun, *, resume: bool, trainer_here: bool = False) -> None:
     from providers import make_provider
     from rlboost_cli.controller import Controller
+    from rlboost_cli.reconcile import owner_of
 
     spec, store, job_id, run_dir = run.spec, run.store, run.job_id, run.run_dir
     token, record_rollouts, market = run.token, run.record_rollouts, run.market
     t_offer, s_offers = run.offers
     try:
-        provider = make_provider(spec, run_dir, market=market, trainer_here=trainer_here)
+        owner = owner_of(store, store.job_by_id(job_id))
+        provider = make_provider(spec, run_dir, owner=owner, market=market, trainer_here=trainer_here)
     except Exception as e:
         store.update_job(job_id, status="failed", ended_at=time.time(), error=str(e))
         fail(f"provider {spec.provider}: {e}", 2)
@@ -539,7 +544,7 @@ def _run_controller(run: ControllerRun, *, resume: bool, trainer_here: bool = Fa
 
 def _resume(ref: str, record_rollouts: bool, detach: bool = False) -> None:
     """`launch --resume ID|NAME|FILE`: the same job id, run dir, token and ledger; a new controller."""
-    from rlboost_cli.reconcile import controller_alive
+    from rlboost_cli.pids import controller_alive
     from rlboost_cli.state import UnknownJobError
 
     name = ref
@@ -556,7 +561,7 @@ def _resume(ref: str, record_rollouts: bool, detach: bool = False) -> None:
     name = job.name
     if job.status == "succeeded":
         fail(f"job {name!r} already succeeded; nothing to resume", 2)
-    if job.active and not job.remote and controller_alive(job.controller_pid):
+    if job.active and not job.remote and controller_alive(job.controller_pid, job.controller_start):
         fail(f"job {name!r} is still running (controller pid {job.controller_pid}); watch it with `rlboost status`")
     run_dir = job_run_dir(job)
     try:
@@ -573,7 +578,7 @@ def _resume(ref: str, record_rollouts: bool, detach: bool = False) -> None:
     _check_provider(spec)
     t_offer, s_offers, _ = _offers(spec)  # before the job record is touched: bad prices fail cleanly
     market = _market(spec)
-    store.update_job(job.id, controller_pid=os.getpid())
+    store.update_job(job.id, **controller_identity())
     console.print(
         f"[bold]rlboost[/] resuming job [cyan]{spec.name}[/] (id {job.id}): "
         + resume_message(job.step or 0, checkpointed_steps(run_dir))
@@ -809,10 +814,20 @@ def gc(
         str | None,
         typer.Option(help="also remove ended jobs older than this (e.g. 7d, 12h): records and run dirs"),
     ] = None,
+    all_stores: Annotated[
+        bool,
+        typer.Option(
+            "--all-stores",
+            help="also terminate rlboost instances of OTHER state stores (other machines, other "
+            "RLBOOST_HOMEs, colleagues on the same cloud account) in the clouds and regions this "
+            "store's jobs used; without it they are listed and left alone",
+        ),
+    ] = False,
 ) -> None:
-    """Find and terminate orphans: instances of jobs whose controller is gone (crashed, killed) that a
-    provider still lists, or that the state store still calls live. `--older-than 7d` also removes
-    ended jobs older than that."""
+    """Find and terminate orphans: instances of this store's jobs whose controller is gone (crashed,
+    killed) that a provider still lists under the job's id, or that the state store still calls live.
+    Instances of other stores are listed, never touched unless --all-stores. `--older-than 7d` also
+    removes ended jobs older than that."""
     from rlboost_cli.housekeeping import NotRemovable, ended_before, parse_age, remove_job
 
     try:
@@ -820,7 +835,7 @@ def gc(
     except ValueError as e:
         fail(f"--older-than: {e}", 2)
     store = _store()
-    results = _run_gc(store, wait)
+    results = _run_gc(store, wait, all_stores=all_stores)
     _report_gc(results)
     if age is not None:
         removed = []
@@ -836,7 +851,7 @@ def gc(
             markup=False,
             highlight=False,
         )
-    if any(r.unconfirmed or r.error for r in results):
+    if not results.clean:
         raise typer.Exit(1)
 
 
@@ -872,16 +887,16 @@ def _job(store: StateStore, ref: str) -> JobRow:
         fail(str(e))
 
 
-def _run_gc(store: StateStore, wait: float = 600.0) -> list:
+def _run_gc(store: StateStore, wait: float = 600.0, *, all_stores: bool = False) -> GcResult:
     from rlboost_cli.reconcile import gc as reconcile_all
 
-    return reconcile_all(store, wait_s=wait)
+    return reconcile_all(store, wait_s=wait, all_stores=all_stores)
 
 
-def _report_gc(results: list) -> None:
-    if not results:
+def _report_gc(results: GcResult) -> None:
+    if not results.jobs and not results.foreign:
         console.print("no orphans: every recorded instance is accounted for")
-    for r in results:
+    for r in [*results.jobs, *results.foreign_ended]:
         if r.error:
             err.print(f"[bold red]error:[/] job {escape(r.job)}: {escape(r.error)}", highlight=False)
             continue
@@ -889,22 +904,38 @@ def _report_gc(results: list) -> None:
         if r.unconfirmed:
             line += f"; NOT confirmed gone: {', '.join(r.unconfirmed)} (run `rlboost gc` again)"
         console.print(line, markup=False)
+    ended = {i for r in results.foreign_ended for i in r.terminated}
+    left = [f for f in results.foreign if f.instance.instance_id not in ended]
+    if left:
+        console.print(
+            f"{len(left)} instance(s) of other rlboost state stores (another machine or RLBOOST_HOME, or a "
+            "colleague on the same cloud account) left alone; `rlboost gc --all-stores` terminates them:",
+            markup=False,
+            highlight=False,
+        )
+        for f in left:
+            t = f.instance
+            console.print(
+                f"  {f.provider}: {t.instance_id} (job {t.job or '?'}, uid {t.uid or 'none'}, store {t.store or '?'})",
+                markup=False,
+                highlight=False,
+            )
 
 
 def _down_one(store: StateStore, job_id: int) -> None:
-    from rlboost_cli.reconcile import controller_alive
+    from rlboost_cli.pids import controller_alive
 
     job = store.job_by_id(job_id)
     was_active, live = job.status in ACTIVE, [i.id for i in store.live_instances(job_id)]
-    pid = job.controller_pid
+    pid, start = job.controller_pid, job.controller_start
     if job.remote and job.active:
         _down_node(store, job)
-    elif job.status in ACTIVE and controller_alive(pid):
+    elif job.status in ACTIVE and pid and controller_alive(pid, start):
         os.kill(pid, signal.SIGTERM)  # the controller tears down and records it
         deadline = time.time() + provider_kind(job.provider).confirm_timeout_s  # a cloud confirms in minutes
         while time.time() < deadline and store.job_by_id(job_id).status in ACTIVE:
             time.sleep(0.2)
-        while time.time() < deadline and controller_alive(pid):  # it exits once its records are closed
+        while time.time() < deadline and controller_alive(pid, start):  # it exits once its records are closed
             time.sleep(0.1)
     job = store.job_by_id(job_id)
     leftovers = _teardown_orphans(store, job)
@@ -967,7 +998,7 @@ def _teardown_orphans(store: StateStore, job) -> int:
     from rlboost_cli.reconcile import provider_for, reconcile
 
     try:
-        prov = provider_for(job)
+        prov = provider_for(job, store)
     except Exception as e:
         fail(f"job {job.name}: cannot reach provider {job.provider} to terminate its instances: {e}")
     if prov is None:  # nothing was ever started

@@ -46,6 +46,7 @@ class NodeJob:
     spec_yaml: str
     token: str
     secret_envs: dict[str, str] = field(default_factory=dict)  # `launch --env` values
+    uid: str | None = None  # the job's uid: the instances the node launches are tagged with it
 
 
 def prepare_node(home: Path, job: NodeJob) -> Path:
@@ -58,7 +59,7 @@ def prepare_node(home: Path, job: NodeJob) -> Path:
         try:
             node_store.job_by_id(job.job_id)
         except UnknownJobError:
-            node_store.create_job(job.name, job.spec_yaml, job.provider, job_id=job.job_id)
+            node_store.create_job(job.name, job.spec_yaml, job.provider, job_id=job.job_id, uid=job.uid)
     run_dir = home / "jobs" / f"{job.name}-{job.job_id}"  # job_run_dir() of the node's RLBOOST_HOME
     run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     for fname, text in (("spec.yaml", job.spec_yaml), ("token", job.token)):
@@ -77,7 +78,7 @@ class LocalTrainerNode:
         self.launch_dir = job_run_dir(job)
         self.home = node_home(self.launch_dir)
         self.run_dir = node_run_dir(job)
-        self.name, self.job_id = job.name, job.id
+        self.name, self.job_id, self.uid = job.name, job.id, job.uid
 
     def start(
         self, spec_yaml: str, token: str, *, resume: bool, record_rollouts: bool, timeout_s: float = 60.0
@@ -85,7 +86,7 @@ class LocalTrainerNode:
         """Set the node up (first start) and start its controller; where it listens."""
         # `launch --env` values travel as the token does
         secret = read_secret_envs(self.launch_dir)
-        prepare_node(self.home, NodeJob(self.job_id, self.name, "local", spec_yaml, token, secret))
+        prepare_node(self.home, NodeJob(self.job_id, self.name, "local", spec_yaml, token, secret, self.uid))
         (self.run_dir / api.CONTROL_FILE).unlink(missing_ok=True)
         pid = spawn_controller(
             self.job_id, self.run_dir, resume=resume, record_rollouts=record_rollouts, node_home=self.home
@@ -135,7 +136,7 @@ class SkyTrainerNode:
         (its setup installs rlboost first: minutes). `record_rollouts` is a local-provider option."""
         from contracts.spec import parse_spec
         from providers import price_lookup
-        from providers.base import CapacityError, ProviderError, Role
+        from providers.base import CapacityError, Owner, ProviderError, Role
         from providers.bootstrap import EXTRAS_ENV
         from providers.pricing import PricingError, trainer_offer
         from rlboost_cli.launch_requests import node_files, trainer_request
@@ -154,7 +155,8 @@ class SkyTrainerNode:
             EXTRAS_ENV: ",".join(node_extras(spec, Role.TRAINER)),  # the trainer runs on this node
         }
         # the node's controller hands the job's variables and files on to its trainer and workers
-        req = trainer_request(offer, self.instance_id, self.job.name, env, [], node_files(spec, *envs))
+        owner = Owner(self.job.name, self.job.id, self.job.uid)
+        req = trainer_request(offer, self.instance_id, owner, env, [], node_files(spec, *envs))
         try:
             url = self.provider.start_node(req, job_id=self.job.id, resume=resume)
         except (CapacityError, ProviderError) as e:

@@ -191,18 +191,19 @@ def metrics_file(job: JobRow) -> Path:
 def controller_state(store: StateStore, job: JobRow) -> bool | None:
     """Is an active job's controller process alive? None for an ended job (it has none) and for one
     whose launch is still recording its controller."""
-    from rlboost_cli.reconcile import _just_created, controller_alive
+    from rlboost_cli.pids import controller_alive
+    from rlboost_cli.reconcile import _just_created
 
     if not job.active:
         return None
     if job.remote:
         return controller_reachable(job)
-    if controller_alive(job.controller_pid):
+    if controller_alive(job.controller_pid, job.controller_start):
         return True
     # a controller records its job's end before it exits: one that just finished is not dead
     again = store.job_by_id(job.id)
     if not again.active or again.controller_pid != job.controller_pid:
-        return None if not again.active else controller_alive(again.controller_pid)
+        return None if not again.active else controller_alive(again.controller_pid, again.controller_start)
     return None if _just_created(job) else False
 
 

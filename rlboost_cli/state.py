@@ -18,6 +18,7 @@ import os
 import sqlite3
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
@@ -26,7 +27,7 @@ from typing import Any
 
 from providers.base import InstanceState, LaunchRequest
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 JOB_STATUSES = ("pending", "running", "succeeded", "failed", "stopped")
 ACTIVE_STATUSES = ("pending", "running")
@@ -129,8 +130,21 @@ ALTER TABLE jobs ADD COLUMN controller_url TEXT;
 ALTER TABLE jobs ADD COLUMN synced_at REAL
 """
 
+# v5: ownership by identity. Every job gets a uid, unique across stores and machines, which its
+# instances carry in their cloud tags (NULL: recorded before; its instances are known by name and id).
+# The controller's process start ("boot id:start ticks") beside its pid, so a reused pid is not taken
+# for it. `meta` holds the store's own id (tagged on every instance it launches, for `gc` to tell
+# other stores' instances apart).
+_SCHEMA_V5 = """
+ALTER TABLE jobs ADD COLUMN uid TEXT;
+ALTER TABLE jobs ADD COLUMN controller_start TEXT;
+CREATE UNIQUE INDEX jobs_uid ON jobs(uid) WHERE uid IS NOT NULL;
+CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+INSERT INTO meta (key, value) VALUES ('store_id', lower(hex(randomblob(16))))
+"""
+
 # Future schema changes: add {N: "ALTER TABLE ..."} here and bump SCHEMA_VERSION.
-_MIGRATIONS: dict[int, str] = {1: _SCHEMA_V1, 2: _SCHEMA_V2, 3: _SCHEMA_V3, 4: _SCHEMA_V4}
+_MIGRATIONS: dict[int, str] = {1: _SCHEMA_V1, 2: _SCHEMA_V2, 3: _SCHEMA_V3, 4: _SCHEMA_V4, 5: _SCHEMA_V5}
 
 _INSERT_EVENT = "INSERT INTO events (job_id, instance_id, type, detail, clock, wall) VALUES (?, ?, ?, ?, ?, ?)"
 
@@ -186,6 +200,8 @@ class JobRow:
     tokens_total: int | None
     controller_url: str | None = None  # set: the controller runs on the trainer node, reached there
     synced_at: float | None = None  # when this store last copied the node controller's records
+    uid: str | None = None  # unique across stores: what its instances are tagged with (None: before v5)
+    controller_start: str | None = None  # the controller process's start (rlboost_cli/pids.py)
 
     @property
     def active(self) -> bool:
@@ -282,9 +298,10 @@ _JOB_FIELDS = {
     "tokens_total",
     "controller_url",
     "synced_at",
+    "controller_start",
 }
 # what a copy of a node controller's job row takes from it (identity and the link to it stay local)
-_COPIED_JOB_FIELDS = _JOB_FIELDS - {"controller_pid", "controller_url", "synced_at"}
+_COPIED_JOB_FIELDS = _JOB_FIELDS - {"controller_pid", "controller_start", "controller_url", "synced_at"}
 
 
 def _private_file(path: Path) -> None:
@@ -370,6 +387,11 @@ class StateStore:
         with self._lock:
             self._db.close()
 
+    @property
+    def store_id(self) -> str:
+        """This store's own id (made once, with the store): every instance it launches is tagged with it."""
+        return str(self._query("SELECT value FROM meta WHERE key = 'store_id'")[0]["value"])
+
     def __enter__(self) -> StateStore:
         return self
 
@@ -378,10 +400,12 @@ class StateStore:
 
     # ---- jobs --------------------------------------------------------------------------
 
-    def create_job(self, name: str, spec_yaml: str, provider: str, *, job_id: int | None = None) -> int:
-        """A new 'pending' job; JobExistsError while another job of that name is pending/running.
-        `job_id`: the id the launching machine gave it (a trainer node's store keeps the same ids,
-        so instance ids, which embed it, are the same in both stores)."""
+    def create_job(
+        self, name: str, spec_yaml: str, provider: str, *, job_id: int | None = None, uid: str | None = None
+    ) -> int:
+        """A new 'pending' job with a new uid; JobExistsError while another job of that name is
+        pending/running. `job_id`, `uid`: what the launching machine gave it (a trainer node's store
+        keeps the same, so instance ids, which embed the id, and their uid tags agree in both stores)."""
         with self._tx() as db:
             row = db.execute(
                 "SELECT id, status FROM jobs WHERE name = ? AND status IN ('pending', 'running')",
@@ -393,9 +417,9 @@ class StateStore:
                     "its job has ended (run `rlboost status` to list jobs), or pick another name"
                 )
             cur = db.execute(
-                "INSERT INTO jobs (id, name, spec_yaml, provider, status, created_at) "
-                "VALUES (?, ?, ?, ?, 'pending', ?)",
-                (job_id, name, spec_yaml, provider, self._now()),
+                "INSERT INTO jobs (id, name, spec_yaml, provider, status, created_at, uid) "
+                "VALUES (?, ?, ?, ?, 'pending', ?, ?)",
+                (job_id, name, spec_yaml, provider, self._now(), uid or uuid.uuid4().hex),
             )
             job_id = int(cur.lastrowid or 0)
             db.execute(
@@ -521,6 +545,18 @@ class StateStore:
             db.execute(
                 _INSERT_EVENT,
                 (row["job_id"], instance_id, st.value, detail, clock, self._now()),
+            )
+
+    def touch_live(self, job_id: int, clock: float) -> None:
+        """The controller saw the job's live instances still there at `clock`: their `last_clock`,
+        which bounds when one went while no controller watched (a restarted controller bills it
+        until then when the provider cannot say exactly)."""
+        ended = ",".join("?" * len(_TERMINAL_STATES))
+        with self._tx() as db:
+            db.execute(
+                f"UPDATE instances SET last_clock = MAX(COALESCE(last_clock, ?), ?) "
+                f"WHERE job_id = ? AND state NOT IN ({ended})",
+                (clock, clock, job_id, *_TERMINAL_STATES),
             )
 
     def set_instance_handle(self, instance_id: str, handle: str) -> None:

@@ -23,7 +23,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import tests.sky_fake  # noqa: F401  (offline SkyPilot environment before anything imports sky)
-from providers.base import InstanceEvent, InstanceKind, LaunchRequest, Provider, Role
+from providers.base import InstanceEvent, InstanceKind, LaunchRequest, Owner, Provider, Role
 
 SLEEP = [sys.executable, "-c", "import time; time.sleep(120)"]
 TRAINER = [
@@ -47,6 +47,11 @@ class World:
     cloud: str = "local"
     accelerator: str = "A100"
 
+    @property
+    def owner(self) -> Owner:
+        """The job by identity (its uid is derived from its name: one job a world)."""
+        return Owner(self.job, 1, f"uid-{self.job}", "store-test")
+
     def provider(self) -> Provider:
         p = self.make()
         self.providers.append(p)
@@ -57,7 +62,7 @@ class World:
         iid = f"{self.job}-1-trainer" if trainer else f"{self.job}-1-w{int(n):03d}"
         return LaunchRequest(
             instance_id=iid,
-            job=self.job,
+            owner=self.owner,
             role=role,
             kind=InstanceKind.ON_DEMAND if trainer else InstanceKind.SPOT,
             cloud=self.cloud,
@@ -85,7 +90,7 @@ class World:
 
     def wait_unlisted(self, p: Provider, iid: str, timeout: float = 15.0) -> None:
         deadline = time.monotonic() + timeout
-        while iid in p.list_owned(self.job):
+        while iid in p.list_owned(self.owner):
             if time.monotonic() > deadline:
                 raise AssertionError(f"{self.name}: {iid} still listed after {timeout}s")
             self.settle()
@@ -133,7 +138,7 @@ def local_world(tmp: Path, job: str) -> Iterator[World]:
         yield w
     finally:
         for p in w.providers:
-            for iid in p.list_owned(job):
+            for iid in p.list_owned(w.owner):
                 p.terminate(iid)
 
 
@@ -159,7 +164,7 @@ def _sky_world(tmp: Path, job: str, node: Callable[[Path, Provider], Provider] |
     finally:
         for p in w.providers:
             if node is not None:
-                for iid in p.list_owned(job):
+                for iid in p.list_owned(w.owner):
                     p.terminate(iid)
             p.close()
 
@@ -248,8 +253,10 @@ def aws_world(tmp: Path, job: str) -> Iterator[World]:
                     code = "Server.SpotInstanceTermination"
                     inst.state_reason = StateReason(f"{code}: Spot instance termination", code)
 
+        owner = Owner(job, 1, f"uid-{job}", "store-test")
+
         def make() -> AwsProvider:
-            return AwsProvider(run_dir, job, ["us-east-1"], session=session, ami=ami, describe_every_s=0)
+            return AwsProvider(run_dir, owner, ["us-east-1"], session=session, ami=ami, describe_every_s=0)
 
         w = World(
             "aws", job, "us-east-1", make, lambda: state.update(refuse=True), preempt, cloud="aws", accelerator="V100"
@@ -272,7 +279,7 @@ def gcp_world(tmp: Path, job: str) -> Iterator[World]:
     def make() -> GcpProvider:
         return GcpProvider(
             run_dir,
-            job,
+            Owner(job, 1, f"uid-{job}", "store-test"),
             "proj",
             credentials=AnonymousCredentials(),
             api_endpoint=fake.endpoint,

@@ -107,11 +107,12 @@ class FakeGce:
                 op = self.ops.get(m.group(3))
                 return (200, op) if op else (404, _err(404, "operation not found"))
             if m := re.fullmatch(r"([^/]+)/aggregated/instances", p):
-                want = _label_filter((query.get("filter") or [""])[0])
+                expr = (query.get("filter") or [""])[0]
+                want, has = _label_filter(expr), _label_keys(expr)
                 items: dict[str, Any] = {}
                 for inst in self.instances.values():
                     labels = inst.get("labels") or {}
-                    if all(labels.get(k) == v for k, v in want.items()):
+                    if all(labels.get(k) == v for k, v in want.items()) and all(k in labels for k in has):
                         scope = "zones/" + inst["zone"].rsplit("/", 1)[-1]
                         items.setdefault(scope, {"instances": []})["instances"].append(inst)
                 return 200, {"kind": "compute#instanceAggregatedList", "items": items}
@@ -156,3 +157,8 @@ def _err(code: int, message: str, reason: str = "notFound") -> dict:
 
 def _label_filter(expr: str) -> dict[str, str]:
     return dict(re.findall(r'labels\.([a-z0-9_-]+)\s*=\s*"([^"]*)"', expr))
+
+
+def _label_keys(expr: str) -> list[str]:
+    """`labels.KEY:*`: the instance has that label, whatever its value (Compute Engine's filter syntax)."""
+    return re.findall(r"labels\.([a-z0-9_-]+):\*", expr)

@@ -34,6 +34,7 @@ def test_worker_is_a_tagged_spot_instance_with_imdsv2_and_a_bootstrap(world):
     assert inst.get("InstanceLifecycle") == "spot"
     tags = {t["Key"]: t["Value"] for t in inst["Tags"]}
     assert tags["rlboost-job"] == "demo" and tags["rlboost-role"] == "worker"
+    assert tags["rlboost-job-uid"] == "uid-demo" and tags["rlboost-store"] == "store-test"
     assert inst["MetadataOptions"]["HttpTokens"] == "required"  # IMDSv2: the notice watcher uses a token
     ud = world.session.client("ec2").describe_instance_attribute(InstanceId=inst["InstanceId"], Attribute="userData")
     script = base64.b64decode(ud["UserData"]["Value"]).decode()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import sqlite3
 from pathlib import Path
 
@@ -11,6 +10,7 @@ import pytest
 import yaml
 from aiohttp import web
 
+from rlboost_cli.pids import controller_identity
 from rlboost_cli.state import StateStore
 from tests.conftest import ROOT, run_cli
 from tests.route_coordinator import idle_coordinator
@@ -68,7 +68,7 @@ def test_price_cap_below_every_offer(tmp_path, home):
 def test_second_launch_of_a_running_job_is_refused(tmp_path, home):
     store = StateStore(home / "state.db")
     jid = store.create_job("twice", "name: twice\n", "local")
-    store.update_job(jid, status="running", controller_pid=os.getpid())
+    store.update_job(jid, status="running", **controller_identity())
     job = {"name": "twice", "rollout": {"max_workers": 0}}
     proc = run_cli("launch", str(write(tmp_path, job)), home=home)
     assert proc.returncode == 1

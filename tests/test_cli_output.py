@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from providers.base import InstanceKind, InstanceState, LaunchRequest, Role
+from providers.base import InstanceKind, InstanceState, LaunchRequest, Owner, Role
 from rlboost_cli.state import StateStore
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -127,7 +127,7 @@ def _job_with_long_ids(home: Path) -> None:
         store.update_job(job, status="running", started_at=1000.0, step=3, reward=0.25, clock=3600.0)
         for iid, kind in ((f"{NAME}-17-trainer", InstanceKind.ON_DEMAND), (WORKER, InstanceKind.SPOT)):
             role = Role.TRAINER if kind is InstanceKind.ON_DEMAND else Role.WORKER
-            req = LaunchRequest(iid, NAME, role, kind, "local", "us-central1-a", "A100-80GB:8", 1.5)
+            req = LaunchRequest(iid, Owner(NAME, 1), role, kind, "local", "us-central1-a", "A100-80GB:8", 1.5)
             store.record_launch(job, req, "local", 3.0)
             store.update_instance(iid, InstanceState.RUNNING, 60.0)
 

@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 import tests.sky_fake  # noqa: F401  (SKYPILOT_DISABLE_LOCAL_API_SERVER, SKY_RUNTIME_DIR with the catalogs)
-from providers.base import InstanceKind, InstanceState, LaunchRequest, Role
+from providers.base import InstanceKind, InstanceState, LaunchRequest, Owner, Role
 from rlboost_cli.state import StateStore
 from tests.conftest import ROOT
 
@@ -155,7 +155,7 @@ def test_a_budget_already_spent_refuses_before_anything(home, tmp_path):
         jid,
         LaunchRequest(
             "aws-gcp-demo-1-trainer",
-            "aws-gcp-demo",
+            Owner("aws-gcp-demo", 1),
             Role.TRAINER,
             InstanceKind.ON_DEMAND,
             "aws",

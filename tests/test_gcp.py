@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from providers.base import InstanceState, Role
+from providers.base import InstanceState, Owner, Role
 from tests.cloud_worlds import gcp_world
 
 
@@ -28,7 +28,13 @@ def test_worker_is_a_labelled_spot_vm_that_deletes_itself_on_preemption(world):
     assert body["scheduling"]["provisioningModel"] == "SPOT"
     assert body["scheduling"]["instanceTerminationAction"] == "DELETE"
     assert body["machineType"].endswith("/machineTypes/a2-highgpu-1g")  # A100:1, from the catalog
-    assert body["labels"] == {"rlboost-job": "demo", "rlboost-instance": "demo-1-w001", "rlboost-role": "worker"}
+    assert body["labels"] == {
+        "rlboost-job": "demo",
+        "rlboost-job-uid": "uid-demo",
+        "rlboost-store": "store-test",
+        "rlboost-instance": "demo-1-w001",
+        "rlboost-role": "worker",
+    }
     (item,) = body["metadata"]["items"]
     assert item["key"] == "startup-script"
     assert "export RLBOOST_NOTICE=gcp" in item["value"] and "export RLBOOST_TRAINER_URL=http://t:1" in item["value"]
@@ -72,6 +78,7 @@ def test_preempted_vm_is_reported_and_a_restarted_controller_lists_by_label(worl
     evs = world.wait(p, lambda e: any(x.state is InstanceState.PREEMPTED for x in e))
     assert [x.instance_id for x in evs if x.state is InstanceState.PREEMPTED] == ["demo-1-w001"]
     fresh = world.provider()
-    assert fresh.list_owned("demo") == ["demo-1-w002"] and fresh.list_owned("dem") == []
+    assert fresh.list_owned(world.owner) == ["demo-1-w002"]
+    assert fresh.list_owned(Owner("dem", 1, "uid-dem")) == []
     fresh.terminate("demo-1-w002")
     assert world.fake.live() == []

@@ -18,7 +18,7 @@ import yaml
 import tests.sky_fake  # noqa: F401  (offline SkyPilot first)
 from contracts.mounts import MOUNT_ROOT_ENV, find_mount, mounted_name, node_path
 from contracts.spec import SpecError, load_spec, parse_spec, spec_to_yaml
-from providers.base import InstanceKind, InstanceState, LaunchRequest, Role
+from providers.base import InstanceKind, InstanceState, LaunchRequest, Owner, Role
 from providers.local import LocalProvider
 from providers.skypilot import SkyPilotProvider
 from rlboost_cli.job_envs import (
@@ -336,7 +336,7 @@ def test_local_instances_get_the_envs_and_copies_of_the_mounts(tmp_path):
     prov = LocalProvider(tmp_path / "run", ScriptedMarket(), term_grace_s=1.0)
     req = LaunchRequest(
         instance_id="env-job-1-trainer",
-        job="env-job",
+        owner=Owner("env-job", 1, "uid-env-job"),
         role=Role.TRAINER,
         kind=InstanceKind.ON_DEMAND,
         cloud="local",
@@ -370,7 +370,7 @@ def sky_req(iid: str, role: Role = Role.WORKER, **extra) -> LaunchRequest:
     trainer = role is Role.TRAINER
     return LaunchRequest(
         instance_id=iid,
-        job="demo",
+        owner=Owner("demo", 1, "uid-demo"),
         role=role,
         kind=InstanceKind.ON_DEMAND if trainer else InstanceKind.SPOT,
         cloud="aws",

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from providers.base import InstanceKind, InstanceState, LaunchRequest, Role
+from providers.base import InstanceKind, InstanceState, LaunchRequest, Owner, Role
 from rlboost_cli.ledger import summarize, summarize_all
 from rlboost_cli.state import StateStore, StepMetrics
 
@@ -26,7 +26,7 @@ def _launch(
 ) -> None:
     req = LaunchRequest(
         instance_id=iid,
-        job="j",
+        owner=Owner("j", 1, "uid-j"),
         role=Role.WORKER if kind is InstanceKind.SPOT else Role.TRAINER,
         kind=kind,
         cloud=cloud,

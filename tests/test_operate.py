@@ -21,7 +21,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from providers.base import InstanceKind, LaunchRequest, Role
+from providers.base import InstanceKind, LaunchRequest, Owner, Role
+from rlboost_cli.pids import controller_identity
 from rlboost_cli.reconcile import controller_alive
 from rlboost_cli.state import StateStore, StepMetrics
 from tests.chaos import job_step, wait_until_step
@@ -300,7 +301,8 @@ def test_resume_message_names_the_step_the_trainer_continues_at(tmp_path):
 
 def _record(store: StateStore, job_id: int, iid: str, role: Role) -> None:
     req = LaunchRequest(
-        instance_id=iid, job="x", role=role, kind=InstanceKind.ON_DEMAND if role is Role.TRAINER else InstanceKind.SPOT,
+        instance_id=iid, owner=Owner("x", 1, "uid-x"), role=role,
+        kind=InstanceKind.ON_DEMAND if role is Role.TRAINER else InstanceKind.SPOT,
         cloud="local", region=None, accelerator=None, hourly_price=1.0,
     )
     store.record_launch(job_id, req, "local", None)
@@ -319,7 +321,7 @@ def test_ids_newest_first_and_dead_controller_is_shown(home):
     b = store.create_job("ops-ids", "name: ops-ids\n", "local")  # a second run of the same name
     store.update_job(b, status="running", controller_pid=_dead_pid())
     c = store.create_job("ops-live", "name: ops-live\n", "local")
-    store.update_job(c, status="running", controller_pid=os.getpid())
+    store.update_job(c, status="running", **controller_identity())
     store.close()
 
     jobs = run_json("status", home=home)["jobs"]
@@ -354,7 +356,7 @@ def test_rm_refuses_an_active_job_and_removes_an_ended_one(home):
     store.record_step(old, StepMetrics(1, 1, 0.5, 10, 8, 0, 1.0, 5.0))
     store.update_job(old, status="stopped", ended_at=time.time())
     live = store.create_job("ops-rm", "name: ops-rm\n", "local")
-    store.update_job(live, status="running", controller_pid=os.getpid())
+    store.update_job(live, status="running", **controller_identity())
     store.close()
     run_dir = home / "jobs" / f"ops-rm-{old}"
     run_dir.mkdir(parents=True)
@@ -377,7 +379,7 @@ def test_gc_older_than_removes_only_old_ended_jobs(home):
         store.update_job(ids[name], status="succeeded", ended_at=time.time() - ended_ago)
     # created a month ago but still active (its controller is this process): never removed
     ids["ops-active"] = store.create_job("ops-active", "name: ops-active\n", "local")
-    store.update_job(ids["ops-active"], status="running", controller_pid=os.getpid())
+    store.update_job(ids["ops-active"], status="running", **controller_identity())
     store.close()
     bad = run_cli("gc", "--older-than", "soon", home=home)
     assert bad.returncode == 2 and "7d" in bad.stderr
@@ -439,7 +441,7 @@ def test_logs_follow_picks_up_a_restarted_trainer_and_returns_when_the_job_ends(
     try:
         store = StateStore(home / "state.db")
         jid = store.create_job("ops-follow", "name: ops-follow\n", "local")
-        store.update_job(jid, status="running", controller_pid=controller.pid)
+        store.update_job(jid, status="running", **controller_identity(controller.pid))
         _record(store, jid, "ops-follow-1-trainer", Role.TRAINER)
         run_dir = home / "jobs" / f"ops-follow-{jid}"
         first = run_dir / "instances" / "ops-follow-1-trainer" / "log"

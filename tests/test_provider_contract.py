@@ -8,7 +8,7 @@ import uuid
 
 import pytest
 
-from providers.base import CapacityError, InstanceState, Provider, Role
+from providers.base import CapacityError, InstanceState, Owner, Provider, Role
 from tests.cloud_worlds import WORLDS, World
 
 
@@ -37,8 +37,8 @@ def test_launch_returns_at_once_then_reports_running_and_is_listed(world: World)
     assert time.monotonic() - t0 < 2.0, "launch must not wait for the instance"
     evs = world.wait(p, lambda e: InstanceState.RUNNING in states(e, req.instance_id))
     assert not any(s.terminal for s in states(evs, req.instance_id))
-    assert req.instance_id in p.list_owned(world.job)
-    assert req.instance_id not in p.list_owned(world.job + "x")  # another job's listing never claims it
+    assert req.instance_id in p.list_owned(world.owner)
+    assert req.instance_id not in p.list_owned(Owner(world.job + "x", 1, "uid-x"))  # another job never claims it
 
 
 def test_trainer_reports_its_endpoint(world: World):
@@ -95,7 +95,7 @@ def test_a_restarted_controller_finds_and_removes_what_it_did_not_know(world: Wo
     world.wait(first, lambda e: all(InstanceState.RUNNING in states(e, r.instance_id) for r in reqs))
     # the controller dies; a new one knows nothing but the job's name
     second = world.provider()
-    owned = second.list_owned(world.job)
+    owned = second.list_owned(world.owner)
     assert sorted(r.instance_id for r in reqs) == owned
     for iid in owned:
         second.terminate(iid)

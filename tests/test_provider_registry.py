@@ -12,6 +12,7 @@ import pytest
 from contracts.provider_kinds import PROVIDER_KINDS, ProviderKind, UnknownProviderError, provider_kind
 from contracts.spec import PROVIDERS, JobSpec, parse_spec
 from providers import PROVIDER_CLASSES, PROVIDER_CLOUDS, PreflightError, make_provider, provider_class
+from providers.base import Owner
 
 ROOT = Path(__file__).resolve().parent.parent
 # not project code: the providers themselves (they may know their own names), tests, build output
@@ -42,7 +43,7 @@ def test_each_provider_class_declares_its_registry_kind(name: str) -> None:
 def test_factory_builds_the_class_the_registry_names(tmp_path: Path) -> None:
     spec = parse_spec(LOCAL_JOB)
     assert spec.provider == "local"
-    p = make_provider(spec, tmp_path)
+    p = make_provider(spec, tmp_path, owner=Owner(spec.name, 1, "uid"))
     try:
         assert type(p) is provider_class("local")
         assert p.kind is PROVIDER_KINDS["local"]
@@ -57,7 +58,7 @@ def test_an_unknown_provider_is_a_clear_error(tmp_path: Path) -> None:
         provider_class("nope")
     spec = parse_spec(LOCAL_JOB).model_copy(update={"provider": "nope"})
     with pytest.raises(PreflightError, match="provider: unknown provider 'nope'"):
-        make_provider(spec, tmp_path)
+        make_provider(spec, tmp_path, owner=Owner(spec.name, 1, "uid"))
 
 
 def test_the_job_file_rules_follow_the_records() -> None:

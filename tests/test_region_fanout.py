@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from providers.base import InstanceKind, LaunchRequest, Role
+from providers.base import InstanceKind, LaunchRequest, Owner, Role
 from providers.bootstrap import node_env
 from tests.test_weight_swarm import TOKEN, assert_same, model, serve
 from weights.peer_server import ServeOptions, WeightNode
@@ -181,7 +181,7 @@ def test_a_dead_seeds_leases_lapse_and_go_to_its_region_mate() -> None:
 
 
 def test_node_env_and_worker_carry_the_region(monkeypatch: pytest.MonkeyPatch) -> None:
-    req = LaunchRequest("j-1-w001", "j", Role.WORKER, InstanceKind.SPOT, "gcp", "us-central1", "L4", 0.5)
+    req = LaunchRequest("j-1-w001", Owner("j", 1), Role.WORKER, InstanceKind.SPOT, "gcp", "us-central1", "L4", 0.5)
     env = node_env(req, port=1, from_workdir=True)
     assert (env["RLBOOST_CLOUD"], env["RLBOOST_REGION"]) == ("gcp", "us-central1")
     for k, v in env.items():

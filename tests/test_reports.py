@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from providers.base import InstanceKind, InstanceState, LaunchRequest, Role
+from providers.base import InstanceKind, InstanceState, LaunchRequest, Owner, Role
 from rlboost_cli.reports import cost_json, render_cost, render_status, sparkline, status_json
 from rlboost_cli.state import StateStore, StepMetrics, UnknownJobError
 
@@ -25,7 +25,7 @@ def store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> StateStore:
 def _launch(store: StateStore, job: int, iid: str, kind: InstanceKind, price: float, od: float | None) -> None:
     req = LaunchRequest(
         instance_id=iid,
-        job="demo",
+        owner=Owner("demo", 1, "uid-demo"),
         role=Role.TRAINER if kind is InstanceKind.ON_DEMAND else Role.WORKER,
         kind=kind,
         cloud="local",

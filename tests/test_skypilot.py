@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 import threading
 import time
+from dataclasses import replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -15,7 +16,7 @@ import yaml
 
 import tests.sky_fake  # noqa: F401  (offline SkyPilot first)
 from contracts.status import TrainerStatus
-from providers.base import InstanceKind, InstanceState, LaunchRequest, Role
+from providers.base import InstanceKind, InstanceState, LaunchRequest, Owner, Role
 from providers.skypilot import SkyPilotProvider
 from tests.cloud_worlds import write_spec
 from tests.sky_fake import FakeSky, sky  # `sky` as imported after the offline environment was set
@@ -25,7 +26,7 @@ def req(iid: str, role: Role = Role.WORKER, cloud: str = "gcp", acc: str = "A100
     trainer = role is Role.TRAINER
     return LaunchRequest(
         instance_id=iid,
-        job="demo",
+        owner=Owner("demo", 1, "uid-demo"),
         role=role,
         kind=InstanceKind.ON_DEMAND if trainer else InstanceKind.SPOT,
         cloud=cloud,
@@ -98,7 +99,7 @@ def test_trainer_task(prov, fake, tmp_path):
     assert res["autostop"] == {"idle_minutes": 30, "down": True}  # the safety net if the controller dies
     assert kw["down"] is True and kw["idle_minutes_to_autostop"] == 30
     assert cfg["num_nodes"] == 2
-    assert res["labels"]["rlboost-job"] == "demo"
+    assert res["labels"]["rlboost-job"] == "demo" and res["labels"]["rlboost-job-uid"] == "uid-demo"
     assert '--port "$RLBOOST_TRAINER_PORT"' in cfg["run"] and cfg["envs"]["RLBOOST_TRAINER_PORT"] == "8787"
     # the job file travels without local-only paths (the trainer validates it again on the node)
     mounted = Path(cfg["file_mounts"]["~/.rlboost/spec.yaml"])
@@ -178,15 +179,18 @@ def test_terminate_while_launching_cancels_and_downs(prov, fake):
     assert fake.live() == []
 
 
-def test_list_owned_uses_anchored_names_and_labels(prov, fake):
+def test_list_owned_goes_by_the_jobs_uid_label(prov, fake):
+    demo = req("demo-1-w001").owner
     prov.launch(req("demo-1-w001"))
     drain(prov, lambda e: any(x.state is InstanceState.RUNNING for x in e))
     other = SkyPilotProvider(prov.run_dir, sdk=fake)
-    r = req("demo-2-3-w001")  # job "demo-2", not "demo"
-    other.launch(LaunchRequest(**{**r.__dict__, "job": "demo-2"}))
+    demo2 = Owner("demo-2", 3, "uid-demo-2")  # job "demo-2", not "demo"
+    other.launch(replace(req("demo-2-3-w001"), owner=demo2))
     drain(other, lambda e: any(x.state is InstanceState.RUNNING for x in e))
-    assert prov.list_owned("demo") == ["demo-1-w001"]
-    assert prov.list_owned("demo-2") == ["demo-2-3-w001"]
+    assert prov.list_owned(demo) == ["demo-1-w001"]
+    assert prov.list_owned(demo2) == ["demo-2-3-w001"]
+    # a later run of "demo" (another uid) never claims the first run's cluster
+    assert prov.list_owned(Owner("demo", 1, "uid-of-another-run")) == []
     other.close()
 
 

@@ -23,7 +23,7 @@ import yaml
 
 import tests.sky_fake  # noqa: F401  (offline SkyPilot first)
 from contracts.spec import SpecError, parse_spec, spec_to_yaml
-from providers.base import CapacityError, InstanceKind, LaunchRequest, Role
+from providers.base import CapacityError, InstanceKind, LaunchRequest, Owner, Role
 from providers.bootstrap import CONTROL_PORT, TRAINER_PORT
 from providers.node_address import NoPublicAddress, public_host
 from providers.skypilot import NODE_AUTOSTOP_MIN, SkyPilotProvider
@@ -55,7 +55,7 @@ def sky_job(name: str = "sky-node", *, steps: int = 2, **extra) -> dict:
 def node_request(iid: str = "sky-node-7-trainer") -> LaunchRequest:
     return LaunchRequest(
         instance_id=iid,
-        job="sky-node",
+        owner=Owner("sky-node", 1, "uid-sky-node"),
         role=Role.TRAINER,
         kind=InstanceKind.ON_DEMAND,
         cloud="aws",

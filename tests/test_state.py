@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from providers.base import InstanceKind, InstanceState, LaunchRequest, Role
+from providers.base import InstanceKind, InstanceState, LaunchRequest, Owner, Role
 from rlboost_cli import state
 from rlboost_cli.state import (
     JobExistsError,
@@ -25,7 +25,7 @@ SECRET = "tok-7f3a9c1e5b2d4e6f8a0b"
 def _req(iid: str, kind: InstanceKind = InstanceKind.SPOT, price: float = 1.0) -> LaunchRequest:
     return LaunchRequest(
         instance_id=iid,
-        job="demo",
+        owner=Owner("demo", 1, "uid-demo"),
         role=Role.WORKER if kind is InstanceKind.SPOT else Role.TRAINER,
         kind=kind,
         cloud="local",
@@ -312,7 +312,7 @@ def test_schema_version(home: Path) -> None:
     path = s.path
     s.close()
     db = sqlite3.connect(path)
-    assert db.execute("PRAGMA user_version").fetchone()[0] == state.SCHEMA_VERSION == 4
+    assert db.execute("PRAGMA user_version").fetchone()[0] == state.SCHEMA_VERSION == 5
     db.execute("PRAGMA user_version = 99")
     db.commit()
     db.close()

@@ -60,6 +60,10 @@ def main(argv: list[str] | None = None) -> int:
     from trainer.runtime import main_async
 
     args.run_dir.mkdir(parents=True, exist_ok=True)
+    if os.environ.get("RLBOOST_RUN_DIR"):  # a local node: when it stops is read from its last beat
+        from contracts.heartbeat import start_heartbeat
+
+        start_heartbeat(Path(os.environ["RLBOOST_RUN_DIR"]))
     ckpt_dir = args.checkpoint_dir or (
         Path(spec.trainer.checkpoint_dir).expanduser() if spec.trainer.checkpoint_dir else args.run_dir / "checkpoints"
     )

@@ -13,7 +13,9 @@ import asyncio
 import logging
 import os
 import sys
+from pathlib import Path
 
+from contracts.heartbeat import start_heartbeat
 from contracts.worker_env import TORCH_THREADS, WorkerEnv, WorkerEnvError
 from worker.agent import WorkerAgent, WorkerConfig
 from worker.notice import watcher_from_env
@@ -43,6 +45,8 @@ def main() -> int:
             print(f"error: RLBOOST_TLS_FINGERPRINT: {e}", file=sys.stderr)
             return 2
     notice = watcher_from_env()
+    if os.environ.get("RLBOOST_RUN_DIR"):  # a local node: when it stops is read from its last beat
+        start_heartbeat(Path(os.environ["RLBOOST_RUN_DIR"]))
     return asyncio.run(WorkerAgent(cfg, notice).run())
 
 

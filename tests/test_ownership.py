@@ -1,0 +1,273 @@
+"""Ownership by identity: `gc`, `launch` and `down` touch only instances whose uid tag is that of a job
+they own, never a name match; other stores' instances are listed, not touched, unless --all-stores.
+
+Against moto (EC2 emulated in-process) with the real AwsProvider and the real `reconcile.gc`.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from providers.aws import AwsProvider
+from providers.base import InstanceKind, InstanceState, LaunchRequest, Owner, Role
+from rlboost_cli import reconcile
+from rlboost_cli.pids import controller_alive, controller_identity, process_start
+from rlboost_cli.state import StateStore
+from tests.cloud_worlds import aws_world
+
+NAME = "grpo-x"
+LOCAL_SPEC = yaml.safe_dump({"name": "reused", "rollout": {"max_workers": 0}})
+SPEC = {
+    "name": NAME,
+    "provider": "aws",
+    "controller": "launcher",
+    "trainer": {"cloud": "aws", "region": "us-east-1", "accelerators": "V100:1"},
+    "rollout": {"candidates": [{"accelerator": "V100", "clouds": ["aws"], "regions": ["us-east-1"]}]},
+}
+
+
+@pytest.fixture
+def world(tmp_path):
+    with aws_world(tmp_path, NAME) as w:
+        yield w
+
+
+def _ami(world) -> str:
+    return world.session.client("ec2").describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
+
+
+def _job(store: StateStore, status: str, *, alive: bool) -> int:
+    """A job of NAME in `store`: `alive`, its controller is this very process (pid and start)."""
+    jid = store.create_job(NAME, yaml.safe_dump(SPEC), "aws")
+    store.update_job(jid, status=status, **(controller_identity() if alive else {"controller_pid": None}))
+    return jid
+
+
+def _launch(world, tmp: Path, store: StateStore, job_id: int, role: Role = Role.TRAINER, n: int = 1) -> str:
+    """Launch one instance of the job through the real provider, recorded first as the controller does."""
+    job = store.job_by_id(job_id)
+    owner = reconcile.owner_of(store, job)
+    iid = f"{NAME}-{job_id}-trainer" if role is Role.TRAINER else f"{NAME}-{job_id}-w{n:03d}"
+    req = LaunchRequest(
+        instance_id=iid,
+        owner=owner,
+        role=role,
+        kind=InstanceKind.ON_DEMAND if role is Role.TRAINER else InstanceKind.SPOT,
+        cloud="aws",
+        region="us-east-1",
+        accelerator="V100:1" if role is Role.TRAINER else "V100",
+        hourly_price=3.0,
+    )
+    store.record_launch(job_id, req, "aws", 3.0)
+    AwsProvider(tmp / "run", owner, ["us-east-1"], session=world.session, ami=_ami(world)).launch(req)
+    return iid
+
+
+def _state(world, iid: str) -> str:
+    ec2 = world.session.client("ec2")
+    flt = [{"Name": "tag:rlboost-instance", "Values": [iid]}]
+    found = [i for r in ec2.describe_instances(Filters=flt)["Reservations"] for i in r["Instances"]]
+    return found[0]["State"]["Name"] if found else "absent"
+
+
+def test_gc_never_terminates_a_running_job_that_shares_its_name_with_an_ended_one(world, tmp_path, home):
+    store = StateStore()
+    old = _job(store, "running", alive=False)
+    old_trainer = _launch(world, tmp_path, store, old)
+    store.update_instance(old_trainer, InstanceState.RUNNING, 1.0)
+    store.update_job(old, status="stopped")  # ended, with a record left live (teardown unconfirmed)
+    new = _job(store, "running", alive=True)
+    new_trainer = _launch(world, tmp_path, store, new)
+    assert reconcile.controller_running(store.job_by_id(new))
+
+    res = reconcile.gc(store, wait_s=5)
+
+    assert _state(world, new_trainer) in ("pending", "running"), "gc terminated a running job's trainer"
+    assert store.instance(new_trainer).state == "pending" and store.job_by_id(new).status == "running"
+    assert _state(world, old_trainer) in ("shutting-down", "terminated")  # the ended job's leftover goes
+    assert [r.terminated for r in res.jobs] == [[old_trainer]] and res.foreign == []
+    # `launch` of the name again runs the same gc for the name: still never the running job's
+    reconcile.gc(store, names=[NAME], wait_s=5)
+    assert _state(world, new_trainer) in ("pending", "running")
+
+
+def test_a_leftover_of_an_ended_job_found_by_its_uid_is_terminated(world, tmp_path, home):
+    """A launch whose call failed after EC2 made the instance: the store says FAILED, the cloud runs it."""
+    store = StateStore()
+    jid = _job(store, "running", alive=False)
+    iid = _launch(world, tmp_path, store, jid, Role.WORKER)
+    store.update_instance(iid, InstanceState.FAILED, 1.0, "run_instances timed out")
+    store.update_job(jid, status="failed")
+
+    res = reconcile.gc(store, wait_s=5)
+
+    assert _state(world, iid) in ("shutting-down", "terminated")
+    assert [r.job for r in res.jobs] == [NAME] and res.foreign == []
+
+
+def test_another_stores_instances_are_listed_and_left_alone_unless_all_stores(world, tmp_path, home):
+    """Two machines share one AWS account; both ran a job named grpo-x (store ids 1 and 1)."""
+    mine = StateStore(tmp_path / "me" / "state.db")
+    colleague = StateStore(tmp_path / "colleague" / "state.db")
+    theirs = _job(colleague, "running", alive=False)
+    their_trainer = _launch(world, tmp_path, colleague, theirs)
+    ended = _job(mine, "stopped", alive=False)
+    assert ended == theirs  # the same name and the same store id: only the uid tells them apart
+
+    res = reconcile.gc(mine, wait_s=5)
+
+    assert _state(world, their_trainer) in ("pending", "running")
+    assert res.jobs == [] and [f.instance.instance_id for f in res.foreign] == [their_trainer]
+    assert res.foreign[0].instance.store == colleague.store_id != mine.store_id
+
+    res = reconcile.gc(mine, wait_s=5, all_stores=True)
+
+    assert _state(world, their_trainer) in ("shutting-down", "terminated")
+    assert [r.terminated for r in res.foreign_ended] == [[their_trainer]]
+
+
+def test_a_job_recorded_before_uids_is_matched_by_name_and_store_job_id(world, tmp_path, home):
+    """Records from an rlboost that tagged by name only: job 1's gc takes `grpo-x-1-*`, never `grpo-x-2-*`."""
+    store = StateStore()
+    ids, jobs = {}, []
+    for alive in (False, True):  # run 1 ended (a record left live), run 2 runs
+        j = _job(store, "running", alive=alive)
+        jobs.append(j)
+        owner = Owner(NAME, j, None, None)  # what that rlboost tagged: the name, no uid, no store
+        req = LaunchRequest(
+            f"{NAME}-{j}-trainer", owner, Role.TRAINER, InstanceKind.ON_DEMAND, "aws", "us-east-1", "V100:1", 3.0
+        )
+        store.record_launch(j, req, "aws", 3.0)
+        AwsProvider(tmp_path / "run", owner, ["us-east-1"], session=world.session, ami=_ami(world)).launch(req)
+        ids[j] = req.instance_id
+        if not alive:
+            store.update_job(j, status="stopped")
+    old, new = jobs
+    store._db.execute("UPDATE jobs SET uid = NULL")  # as migrated from schema 4
+
+    reconcile.gc(store, wait_s=5)
+
+    assert _state(world, ids[new]) in ("pending", "running")
+    assert _state(world, ids[old]) in ("shutting-down", "terminated")
+
+
+def test_a_controller_is_alive_only_if_its_pid_and_start_match(home):
+    """A dead controller's pid taken by another process (here: `sleep`) is not the controller."""
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        assert process_start(other.pid) is not None
+        mine = controller_identity()
+        assert controller_alive(mine["controller_pid"], mine["controller_start"])
+        # the recorded controller started at another moment: the pid now names someone else
+        assert not controller_alive(other.pid, mine["controller_start"])
+        # a row from before starts were recorded: the process must at least run rlboost
+        assert not controller_alive(other.pid, None)
+        store = StateStore()
+        jid = store.create_job("reused", LOCAL_SPEC, "local")
+        store.update_job(jid, status="running", controller_pid=other.pid, controller_start=mine["controller_start"])
+        assert not reconcile.controller_running(store.job_by_id(jid))
+        res = reconcile.gc(store, wait_s=1)  # the job is taken over: failed, nothing was launched
+        assert store.job_by_id(jid).status == "failed" and res.jobs == []
+    finally:
+        other.kill()
+        other.wait()
+
+
+def test_resume_is_not_refused_by_a_reused_pid(home, tmp_path):
+    """`launch --resume` of a job whose controller's pid now belongs to another process goes ahead
+    (it used to refuse: "still running"); it stops at the next check (an incomplete run dir)."""
+    from tests.conftest import run_cli
+
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        store = StateStore()
+        jid = store.create_job("reused", LOCAL_SPEC, "local")
+        store.update_job(jid, status="running", controller_pid=other.pid, controller_start="0:0")
+        out = run_cli("launch", "--resume", str(jid), home=home)
+        assert "still running" not in out.stdout + out.stderr
+        assert "cannot be resumed" in out.stderr  # got past the liveness check
+    finally:
+        other.kill()
+        other.wait()
+
+
+def test_a_lagging_listing_is_asked_again_before_an_instance_is_called_gone():
+    """A cloud's listing that misses a live instance for a while (eventual consistency)."""
+
+    class Lagging:
+        def __init__(self, misses: int) -> None:
+            self.misses, self.calls = misses, 0
+
+        def list_owned(self, owner: Owner) -> list[str]:
+            self.calls += 1
+            return [] if self.calls <= self.misses else ["j-1-w001"]
+
+    slept: list[float] = []
+    p = Lagging(misses=2)
+    got = reconcile.listed_settled(p, Owner("j", 1, "u"), {"j-1-w001"}, lag_s=30.0, sleep=slept.append)  # type: ignore[arg-type]
+    assert got == {"j-1-w001"} and p.calls == 3 and slept
+    # gone for real: asked until the lag has passed, then called gone
+    p = Lagging(misses=10**9)
+    t0 = time.monotonic()
+    got = reconcile.listed_settled(p, Owner("j", 1, "u"), {"j-1-w001"}, lag_s=0.3, sleep=time.sleep)  # type: ignore[arg-type]
+    assert got == set() and p.calls >= 2 and time.monotonic() - t0 >= 0.3
+
+
+def test_a_launch_call_that_raises_after_ec2_made_the_instance_is_found_by_tag_and_terminated(world, tmp_path, home):
+    """run_instances creates the instance, then the call fails on the way back (a read timeout): the
+    instance is looked up by its tags and terminated, never left running unrecorded and unbilled."""
+    import io
+
+    from botocore.exceptions import ReadTimeoutError
+    from rich.console import Console
+
+    from contracts.spec import parse_spec, spec_to_yaml
+    from providers.base import ProviderError
+    from providers.prices import CloudPrices
+    from providers.pricing import spot_offers, trainer_offer
+    from rlboost_cli.controller import Controller
+
+    spec = parse_spec({**SPEC, "trainer": {**SPEC["trainer"], "tls": "off"}})
+    store = StateStore()
+    jid = store.create_job(NAME, spec_to_yaml(spec), "aws")
+    run_dir = tmp_path / "run"
+    (run_dir / "spec.yaml").write_text(spec_to_yaml(spec))
+    owner = reconcile.owner_of(store, store.job_by_id(jid))
+    provider = AwsProvider(run_dir, owner, ["us-east-1"], session=world.session, ami=_ami(world), describe_every_s=0)
+    prices = CloudPrices()
+    ctl = Controller(
+        spec=spec, store=store, job_id=jid, run_dir=run_dir, provider=provider, token="tok",
+        trainer_offer=trainer_offer(spec, prices), spot_offers=spot_offers(spec, prices),
+        console=Console(file=io.StringIO()), poll_s=0.05,
+    )  # fmt: skip
+
+    def lost_reply(**kwargs):
+        raise ReadTimeoutError(endpoint_url="https://ec2.us-east-1.amazonaws.com")
+
+    world.session.events.register("after-call.ec2.RunInstances", lost_reply)
+    with pytest.raises(ProviderError, match="could not launch grpo-x-1-w001"):
+        ctl._launch_worker(ctl_progress(), ctl.spot_offers[0])
+    world.session.events.unregister("after-call.ec2.RunInstances", lost_reply)
+    iid = f"{NAME}-{jid}-w001"
+    assert _state(world, iid) in ("shutting-down", "terminated"), "the instance EC2 made was left running"
+    assert any(e.type == "launch-error-instance-found" for e in store.events(jid))
+    deadline = time.monotonic() + 10
+    while store.instance(iid).state != "terminated" and time.monotonic() < deadline:
+        ctl._apply_events()  # billed until EC2 confirms the termination
+    assert store.instance(iid).state == "terminated"
+
+
+def ctl_progress():
+    import io
+
+    from rich.console import Console
+
+    from rlboost_cli.progress import JobProgress
+
+    return JobProgress(Console(file=io.StringIO()), 1)

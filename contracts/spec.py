@@ -15,9 +15,18 @@ from typing import Annotated, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from contracts import job_yaml
 from contracts.bundled_data import bundled_path, is_bundled
 from contracts.provider_kinds import PROVIDER_KINDS, provider_kind
-from contracts.spec_hints import count_form, did_you_mean, model_at, not_a_mapping, unknown_key_hint
+from contracts.spec_hints import (
+    clip_message,
+    count_form,
+    did_you_mean,
+    model_at,
+    not_a_mapping,
+    short_repr,
+    unknown_key_hint,
+)
 
 PROVIDERS = tuple(PROVIDER_KINDS)  # JobSpec.provider's values (tests/test_provider_registry.py keeps them equal)
 ENGINES = ("torch", "vllm", "synthetic")
@@ -696,7 +705,11 @@ class JobSpec(Strict):
 
 
 class SpecError(Exception):
-    """A job file problem, already phrased for the user (one line per problem)."""
+    """A job file problem, already phrased for the user (one line per problem; lines and their number
+    capped, as they quote user input)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(clip_message(message))
 
 
 def _loc(loc: tuple[int | str, ...]) -> str:
@@ -722,18 +735,19 @@ _STRICT_FIXES = {
 
 def format_validation_error(err: ValidationError) -> str:
     lines = []
-    for e in err.errors():
+    for e in err.errors(include_url=False):
         parts = tuple(p for p in e["loc"] if not str(p).startswith("function-"))
         loc = _loc(parts)
         msg = e["msg"].removeprefix("Value error, ")
+        got = e.get("input")
         if e["type"] == "extra_forbidden":
             msg = unknown_key_hint(JobSpec, parts)
         elif e["type"] == "model_type":  # pydantic's message names the model class
-            msg = not_a_mapping(model_at(JobSpec, parts), e.get("input"))
+            msg = not_a_mapping(model_at(JobSpec, parts), got)
         elif e["type"] == "literal_error":
-            msg = f"invalid value {e.get('input')!r}; {msg.lower()}"
+            msg = f"invalid value {short_repr(got)}; {msg.lower()}"
         elif e["type"] in _STRICT_FIXES:
-            msg = f"{msg} (got {e.get('input')!r}, a {type(e.get('input')).__name__}; {_STRICT_FIXES[e['type']]})"
+            msg = f"{msg} (got {short_repr(got)}, a {type(got).__name__}; {_STRICT_FIXES[e['type']]})"
         lines.append(msg if loc == "(top level)" and _names_a_field(msg) else f"{loc}: {msg}")
     return "\n".join(lines)
 
@@ -745,38 +759,17 @@ def _names_a_field(msg: str) -> bool:
     return head is not None and head.group() in JobSpec.model_fields and msg[head.end() : head.end() + 1] in ".[: "
 
 
-class JobFileLoader(yaml.SafeLoader):
-    """SafeLoader that refuses duplicate keys (YAML silently keeps the last one) and reads YAML 1.2
-    floats: PyYAML (YAML 1.1) takes an unquoted `1e-6` (no dot) for a string, which strict
-    validation would then refuse."""
-
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
-        seen: dict[object, int] = {}
-        for key_node, _ in node.value:
-            key = self.construct_object(key_node, deep=True)
-            line = key_node.start_mark.line + 1
-            if not isinstance(key, str | int | float | bool | None):
-                continue  # an unhashable key: SafeLoader's own error says so
-            if key in seen:
-                raise SpecError(f"line {line}: duplicate key {key!r} (first at line {seen[key]}); keep one of them")
-            seen[key] = line
-        return super().construct_mapping(node, deep=deep)
-
-
-JobFileLoader.yaml_implicit_resolvers = {k: list(v) for k, v in yaml.SafeLoader.yaml_implicit_resolvers.items()}
-JobFileLoader.add_implicit_resolver(
-    "tag:yaml.org,2002:float",
-    re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"),
-    list("-+0123456789."),
-)
-
-
 def load_yaml(text: str) -> object:
-    """Parse a job file's YAML (duplicate keys are a SpecError; `1e-6` is a float)."""
-    return yaml.load(text, Loader=JobFileLoader)  # a SafeLoader subclass: no arbitrary objects
+    """Parse a job file's YAML as YAML 1.2 within contracts/job_yaml.py's limits (a size, a depth, a
+    number of values with aliases expanded): a SpecError for those and for a duplicate key; a
+    yaml.YAMLError for a syntax error."""
+    try:
+        return job_yaml.load(text)
+    except job_yaml.JobYamlError as e:
+        raise SpecError(str(e)) from None
 
 
-_SET_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\[[0-9]+\])*")
+_SET_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\[[0-9]{1,9}\])*")  # an index: no list is longer
 
 
 def apply_overrides(raw: dict, overrides: list[str]) -> dict:
@@ -789,10 +782,14 @@ def apply_overrides(raw: dict, overrides: list[str]) -> dict:
         parts = key.strip().split(".")
         if not sep or not all(_SET_KEY.fullmatch(p) for p in parts):
             raise SpecError(f"--set {item}: expected KEY.PATH=VALUE (e.g. --set algorithm.steps=10)")
+        if len(parts) > job_yaml.MAX_DEPTH:
+            raise SpecError(f"--set {key}: more than {job_yaml.MAX_DEPTH} levels deep; no job-file key is")
         try:
             value = load_yaml(text) if text.strip() else None
-        except (yaml.YAMLError, SpecError) as e:
-            raise SpecError(f"--set {item}: the value is not a YAML scalar ({e})") from None
+        except SpecError as e:  # a limit or a duplicate key; a one-line value needs no line number
+            raise SpecError(f"--set {key}: {str(e).removeprefix('line 1: ')}") from None
+        except yaml.YAMLError as e:
+            raise SpecError(f"--set {item}: the value is not a YAML scalar ({_yaml_problem(e)})") from None
         steps: list[str | int] = []
         for p in parts:
             name, *idx = p.replace("]", "").split("[")
@@ -848,13 +845,13 @@ def load_spec(
     if not p.is_file():
         raise SpecError(f"{p}: job file not found (check the path)")
     try:
-        raw = load_yaml(p.read_text())
-    except SpecError as e:
+        raw = load_yaml(job_yaml.read_job_file(p))
+    except (SpecError, job_yaml.JobYamlError) as e:
         raise SpecError(f"{p}: {e}") from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        raise SpecError(f"{p}: not valid YAML{where} ({getattr(e, 'problem', e)})") from None
+        raise SpecError(f"{p}: not valid YAML{where} ({_yaml_problem(e)})") from None
     if not isinstance(raw, dict):
         raise SpecError(f"{p}: the job file must be a YAML mapping with at least `name:`")
     if overrides:
@@ -863,6 +860,12 @@ def load_spec(
         raw = _with_env_names(raw, env_names)
     spec = parse_spec(raw, source=str(p) + (" with --set" if overrides else ""))
     return resolve_paths(spec, p.parent, on_node=on_node)
+
+
+def _yaml_problem(e: yaml.YAMLError) -> str:
+    """PyYAML's problem, without the context and the source line it quotes (those can be long)."""
+    problem = getattr(e, "problem", None)
+    return problem if isinstance(problem, str) else str(e).splitlines()[0]
 
 
 def parse_spec(raw: dict, source: str = "job") -> JobSpec:
@@ -1036,4 +1039,5 @@ def _resolve_hf_paths(spec: JobSpec, base: Path, on_node: bool = False) -> JobSp
 
 
 def spec_to_yaml(spec: JobSpec) -> str:
-    return yaml.safe_dump(spec.model_dump(mode="json"), sort_keys=False)
+    """The saved job file: reads the same with load_yaml (YAML 1.2) and yaml.safe_load (YAML 1.1)."""
+    return yaml.dump(spec.model_dump(mode="json"), Dumper=job_yaml.JobFileDumper, sort_keys=False)

@@ -11,6 +11,7 @@ import typing
 from collections.abc import Iterable
 
 from pydantic import BaseModel
+from pydantic.fields import FieldInfo
 
 # an example mapping for a section whose first field says little (the others use their first field)
 _EXAMPLES = {
@@ -175,3 +176,35 @@ def _clip_line(line: str) -> str:
         return line
     head = MAX_LINE * 2 // 3
     return f"{line[:head]} … {line[-(MAX_LINE - head - 3):]}"
+
+
+def _constraints(tp: object) -> list[object]:
+    """The constraint objects (annotated_types' Ge, Lt, ...) inside an annotation, through Optional and Annotated."""
+    out: list[object] = []
+    for arg in typing.get_args(tp):
+        out += arg.metadata if isinstance(arg, FieldInfo) else _constraints(arg)
+    return out
+
+
+def numeric_range(cls: type[BaseModel] | None, name: str) -> str | None:
+    """The range a numeric field allows, as `0 <= seed < 4294967296`; None when it has no bounds."""
+    if cls is None or name not in cls.model_fields:
+        return None
+    field = cls.model_fields[name]
+    low = high = ""
+    for c in [*field.metadata, *_constraints(field.annotation)]:
+        for attr, side in (("ge", "<="), ("gt", "<"), ("le", "<="), ("lt", "<")):
+            value = getattr(c, attr, None)
+            if value is None:
+                continue
+            if attr in ("ge", "gt"):
+                low = f"{_num(value)} {side} "
+            else:
+                high = f" {side} {_num(value)}"
+    return f"{low}{name}{high}" if low or high else None
+
+
+def _num(value: object) -> str:
+    if isinstance(value, float):
+        return str(int(value)) if value.is_integer() and abs(value) < 1e7 else f"{value:g}"
+    return str(value)

@@ -3,12 +3,18 @@ clear error naming the thing at fault, found before anything is expanded."""
 
 from __future__ import annotations
 
+import math
+import re
+import types
+import typing
 from pathlib import Path
 
 import pytest
+from pydantic import BaseModel
 
 from contracts.job_yaml import MAX_BYTES, MAX_DEPTH, MAX_VALUES
 from contracts.spec import (
+    JobSpec,
     SpecError,
     TaskSpec,
     apply_overrides,
@@ -17,7 +23,7 @@ from contracts.spec import (
     parse_spec,
     spec_to_yaml,
 )
-from contracts.spec_hints import MAX_LINE
+from contracts.spec_hints import MAX_LINE, numeric_range
 
 BASE = {"name": "lim", "rollout": {"max_workers": 0}}
 
@@ -205,3 +211,68 @@ def test_saved_specs_read_the_same_in_yaml_11_and_12():
     spec = parse_spec({**BASE, "envs": {"A": "0o10", "B": "1e5", "C": "1:30", "D": "yes", "E": "010"}})
     text = spec_to_yaml(spec)
     assert load_yaml(text)["envs"] == yaml.safe_load(text)["envs"] == spec.envs
+
+
+# ---- every number has a range; no number is infinite or NaN ----
+def _numeric_fields(model: type[BaseModel] = JobSpec, prefix: str = ""):
+    for name, field in model.model_fields.items():
+        tp = field.annotation
+        is_union = typing.get_origin(tp) in (typing.Union, types.UnionType)
+        args = [a for a in typing.get_args(tp) if a is not type(None)] if is_union else [tp]
+        for arg in args:
+            inner = typing.get_args(arg)[0] if typing.get_origin(arg) is typing.Annotated else arg
+            if typing.get_origin(inner) is dict:
+                inner = typing.get_args(inner)[1]
+                if isinstance(inner, type) and issubclass(inner, BaseModel):
+                    yield from _numeric_fields(inner, f"{prefix}{name}.X.")
+            elif typing.get_origin(inner) is list:
+                inner = typing.get_args(inner)[0]
+                if isinstance(inner, type) and issubclass(inner, BaseModel):
+                    yield from _numeric_fields(inner, f"{prefix}{name}[0].")
+            elif isinstance(inner, type) and issubclass(inner, BaseModel):
+                yield from _numeric_fields(inner, f"{prefix}{name}.")
+            elif inner in (int, float):
+                yield prefix + name, model, name, inner
+
+
+NUMERIC = list(_numeric_fields())
+
+
+def test_every_number_in_the_job_file_has_both_bounds():
+    assert len(NUMERIC) > 60  # the walk reached the nested models
+    unbounded = [path for path, model, name, _ in NUMERIC
+                 if not re.fullmatch(rf"\S+ <=? {name} <=? \S+", numeric_range(model, name) or "")]
+    assert not unbounded, unbounded
+
+
+def _raw_with(path: str, value: object) -> dict:
+    raw: dict = {"name": "num", "rollout": {"max_workers": 0}}
+    node = raw
+    parts = path.split(".")
+    for part in parts[:-1]:
+        key, _, idx = part.partition("[")
+        key = {"X": "A100"}.get(key, key)
+        if idx:
+            node = node.setdefault(key, [{"accelerator": "A100"}])[0]
+        else:
+            node = node.setdefault(key, {})
+    node[parts[-1]] = value
+    return raw
+
+
+@pytest.mark.parametrize("path", [p for p, _, _, tp in NUMERIC if tp is float])
+@pytest.mark.parametrize("bad", [math.inf, -math.inf, math.nan, 1e308])
+def test_no_float_field_takes_a_non_finite_or_absurd_number(path, bad):
+    with pytest.raises(SpecError) as e:
+        parse_spec(_raw_with(path, bad))
+    loc = path.replace(".X.", ".A100.")
+    pattern = rf"{re.escape(loc)}: \S+ is (out of range|not a finite number) \(allowed: "
+    assert re.search(pattern, str(e.value)), str(e.value)
+
+
+@pytest.mark.parametrize("seed", [-1, 2**32, 2**64 + 1])
+def test_seed_outside_what_numpy_and_torch_take_is_refused(seed):
+    with pytest.raises(SpecError) as e:
+        parse_spec({**BASE, "algorithm": {"seed": seed}})
+    assert f"algorithm.seed: {seed} is out of range (allowed: 0 <= seed < 4294967296)" in str(e.value)
+    parse_spec({**BASE, "algorithm": {"seed": 2**32 - 1}})

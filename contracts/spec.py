@@ -15,9 +15,19 @@ from typing import Annotated, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from contracts import job_yaml
 from contracts.bundled_data import bundled_path, is_bundled
 from contracts.provider_kinds import PROVIDER_KINDS, provider_kind
-from contracts.spec_hints import count_form, did_you_mean, model_at, not_a_mapping, unknown_key_hint
+from contracts.spec_hints import (
+    clip_message,
+    count_form,
+    did_you_mean,
+    model_at,
+    not_a_mapping,
+    numeric_range,
+    short_repr,
+    unknown_key_hint,
+)
 
 PROVIDERS = tuple(PROVIDER_KINDS)  # JobSpec.provider's values (tests/test_provider_registry.py keeps them equal)
 ENGINES = ("torch", "vllm", "synthetic")
@@ -39,12 +49,21 @@ def env_name_problem(name: str) -> str | None:
 
 class Strict(BaseModel):
     # strict: no silent coercion (`steps: "10"`, `steps: true`, `max_workers: 2.5` are errors); fields
-    # whose YAML form is a string of another type (paths) opt out one by one with LaxPath
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+    # whose YAML form is a string of another type (paths) opt out one by one with LaxPath.
+    # allow_inf_nan=False: no number is .inf or .nan (an infinite price billed $inf, an infinite time
+    # scale $0.00); every number also has bounds no real job leaves (tests/test_job_yaml.py checks each has)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
 
 # a path is written as a string in YAML (and in a model_dump(mode="json") round trip)
 LaxPath = Annotated[Path, Field(strict=False)]
+
+# the units most numbers come in, each with bounds no real job leaves
+Price = Annotated[float, Field(ge=0, le=10_000)]  # $/h of one node or instance (8 H100s: ~$100)
+Seconds = Annotated[float, Field(ge=0, le=604_800)]  # a duration: at most a week
+Hours = Annotated[float, Field(gt=0, le=10_000)]  # a job's span: at most ~14 months
+TokenRate = Annotated[float, Field(gt=0, le=1e9)]  # tokens/s, of one GPU or a whole cluster
+SEED_LIMIT = 2**32  # numpy's legacy seeding (and with it HF's set_seed) takes 0 <= seed < 2**32
 
 
 class ModelSpec(Strict):
@@ -59,7 +78,7 @@ class ModelSpec(Strict):
     block_size: Annotated[int, Field(ge=8, le=32768)] = 64
     # synthetic only: training throughput of the whole trainer cluster (tokens/s); None = from `perf`
     # for trainer.accelerators x trainer.nodes
-    train_tokens_per_s: Annotated[float, Field(gt=0)] | None = None
+    train_tokens_per_s: TokenRate | None = None
     # ---- hf only (models/hf.py): any Hugging Face causal LM ----
     # a local directory (config.json + *.safetensors + tokenizer; relative to the job file) or a hub id
     path: str | None = None
@@ -107,7 +126,7 @@ class AlgorithmSpec(Strict):
     max_new_tokens: Annotated[int, Field(ge=1, le=1_000_000)] = 12
     learning_rate: Annotated[float, Field(gt=0, le=1.0)] = 3e-3
     steps: Annotated[int, Field(ge=1, le=10_000_000)] = 30
-    seed: int = 0
+    seed: Annotated[int, Field(ge=0, lt=SEED_LIMIT)] = 0
     temperature: Annotated[float, Field(gt=0, le=10)] = 1.0
     # Supervised steps on task demonstrations before RL starts ("brief warm start").
     warm_start_steps: Annotated[int, Field(ge=0, le=1_000_000)] = 100
@@ -264,7 +283,7 @@ class TrainerSpec(Strict):
     accelerators: str | None = None
     nodes: Annotated[int, Field(ge=1, le=1024)] = 1
     # Price per node-hour. Defaults to the provider's catalog when omitted.
-    hourly_price: Annotated[float, Field(ge=0)] | None = None
+    hourly_price: Price | None = None
     # Training across the cluster's GPUs/nodes when launched under torchrun (trainer/distributed.py):
     # ddp = replicated weights, gradients all-reduced; fsdp = weights, gradients and optimizer sharded.
     strategy: Literal["ddp", "fsdp"] = "ddp"
@@ -293,9 +312,9 @@ class SpotCandidate(Strict):
     clouds: list[str] = Field(default_factory=lambda: ["local"])
     regions: list[str] = Field(default_factory=list)
     # Relative generation throughput of one such node (1.0 = the reference accelerator).
-    throughput: Annotated[float, Field(gt=0)] = 1.0
-    spot_price: Annotated[float, Field(ge=0)] | None = None
-    on_demand_price: Annotated[float, Field(ge=0)] | None = None
+    throughput: Annotated[float, Field(gt=0, le=1000)] = 1.0
+    spot_price: Price | None = None
+    on_demand_price: Price | None = None
 
     _acc = field_validator("accelerator")(classmethod(lambda cls, v: _parse_accelerator(v)))
 
@@ -314,7 +333,7 @@ class LengthSpec(Strict):
     """Response lengths of the synthetic workload (and of `rlboost simulate`): log-normal with a long
     tail and a per-prompt factor shared by a GRPO group, or sampled from a recorded run."""
 
-    median_tokens: Annotated[float, Field(gt=0)] | None = None  # None: algorithm.max_new_tokens / 8
+    median_tokens: Annotated[float, Field(gt=0, le=1_000_000)] | None = None  # None: algorithm.max_new_tokens / 8
     sigma: Annotated[float, Field(ge=0, le=5)] = 0.8  # per-response spread (log space)
     prompt_sigma: Annotated[float, Field(ge=0, le=5)] = 0.5  # per-prompt spread (log space)
     # rollouts.jsonl of a run launched with --record-rollouts, or a JSON list of lengths
@@ -338,7 +357,7 @@ class RolloutSpec(Strict):
     # measured length: `cost` the most tokens per dollar (trainer + workers), `throughput` the fewest
     # workers that give the fastest step (no paying for workers that wait on the trainer).
     objective: Literal["cost", "throughput"] = "cost"
-    max_hourly_price: Annotated[float, Field(gt=0)] | None = None
+    max_hourly_price: Annotated[float, Field(gt=0, le=10_000)] | None = None
     # Concurrent sequences per engine (the engine's batch size).
     engine_batch: Annotated[int, Field(ge=1, le=100_000)] = 64
     # Tokens per streamed chunk: small chunks mean little is lost when a worker dies.
@@ -352,12 +371,12 @@ class RolloutSpec(Strict):
     # ---- scheduling policies (rollout/policies/) ----
     # When the trainer's own engine stops generating and goes back to training (README: offload).
     offload_policy: Literal["none", "rlboost", "predictive"] = "predictive"
-    offload_min_box_s: Annotated[float, Field(ge=0)] = 5.0  # `rlboost` rule's floor
+    offload_min_box_s: Seconds = 5.0  # `rlboost` rule's floor
     # `rate`: by measured engine speed and load; `spread`: in proportion to free slots.
     dispatch_policy: Literal["rate", "spread"] = "rate"
     # Move long partial responses from slow or crowded engines to idle ones at a step's tail.
     migration: bool = True
-    migration_min_gain_s: Annotated[float, Field(ge=0)] = 0.5
+    migration_min_gain_s: Seconds = 0.5
     # RollPacker-style tail batching: over-launch prompts, keep the first groups to finish, gather
     # the long ones into long rounds.
     tail_batching: bool = False
@@ -384,13 +403,13 @@ class LocalSpec(Strict):
     # `bundled:traces/<file>` names one shipped with the package (contracts/data/traces).
     trace: LaxPath | None = None
     # Trace seconds that pass per wall-clock second.
-    time_scale: Annotated[float, Field(gt=0)] = 60.0
+    time_scale: Annotated[float, Field(gt=0, le=100_000)] = 60.0
     # Preemption notice lead time, in wall seconds; 0 = killed without notice.
-    notice_seconds: Annotated[float, Field(ge=0)] = 1.0
+    notice_seconds: Seconds = 1.0
     # Fraction of preemptions that come with a notice (the rest are abrupt SIGKILLs).
     notice_fraction: Annotated[float, Field(ge=0, le=1)] = 0.5
     # Scale the trace's node counts down to this machine (e.g. 32 nodes -> 3 workers).
-    capacity_scale: Annotated[float, Field(gt=0)] = 1.0
+    capacity_scale: Annotated[float, Field(gt=0, le=1000)] = 1.0
     # Optional SkyPilot-style catalog CSV for prices (vms.csv columns); `bundled:aws_vms.csv` or
     # `bundled:gcp_vms.csv` names the one shipped with the package.
     catalog: LaxPath | None = None
@@ -399,37 +418,37 @@ class LocalSpec(Strict):
 class PerfSpec(Strict):
     """One accelerator's performance (per GPU); unset fields keep the built-in value (see README)."""
 
-    tokens_per_s: Annotated[float, Field(gt=0)] | None = None  # decode, aggregate at ref_batch
-    seq_tokens_per_s: Annotated[float, Field(gt=0)] | None = None  # decode, one sequence alone
-    prefill_tokens_per_s: Annotated[float, Field(gt=0)] | None = None
-    train_tokens_per_s: Annotated[float, Field(gt=0)] | None = None
+    tokens_per_s: TokenRate | None = None  # decode, aggregate at ref_batch
+    seq_tokens_per_s: TokenRate | None = None  # decode, one sequence alone
+    prefill_tokens_per_s: TokenRate | None = None
+    train_tokens_per_s: TokenRate | None = None
     ref_batch: Annotated[int, Field(ge=1, le=100_000)] | None = None
 
 
 class SimulateSpec(Strict):
     """`rlboost simulate`: platform timings the replay needs beyond `perf` (defaults: a 7B model on a cloud)."""
 
-    boot_s: Annotated[float, Field(ge=0)] = 120.0  # spot launch -> worker dialled in (before its first pull)
-    trainer_boot_s: Annotated[float, Field(ge=0)] | None = None  # trainer launch -> serving (None: boot_s)
-    reserved_boot_s: Annotated[float, Field(ge=0)] | None = None  # trainer serving -> its engine dialled in
-    pull_s: Annotated[float, Field(ge=0)] = 5.0  # a worker pulls each new weight version
-    reserved_pull_s: Annotated[float, Field(ge=0)] = 1.0  # the trainer's own engine reloads weights
-    step_overhead_s: Annotated[float, Field(ge=0)] = 2.0  # optimizer step + publish, after the last group
+    boot_s: Seconds = 120.0  # spot launch -> worker dialled in (before its first pull)
+    trainer_boot_s: Seconds | None = None  # trainer launch -> serving (None: boot_s)
+    reserved_boot_s: Seconds | None = None  # trainer serving -> its engine dialled in
+    pull_s: Seconds = 5.0  # a worker pulls each new weight version
+    reserved_pull_s: Seconds = 1.0  # the trainer's own engine reloads weights
+    step_overhead_s: Seconds = 2.0  # optimizer step + publish, after the last group
     # trainer serving -> weights version 0 published (the supervised warm start, algorithm.warm_start_steps)
-    warm_start_s: Annotated[float, Field(ge=0)] = 0.0
-    hours: Annotated[float, Field(gt=0)] | None = None  # trace hours (default: the job's steps; see bound_to_trace)
-    poll_s: Annotated[float, Field(gt=0)] = 0.25  # controller loop period (as `rlboost launch`)
+    warm_start_s: Seconds = 0.0
+    hours: Hours | None = None  # trace hours (default: the job's steps; see bound_to_trace)
+    poll_s: Annotated[float, Field(gt=0, le=3600)] = 0.25  # controller loop period (as `rlboost launch`)
     # an engine that batches statically (torch): from one batch's end to its next batch starting (ends
     # reported, the coordinator's dispatch, the requests received); a calibrated local job measures it
-    dispatch_s: Annotated[float, Field(ge=0)] = 0.0
+    dispatch_s: Seconds = 0.0
     # the trainer's CPU seconds per response it serves (the dispatch, the streamed tokens, the completion):
     # on shared cores (cpu_cores) one more busy process while the engines generate; a calibrated local
     # job measures it
-    serve_s: Annotated[float, Field(ge=0)] = 0.0
+    serve_s: Seconds = 0.0
     # The job's processes share this many CPU cores (a local job's trainer, engines and workers on one
     # machine: each busy one runs at min(1, cores / busy) of its own rate; a fraction where other work
     # takes part of the machine). None: a node each.
-    cpu_cores: Annotated[float, Field(gt=0)] | None = None
+    cpu_cores: Annotated[float, Field(gt=0, le=100_000)] | None = None
 
 
 class WandbSpec(Strict):
@@ -468,10 +487,10 @@ class JobSpec(Strict):
     trainer: TrainerSpec = TrainerSpec()
     rollout: RolloutSpec = RolloutSpec()
     local: LocalSpec = LocalSpec()
-    budget_usd: Annotated[float, Field(gt=0)] | None = None
+    budget_usd: Annotated[float, Field(gt=0, le=1e8)] | None = None
     # Finish the job's steps within this many hours of its start at the lowest cost: the fleet grows
     # as the deadline nears (rollout.objective decides while there is slack).
-    deadline_hours: Annotated[float, Field(gt=0)] | None = None
+    deadline_hours: Hours | None = None
     # Performance per accelerator name (e.g. A100), for synthetic engines and `rlboost simulate`.
     perf: dict[str, PerfSpec] = Field(default_factory=dict)
     simulate: SimulateSpec = SimulateSpec()
@@ -696,7 +715,11 @@ class JobSpec(Strict):
 
 
 class SpecError(Exception):
-    """A job file problem, already phrased for the user (one line per problem)."""
+    """A job file problem, already phrased for the user (one line per problem; lines and their number
+    capped, as they quote user input)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(clip_message(message))
 
 
 def _loc(loc: tuple[int | str, ...]) -> str:
@@ -720,20 +743,31 @@ _STRICT_FIXES = {
 }
 
 
+# pydantic's error types for a number out of its field's bounds (or not finite)
+_RANGE_ERRORS = ("greater_than", "greater_than_equal", "less_than", "less_than_equal", "finite_number")
+
+
 def format_validation_error(err: ValidationError) -> str:
     lines = []
-    for e in err.errors():
+    for e in err.errors(include_url=False):
         parts = tuple(p for p in e["loc"] if not str(p).startswith("function-"))
         loc = _loc(parts)
         msg = e["msg"].removeprefix("Value error, ")
+        got = e.get("input")
+        # an int too large for a float field (10**400) is out of its range, not of the wrong type
+        huge = e["type"] == "float_type" and isinstance(got, int) and not isinstance(got, bool)
         if e["type"] == "extra_forbidden":
             msg = unknown_key_hint(JobSpec, parts)
         elif e["type"] == "model_type":  # pydantic's message names the model class
-            msg = not_a_mapping(model_at(JobSpec, parts), e.get("input"))
+            msg = not_a_mapping(model_at(JobSpec, parts), got)
         elif e["type"] == "literal_error":
-            msg = f"invalid value {e.get('input')!r}; {msg.lower()}"
+            msg = f"invalid value {short_repr(got)}; {msg.lower()}"
+        elif e["type"] in _RANGE_ERRORS or huge:
+            allowed = numeric_range(model_at(JobSpec, parts[:-1]), str(parts[-1])) if parts else None
+            what = "is not a finite number" if e["type"] == "finite_number" else "is out of range"
+            msg = f"{short_repr(got)} {what} (allowed: {allowed or msg.removeprefix('Input should be ')})"
         elif e["type"] in _STRICT_FIXES:
-            msg = f"{msg} (got {e.get('input')!r}, a {type(e.get('input')).__name__}; {_STRICT_FIXES[e['type']]})"
+            msg = f"{msg} (got {short_repr(got)}, a {type(got).__name__}; {_STRICT_FIXES[e['type']]})"
         lines.append(msg if loc == "(top level)" and _names_a_field(msg) else f"{loc}: {msg}")
     return "\n".join(lines)
 
@@ -745,38 +779,17 @@ def _names_a_field(msg: str) -> bool:
     return head is not None and head.group() in JobSpec.model_fields and msg[head.end() : head.end() + 1] in ".[: "
 
 
-class JobFileLoader(yaml.SafeLoader):
-    """SafeLoader that refuses duplicate keys (YAML silently keeps the last one) and reads YAML 1.2
-    floats: PyYAML (YAML 1.1) takes an unquoted `1e-6` (no dot) for a string, which strict
-    validation would then refuse."""
-
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
-        seen: dict[object, int] = {}
-        for key_node, _ in node.value:
-            key = self.construct_object(key_node, deep=True)
-            line = key_node.start_mark.line + 1
-            if not isinstance(key, str | int | float | bool | None):
-                continue  # an unhashable key: SafeLoader's own error says so
-            if key in seen:
-                raise SpecError(f"line {line}: duplicate key {key!r} (first at line {seen[key]}); keep one of them")
-            seen[key] = line
-        return super().construct_mapping(node, deep=deep)
-
-
-JobFileLoader.yaml_implicit_resolvers = {k: list(v) for k, v in yaml.SafeLoader.yaml_implicit_resolvers.items()}
-JobFileLoader.add_implicit_resolver(
-    "tag:yaml.org,2002:float",
-    re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"),
-    list("-+0123456789."),
-)
-
-
 def load_yaml(text: str) -> object:
-    """Parse a job file's YAML (duplicate keys are a SpecError; `1e-6` is a float)."""
-    return yaml.load(text, Loader=JobFileLoader)  # a SafeLoader subclass: no arbitrary objects
+    """Parse a job file's YAML as YAML 1.2 within contracts/job_yaml.py's limits (a size, a depth, a
+    number of values with aliases expanded): a SpecError for those and for a duplicate key; a
+    yaml.YAMLError for a syntax error."""
+    try:
+        return job_yaml.load(text)
+    except job_yaml.JobYamlError as e:
+        raise SpecError(str(e)) from None
 
 
-_SET_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\[[0-9]+\])*")
+_SET_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\[[0-9]{1,9}\])*")  # an index: no list is longer
 
 
 def apply_overrides(raw: dict, overrides: list[str]) -> dict:
@@ -789,10 +802,14 @@ def apply_overrides(raw: dict, overrides: list[str]) -> dict:
         parts = key.strip().split(".")
         if not sep or not all(_SET_KEY.fullmatch(p) for p in parts):
             raise SpecError(f"--set {item}: expected KEY.PATH=VALUE (e.g. --set algorithm.steps=10)")
+        if len(parts) > job_yaml.MAX_DEPTH:
+            raise SpecError(f"--set {key}: more than {job_yaml.MAX_DEPTH} levels deep; no job-file key is")
         try:
             value = load_yaml(text) if text.strip() else None
-        except (yaml.YAMLError, SpecError) as e:
-            raise SpecError(f"--set {item}: the value is not a YAML scalar ({e})") from None
+        except SpecError as e:  # a limit or a duplicate key; a one-line value needs no line number
+            raise SpecError(f"--set {key}: {str(e).removeprefix('line 1: ')}") from None
+        except yaml.YAMLError as e:
+            raise SpecError(f"--set {item}: the value is not a YAML scalar ({_yaml_problem(e)})") from None
         steps: list[str | int] = []
         for p in parts:
             name, *idx = p.replace("]", "").split("[")
@@ -848,13 +865,13 @@ def load_spec(
     if not p.is_file():
         raise SpecError(f"{p}: job file not found (check the path)")
     try:
-        raw = load_yaml(p.read_text())
-    except SpecError as e:
+        raw = load_yaml(job_yaml.read_job_file(p))
+    except (SpecError, job_yaml.JobYamlError) as e:
         raise SpecError(f"{p}: {e}") from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        raise SpecError(f"{p}: not valid YAML{where} ({getattr(e, 'problem', e)})") from None
+        raise SpecError(f"{p}: not valid YAML{where} ({_yaml_problem(e)})") from None
     if not isinstance(raw, dict):
         raise SpecError(f"{p}: the job file must be a YAML mapping with at least `name:`")
     if overrides:
@@ -863,6 +880,12 @@ def load_spec(
         raw = _with_env_names(raw, env_names)
     spec = parse_spec(raw, source=str(p) + (" with --set" if overrides else ""))
     return resolve_paths(spec, p.parent, on_node=on_node)
+
+
+def _yaml_problem(e: yaml.YAMLError) -> str:
+    """PyYAML's problem, without the context and the source line it quotes (those can be long)."""
+    problem = getattr(e, "problem", None)
+    return problem if isinstance(problem, str) else str(e).splitlines()[0]
 
 
 def parse_spec(raw: dict, source: str = "job") -> JobSpec:
@@ -1036,4 +1059,5 @@ def _resolve_hf_paths(spec: JobSpec, base: Path, on_node: bool = False) -> JobSp
 
 
 def spec_to_yaml(spec: JobSpec) -> str:
-    return yaml.safe_dump(spec.model_dump(mode="json"), sort_keys=False)
+    """The saved job file: reads the same with load_yaml (YAML 1.2) and yaml.safe_load (YAML 1.1)."""
+    return yaml.dump(spec.model_dump(mode="json"), Dumper=job_yaml.JobFileDumper, sort_keys=False)

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import difflib
 import re
+import reprlib
 import types
 import typing
 from collections.abc import Iterable
 
 from pydantic import BaseModel
+from pydantic.fields import FieldInfo
 
 # an example mapping for a section whose first field says little (the others use their first field)
 _EXAMPLES = {
@@ -138,3 +140,71 @@ def count_form(value: str, known: Iterable[str] = ()) -> str | None:
         if sep in ("", "x", "X", "×", "*") and int(n) <= 64:
             return f"{name}:{n}"
     return None
+
+
+# ---- error text that quotes user input stays short (a 1 MB value, a 10,000-item list) ----
+_REPR = reprlib.Repr()
+_REPR.maxstring = _REPR.maxother = 60
+_REPR.maxlist = _REPR.maxdict = _REPR.maxtuple = _REPR.maxset = 4
+_REPR.maxlevel = 3
+_REPR.maxlong = 40
+MAX_LINE = 300  # characters of one error line
+MAX_LINES = 25  # lines of one error
+
+
+def short_repr(value: object) -> str:
+    """repr() of user input, cut to a few dozen characters (reprlib: never builds the whole repr)."""
+    try:
+        return _REPR.repr(value)
+    except ValueError:  # an int past Python's 4300-digit repr limit
+        return f"an integer of {value.bit_length() if isinstance(value, int) else '?'} bits"
+
+
+def clip_message(text: str) -> str:
+    """An error message of at most MAX_LINES lines of MAX_LINE characters: a long line keeps its head (the
+    field) and its tail (the fix), a long list of problems its first ones."""
+    lines = text.splitlines() or [""]
+    more = len(lines) - MAX_LINES
+    lines = [_clip_line(line) for line in lines[:MAX_LINES]]
+    if more > 0:
+        lines.append(f"… and {more} more")
+    return "\n".join(lines)
+
+
+def _clip_line(line: str) -> str:
+    if len(line) <= MAX_LINE:
+        return line
+    head = MAX_LINE * 2 // 3
+    return f"{line[:head]} … {line[-(MAX_LINE - head - 3):]}"
+
+
+def _constraints(tp: object) -> list[object]:
+    """The constraint objects (annotated_types' Ge, Lt, ...) inside an annotation, through Optional and Annotated."""
+    out: list[object] = []
+    for arg in typing.get_args(tp):
+        out += arg.metadata if isinstance(arg, FieldInfo) else _constraints(arg)
+    return out
+
+
+def numeric_range(cls: type[BaseModel] | None, name: str) -> str | None:
+    """The range a numeric field allows, as `0 <= seed < 4294967296`; None when it has no bounds."""
+    if cls is None or name not in cls.model_fields:
+        return None
+    field = cls.model_fields[name]
+    low = high = ""
+    for c in [*field.metadata, *_constraints(field.annotation)]:
+        for attr, side in (("ge", "<="), ("gt", "<"), ("le", "<="), ("lt", "<")):
+            value = getattr(c, attr, None)
+            if value is None:
+                continue
+            if attr in ("ge", "gt"):
+                low = f"{_num(value)} {side} "
+            else:
+                high = f" {side} {_num(value)}"
+    return f"{low}{name}{high}" if low or high else None
+
+
+def _num(value: object) -> str:
+    if isinstance(value, float):
+        return str(int(value)) if value.is_integer() and abs(value) < 1e7 else f"{value:g}"
+    return str(value)

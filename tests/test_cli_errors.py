@@ -14,6 +14,7 @@ from rlboost_cli.pids import controller_identity
 from rlboost_cli.state import StateStore
 from tests.conftest import ROOT, run_cli
 from tests.route_coordinator import idle_coordinator
+from tests.test_job_yaml import billion_laughs
 from trainer.server import build_app
 from weights.publisher import WeightPublisher
 from worker.agent import WorkerAgent, WorkerConfig
@@ -47,6 +48,28 @@ def test_bad_job_file_is_one_clear_error_and_creates_nothing(tmp_path, home, job
     assert needle in proc.stderr
     assert "Traceback" not in proc.stderr
     assert job_count(home) == 0
+
+
+@pytest.mark.parametrize(
+    "data, args, needle",
+    [
+        (billion_laughs(), [], "values with its aliases expanded"),
+        ("name: deep\nalgorithm: {steps: " + "[" * 10_000 + "]" * 10_000 + "}\n", [], "nested more than 32 levels"),
+        ("name: deep\nrollout: " + "{a: " * 10_000 + "1" + "}" * 10_000 + "\n", [], "nested more than 32 levels"),
+        ("name: u16\n".encode("utf-16"), [], "UTF-16 (little-endian)"),
+        (b"\x7fELF\x02\x01\x01\x00\x00\x00\x00", [], "binary (NUL bytes"),
+        ("name: ok\n", ["--set", "algorithm.steps=" + "[" * 10_000 + "]" * 10_000], "--set algorithm.steps: nested"),
+    ],
+    ids=["alias-bomb", "deep-list", "deep-mapping", "utf-16", "binary", "deep-set"],
+)
+def test_a_job_file_that_would_hang_or_crash_the_parser_is_one_line(tmp_path, home, data, args, needle):
+    p = tmp_path / "job.yaml"
+    p.write_bytes(data if isinstance(data, bytes) else data.encode())
+    # the timeout is the check that it returns: before, the bomb ran on at 100% CPU (2.9 GB after 40 s)
+    proc = run_cli("launch", "--dryrun", str(p), *args, home=home, timeout=20)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert needle in proc.stderr and "Traceback" not in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and len(proc.stderr) < 400, proc.stderr[:2000]
 
 
 def test_malformed_trace_file(tmp_path, home):

@@ -434,6 +434,15 @@ yaml_values = st.recursive(
                                                               max_size=4),
     max_leaves=15,
 )
+
+
+def alias_bomb(levels: int) -> str:
+    """9**levels values in algorithm.steps once the aliases are expanded."""
+    lines = ["name: fuzz", "a0: &a0 [1, 2, 3, 4, 5, 6, 7, 8, 9]"]
+    lines += [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 9)}]" for i in range(1, levels)]
+    return "\n".join([*lines, f"algorithm: {{steps: *a{levels - 1}}}"]) + "\n"
+
+
 documents = st.one_of(
     yaml_values.map(lambda v: yaml.safe_dump(v)),
     st.dictionaries(st.sampled_from(FIELDS), yaml_values, max_size=6).map(
@@ -443,6 +452,11 @@ documents = st.one_of(
     st.binary(max_size=200).map(lambda b: b.decode("latin-1")),
     st.sampled_from(["a: [", "name: x\n  bad: indent", "!!python/object:os.system x", "*alias", "name: &a [*a]",
                      "name: fuzz\ntrainer: {tls: maybe}", "name: fuzz\nalgorithm: {steps: -1}", "\t\0"]),
+    # files that hung or crashed the parser (issue 36): raw bytes, other encodings, deep nesting, alias bombs
+    st.binary(max_size=200),
+    yaml_values.map(lambda v: yaml.safe_dump({"name": "fuzz", "x": v}).encode("utf-16")),
+    st.tuples(st.sampled_from(["[", "{a: ", "- "]), st.integers(30, 3000)).map(lambda t: "name: f\nx: " + t[0] * t[1]),
+    st.integers(2, 12).map(alias_bomb),
 )
 
 
@@ -450,7 +464,10 @@ documents = st.one_of(
 @given(doc=documents)
 def test_any_job_file_is_a_spec_or_a_spec_error(tmp_path_factory, doc):
     path = tmp_path_factory.mktemp("spec") / "job.yaml"
-    path.write_text(doc, errors="surrogateescape")
+    if isinstance(doc, bytes):
+        path.write_bytes(doc)
+    else:
+        path.write_text(doc, errors="surrogateescape")
     try:
         load_spec(path)
     except SpecError as e:

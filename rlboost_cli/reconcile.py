@@ -187,9 +187,41 @@ def provider_for(job: JobRow, store: StateStore) -> Provider | None:
 
 
 def _spec(job: JobRow) -> JobSpec:
-    from contracts.spec import parse_spec
+    """The job's stored spec. One an older rlboost saved under rules since tightened (a bound, a
+    seed range) is read for where it ran alone: gc must always reach what a job launched."""
+    from contracts.spec import SpecError, parse_spec
 
-    return parse_spec(yaml.safe_load(job.spec_yaml) or {"name": job.name}, source=f"job {job.name}")
+    raw = yaml.safe_load(job.spec_yaml) or {"name": job.name}
+    try:
+        return parse_spec(raw, source=f"job {job.name}")
+    except SpecError:
+        where = _where_it_ran(raw)
+        try:
+            return parse_spec(where, source=f"job {job.name}")
+        except SpecError:
+            return parse_spec({k: v for k, v in where.items() if k != "local"}, source=f"job {job.name}")
+
+
+def _where_it_ran(raw: dict) -> dict:
+    """What a provider is built from: the job's provider, its trainer's and candidates' places, and
+    the local market's clock (the local provider bills on it)."""
+    trainer = raw.get("trainer") or {}
+    rollout = raw.get("rollout") or {}
+    return {
+        "name": raw.get("name"),
+        "provider": raw.get("provider", "local"),
+        "controller": raw.get("controller", "launcher"),
+        "trainer": {k: trainer[k] for k in ("cloud", "region", "accelerators", "nodes") if k in trainer},
+        "rollout": {
+            "max_workers": 0,
+            "candidates": [
+                {k: c[k] for k in ("accelerator", "clouds", "regions") if k in c}
+                for c in rollout.get("candidates") or []
+                if isinstance(c, dict)
+            ],
+        },
+        "local": {k: v for k, v in (raw.get("local") or {}).items() if k in ("time_scale", "notice_seconds")},
+    }
 
 
 def _scope(job: JobRow) -> str:

@@ -271,3 +271,18 @@ def ctl_progress():
     from rlboost_cli.progress import JobProgress
 
     return JobProgress(Console(file=io.StringIO()), 1)
+
+
+def test_gc_reaches_a_job_whose_stored_spec_an_older_rlboost_saved_under_looser_rules(world, tmp_path, home):
+    """`seed: -1` passed validation before seeds were bounded: its job's instances are still found."""
+    store = StateStore()
+    jid = _job(store, "running", alive=False)
+    iid = _launch(world, tmp_path, store, jid, Role.WORKER)
+    store.update_job(jid, status="stopped")  # its teardown never confirmed the worker gone
+    store._db.execute(
+        "UPDATE jobs SET spec_yaml = ? WHERE id = ?", (yaml.safe_dump({**SPEC, "algorithm": {"seed": -1}}), jid)
+    )
+
+    res = reconcile.gc(store, wait_s=5)
+
+    assert [r.terminated for r in res.jobs] == [[iid]] and _state(world, iid) in ("shutting-down", "terminated")

@@ -152,11 +152,16 @@ class UnknownInstanceError(KeyError):
 
 
 def rlboost_home() -> Path:
-    """`$RLBOOST_HOME` or `~/.rlboost`, created private (0700): it holds job state and tokens."""
+    """`$RLBOOST_HOME` or `~/.rlboost`, created private (0700) when it does not exist: it holds job
+    state and tokens. An existing directory keeps its mode (a shared 1777 one must stay shared); what
+    rlboost writes in it is private by itself (state 0600, run directories 0700)."""
     env = os.environ.get("RLBOOST_HOME")
     home = Path(env).expanduser() if env else Path.home() / ".rlboost"
-    home.mkdir(mode=0o700, parents=True, exist_ok=True)
-    os.chmod(home, 0o700)
+    try:
+        home.mkdir(mode=0o700, parents=True)
+    except FileExistsError:
+        return home
+    os.chmod(home, 0o700)  # whatever the umask
     return home
 
 

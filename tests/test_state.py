@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import os
 import sqlite3
 import stat
 import threading
@@ -67,12 +68,26 @@ def test_home_and_file_permissions(home: Path, store: StateStore) -> None:
     assert _mode(wal) == 0o600
 
 
-def test_home_is_tightened_when_it_exists_loose(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    h = tmp_path / "loose"
-    h.mkdir(mode=0o755)
-    h.chmod(0o755)
-    monkeypatch.setenv("RLBOOST_HOME", str(h))
-    assert _mode(rlboost_home()) == 0o700
+def test_a_new_home_is_private_whatever_the_umask(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RLBOOST_HOME", str(tmp_path / "new" / "home"))
+    old = os.umask(0)
+    try:
+        assert _mode(rlboost_home()) == 0o700
+    finally:
+        os.umask(old)
+
+
+def test_an_existing_home_keeps_its_mode_and_its_files_are_private(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o1777)  # a directory others use too (like /tmp): rlboost must not lock them out
+    monkeypatch.setenv("RLBOOST_HOME", str(shared))
+    s = StateStore()
+    s.close()
+    assert _mode(rlboost_home()) == 0o1777
+    assert _mode(shared / "state.db") == 0o600
 
 
 def test_name_reuse_rules(store: StateStore) -> None:

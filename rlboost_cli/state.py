@@ -26,7 +26,7 @@ from typing import Any
 
 from providers.base import InstanceState, LaunchRequest
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 JOB_STATUSES = ("pending", "running", "succeeded", "failed", "stopped")
 ACTIVE_STATUSES = ("pending", "running")
@@ -129,8 +129,14 @@ ALTER TABLE jobs ADD COLUMN controller_url TEXT;
 ALTER TABLE jobs ADD COLUMN synced_at REAL
 """
 
+# v5: facts about the store itself: `written_by`, the rlboost version that last migrated it, so that
+# an older rlboost can say which version to upgrade to.
+_SCHEMA_V5 = """
+CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)
+"""
+
 # Future schema changes: add {N: "ALTER TABLE ..."} here and bump SCHEMA_VERSION.
-_MIGRATIONS: dict[int, str] = {1: _SCHEMA_V1, 2: _SCHEMA_V2, 3: _SCHEMA_V3, 4: _SCHEMA_V4}
+_MIGRATIONS: dict[int, str] = {1: _SCHEMA_V1, 2: _SCHEMA_V2, 3: _SCHEMA_V3, 4: _SCHEMA_V4, 5: _SCHEMA_V5}
 
 _INSERT_EVENT = "INSERT INTO events (job_id, instance_id, type, detail, clock, wall) VALUES (?, ?, ?, ?, ?, ?)"
 
@@ -163,6 +169,16 @@ def rlboost_home() -> Path:
         return home
     os.chmod(home, 0o700)  # whatever the umask
     return home
+
+
+def rlboost_version() -> str:
+    """This rlboost's version, as installed ("unknown" when run from a source tree never installed)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("rlboost")
+    except PackageNotFoundError:
+        return "unknown"
 
 
 def job_run_dir(job: JobRow) -> Path:
@@ -360,9 +376,11 @@ class StateStore:
         with self._tx() as db:
             have = db.execute("PRAGMA user_version").fetchone()[0]
             if have > SCHEMA_VERSION:
+                by = _written_by(db)
                 raise StateError(
-                    f"{self.path} was written by a newer rlboost (schema {have} > {SCHEMA_VERSION}); "
-                    "upgrade rlboost or point RLBOOST_HOME elsewhere"
+                    f"{self.path} was written by {f'rlboost {by}' if by else 'a newer rlboost'} (store schema "
+                    f"{have}; this rlboost {rlboost_version()} reads up to {SCHEMA_VERSION}): upgrade rlboost "
+                    f"(pip install -U rlboost), or point RLBOOST_HOME at another directory"
                 )
             for v in range(have + 1, SCHEMA_VERSION + 1):
                 for stmt in _MIGRATIONS[v].split(";"):
@@ -370,6 +388,8 @@ class StateStore:
                         db.execute(stmt)
                 # PRAGMA cannot take parameters; v is an int from our own table.
                 db.execute(f"PRAGMA user_version = {int(v)}")
+            if have < SCHEMA_VERSION:
+                db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('written_by', ?)", (rlboost_version(),))
 
     def close(self) -> None:
         with self._lock:
@@ -611,6 +631,15 @@ class StateStore:
                     d["job_id"] = job_id
                     cols = ", ".join(d)  # dataclass field names = column names
                     db.execute(f"INSERT INTO {table} ({cols}) VALUES ({', '.join('?' * len(d))})", tuple(d.values()))
+
+
+def _written_by(db: sqlite3.Connection) -> str | None:
+    """The rlboost version that last migrated this store (None: before schema 5, or unreadable)."""
+    try:
+        row = db.execute("SELECT value FROM meta WHERE key = 'written_by'").fetchone()
+    except sqlite3.Error:  # no meta table, or one a later schema changed
+        return None
+    return str(row[0]) if row is not None else None
 
 
 def _val(x: Any) -> str:

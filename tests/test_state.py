@@ -297,6 +297,7 @@ def test_v1_store_migrates_to_the_latest_keeping_its_steps(tmp_path: Path) -> No
     db.close()
     s = StateStore(path)
     assert (s.job_by_id(1).controller_url, s.job_by_id(1).remote) == (None, False)  # v4: its controller ran here
+    assert state._written_by(s._db) == state.rlboost_version()  # v5: the version that migrated it
     (row,) = s.steps(1)
     assert (row.reward, row.offload_s, row.tail_train_s, row.idle_s) == (0.5, None, None, None)
     assert (row.n_remote, row.gen_tokens, row.spot_tokens) == (None, None, None)
@@ -327,11 +328,15 @@ def test_schema_version(home: Path) -> None:
     path = s.path
     s.close()
     db = sqlite3.connect(path)
-    assert db.execute("PRAGMA user_version").fetchone()[0] == state.SCHEMA_VERSION == 4
+    assert db.execute("PRAGMA user_version").fetchone()[0] == state.SCHEMA_VERSION == 5
+    # v5: which rlboost last migrated it (a newer store's error names it)
+    assert db.execute("SELECT value FROM meta WHERE key = 'written_by'").fetchone()[0] == state.rlboost_version()
+    db.execute("UPDATE meta SET value = '7.1.0'")
     db.execute("PRAGMA user_version = 99")
     db.commit()
     db.close()
-    with pytest.raises(StateError, match="newer rlboost"):
+    newer = r"written by rlboost 7\.1\.0 \(store schema 99; this rlboost .* reads up to 5\): upgrade rlboost"
+    with pytest.raises(StateError, match=newer):
         StateStore(path)
 
 

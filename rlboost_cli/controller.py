@@ -33,6 +33,7 @@ from providers.base import (
 )
 from providers.bootstrap import EXTRAS_ENV
 from providers.pricing import Offer
+from rlboost_cli.disk import disk_full, no_room, release_room, reserve_room
 from rlboost_cli.job_envs import Redactor, split_envs
 from rlboost_cli.launch_requests import node_files, trainer_request
 from rlboost_cli.ledger import summarize
@@ -129,7 +130,7 @@ class Controller:
 
         Ctrl-C, `rlboost down` (SIGTERM) and a closed terminal (SIGHUP) stop the job; signals that
         come while it stops never cut its teardown short (rlboost_cli/stopping.py), and its end is
-        always written."""
+        always written, on a full disk too (rlboost_cli/disk.py)."""
         self.signals = StopSignals(self._instances_left, self._say, self._hung_up)
         status, error = "failed", None
         with self.signals.installed():
@@ -145,11 +146,19 @@ class Controller:
                 status, error = "stopped", str(e) or "stopped by `rlboost down`"
             except (ProviderError, TrainerFailed) as e:
                 status, error = "failed", str(e)
+                if disk_full(e):
+                    error = self._disk_full_why(e)
+            except Exception as e:
+                if not disk_full(e):
+                    error = f"controller error: {type(e).__name__}: {e}"
+                    raise  # a bug: its traceback is wanted (the job is torn down and marked failed first)
+                status, error = "failed", self._disk_full_why(e)
             finally:
                 status, error = self._finish(status, error)
         return status
 
     def _run_job(self, resume: bool) -> tuple[str, str | None]:
+        reserve_room(self.run_dir)  # before anything is launched: room to record the job's end on a full disk
         if resume:
             self.store.update_job(self.job_id, status="running", ended_at=None, error=None)
         else:
@@ -165,8 +174,10 @@ class Controller:
 
     def _finish(self, status: str, error: str | None) -> tuple[str, str | None]:
         """Tear the job down and write its end. Signals only say how far it is (a third Ctrl-C
-        abandons the teardown: what is left is `rlboost gc`'s)."""
+        abandons the teardown: what is left is `rlboost gc`'s); a full disk frees the reserve."""
         sig = self.signals
+        if status == "failed" and not (error or "").startswith("disk full") and no_room(self.run_dir):
+            error = f"disk full (no space left where {self.run_dir} is): {error}"
         if sig.stopped_by is not None:
             self._say(f"stopping job {self.spec.name} (id {self.job_id}): terminating {sig.count_left()} instance(s)")
         problem = None
@@ -187,14 +198,27 @@ class Controller:
             with contextlib.suppress(Exception):
                 self.store.add_event(self.job_id, "metrics-close-failed", self.redact(str(e)) or "")
         end = {"status": status, "ended_at": time.time(), "error": self.redact(error), "clock": self.provider.clock()}
-        self.store.update_job(self.job_id, **end)
+        try:
+            self.store.update_job(self.job_id, **end)
+        except Exception as e:
+            if not (disk_full(e) and release_room(self.run_dir)):
+                raise
+            self.store.update_job(self.job_id, **end)
+        release_room(self.run_dir)  # the job has ended; a resume reserves anew
         self.http.close()
         return status, error
 
     def _teardown_all(self) -> str | None:
-        """teardown(); what went wrong, or None."""
+        """teardown(); on a full disk once more after freeing the reserve (its first pass terminated
+        every instance before its first write failed, so nothing of the job takes the room). What
+        went wrong, or None."""
         try:
-            self.teardown()
+            try:
+                self.teardown()
+            except Exception as e:
+                if not (disk_full(e) and release_room(self.run_dir)):
+                    raise
+                self.teardown()
         except Exception as e:  # the job's end is recorded all the same; `rlboost gc` finds what is left
             with contextlib.suppress(Exception):
                 self.store.add_event(self.job_id, "teardown-failed", self.redact(str(e)) or "")
@@ -212,6 +236,12 @@ class Controller:
             f"stopped waiting: {n} instance(s) may still be running and billing; run `rlboost gc` to terminate them"
         )
         return f"teardown abandoned (Ctrl-C) with {n} instance(s) left: run `rlboost gc`"
+
+    def _disk_full_why(self, e: BaseException) -> str:
+        return (
+            f"disk full ({self.redact(str(e))}): free space on the disk of {self.run_dir.resolve().parent.parent}, "
+            f"then continue the job with `rlboost launch --resume {self.job_id}`"
+        )
 
     def _instances_left(self) -> int:
         return len(self.store.live_instances(self.job_id))

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
 import sys
 import time
 from dataclasses import dataclass, field, fields, replace
@@ -35,6 +34,7 @@ from providers.base import (
 )
 from providers.bootstrap import EXTRAS_ENV
 from providers.pricing import Offer
+from rlboost_cli.disk import disk_full, no_room, release_room, reserve_room
 from rlboost_cli.job_envs import Redactor, split_envs
 from rlboost_cli.launch_requests import node_files, trainer_request
 from rlboost_cli.ledger import summarize
@@ -44,13 +44,10 @@ from rlboost_cli.node_extras import node_extras
 from rlboost_cli.progress import JobProgress
 from rlboost_cli.state import InstanceRow, StateStore, StepMetrics, UnknownInstanceError
 from rlboost_cli.step_numbers import shown
+from rlboost_cli.stopping import Abandon, Phase, Stop, StopSignals
 from rollout.policies.fleet import StepSample, surplus
 from rollout.policies.reconcile import BACKOFF_CAP_S, CandidateBackoff, reconcile_fleet
 from rollout.scheduling import FleetClock
-
-
-class Stop(Exception):
-    """Raised by the SIGTERM handler (`rlboost down`) to unwind into teardown."""
 
 
 @dataclass
@@ -134,51 +131,140 @@ class Controller:
     # ---- main --------------------------------------------------------------------------
     def run(self, resume: bool = False) -> str:
         """Run the job to the end; returns the final job status. `resume`: a previous controller of
-        this job died or was stopped; reattach to what still runs, relaunch what does not."""
-        prev = signal.signal(signal.SIGTERM, _raise_stop)
-        # a closed terminal stops the job as `down` would: an unattended controller is worse than none.
-        # SIGHUP inherited ignored (`nohup rlboost launch`) is the user asking it to outlive the terminal.
-        prev_hup = signal.getsignal(signal.SIGHUP)
-        if prev_hup != signal.SIG_IGN:
-            signal.signal(signal.SIGHUP, self._on_hangup)
+        this job died or was stopped; reattach to what still runs, relaunch what does not.
+
+        Ctrl-C, `rlboost down` (SIGTERM) and a closed terminal (SIGHUP) stop the job; signals that
+        come while it stops never cut its teardown short (rlboost_cli/stopping.py), and its end is
+        always written, on a full disk too (rlboost_cli/disk.py)."""
+        self.signals = StopSignals(self._instances_left, self._say, self._hung_up)
         status, error = "failed", None
-        progress = JobProgress(self.console, self.spec.algorithm.steps)
-        try:
-            if resume:
-                self.store.update_job(self.job_id, status="running", ended_at=None, error=None)
-            else:
-                self.store.update_job(self.job_id, status="running", started_at=time.time())
-            with progress:
-                if resume:
-                    self._reattach(progress)
-                else:
-                    self._reconcile_on_start()
-                    self._launch_trainer(progress)
-                status, error = self._supervise(progress)
-        except KeyboardInterrupt:
-            status, error = "stopped", "interrupted (Ctrl-C)"
-        except Stop as e:
-            status, error = "stopped", str(e) or "stopped by `rlboost down`"
-        except (ProviderError, TrainerFailed) as e:
-            status, error = "failed", str(e)
-        finally:
-            signal.signal(signal.SIGTERM, _raise_stop)  # a second `down` during teardown is harmless
-            signal.signal(signal.SIGHUP, signal.SIG_IGN)  # a closing terminal may hang up twice
+        with self.signals.installed():
             try:
-                with contextlib.suppress(Stop, KeyboardInterrupt):
-                    self.teardown()
-            except Exception as e:  # the job's end is recorded all the same; `rlboost gc` finds what is left
-                error = f"{error}; teardown failed: {e}" if error else f"teardown failed: {e}"
-                with contextlib.suppress(Exception):
-                    self.store.add_event(self.job_id, "teardown-failed", self.redact(str(e)) or "")
-            signal.signal(signal.SIGTERM, prev)
-            signal.signal(signal.SIGHUP, prev_hup)
-            self.metrics_log.close()  # W&B: finish the run (an offline one is complete on disk)
-            self.store.update_job(
-                self.job_id, status=status, ended_at=time.time(), error=self.redact(error), clock=self.provider.clock()
-            )
-            self.http.close()
+                try:
+                    status, error = self._run_job(resume)
+                finally:
+                    # from here no signal raises (one that did on its way here set this itself)
+                    self.signals.phase = Phase.STOPPING
+            except KeyboardInterrupt:
+                status, error = "stopped", "interrupted (Ctrl-C)"
+            except Stop as e:
+                status, error = "stopped", str(e) or "stopped by `rlboost down`"
+            except (ProviderError, TrainerFailed) as e:
+                status, error = "failed", str(e)
+                if disk_full(e):
+                    error = self._disk_full_why(e)
+            except Exception as e:
+                if not disk_full(e):
+                    error = f"controller error: {type(e).__name__}: {e}"
+                    raise  # a bug: its traceback is wanted (the job is torn down and marked failed first)
+                status, error = "failed", self._disk_full_why(e)
+            finally:
+                status, error = self._finish(status, error)
         return status
+
+    def _run_job(self, resume: bool) -> tuple[str, str | None]:
+        reserve_room(self.run_dir)  # before anything is launched: room to record the job's end on a full disk
+        if resume:
+            self.store.update_job(self.job_id, status="running", ended_at=None, error=None)
+        else:
+            self.store.update_job(self.job_id, status="running", started_at=time.time())
+        progress = JobProgress(self.console, self.spec.algorithm.steps)
+        with progress:
+            if resume:
+                self._reattach(progress)
+            else:
+                self._reconcile_on_start()
+                self._launch_trainer(progress)
+            return self._supervise(progress)
+
+    def _finish(self, status: str, error: str | None) -> tuple[str, str | None]:
+        """Tear the job down and write its end. Signals only say how far it is (a third Ctrl-C
+        abandons the teardown: what is left is `rlboost gc`'s); a full disk frees the reserve."""
+        sig = self.signals
+        if status == "failed" and not (error or "").startswith("disk full") and no_room(self.run_dir):
+            error = f"disk full (no space left where {self.run_dir} is): {error}"
+        if sig.stopped_by is not None:
+            self._say(f"stopping job {self.spec.name} (id {self.job_id}): terminating {sig.count_left()} instance(s)")
+        problem = None
+        try:
+            try:
+                sig.phase = Phase.TEARDOWN
+                problem = self._teardown_all()
+            finally:
+                sig.phase = Phase.FINISHING
+        except Abandon:  # raised once at most, and only while in TEARDOWN: nothing can interrupt from here
+            sig.phase = Phase.FINISHING
+            problem = self._abandoned()
+        if problem:
+            error = f"{error}; {problem}" if error else problem
+        try:
+            self.metrics_log.close()  # W&B: finish the run (an offline one is complete on disk)
+        except Exception as e:
+            with contextlib.suppress(Exception):
+                self.store.add_event(self.job_id, "metrics-close-failed", self.redact(str(e)) or "")
+        end = {"status": status, "ended_at": time.time(), "error": self.redact(error), "clock": self.provider.clock()}
+        try:
+            self.store.update_job(self.job_id, **end)
+        except Exception as e:
+            if not (disk_full(e) and release_room(self.run_dir)):
+                raise
+            self.store.update_job(self.job_id, **end)
+        release_room(self.run_dir)  # the job has ended; a resume reserves anew
+        self.http.close()
+        return status, error
+
+    def _teardown_all(self) -> str | None:
+        """teardown(); on a full disk once more after freeing the reserve (its first pass terminated
+        every instance before its first write failed, so nothing of the job takes the room). What
+        went wrong, or None."""
+        try:
+            try:
+                self.teardown()
+            except Exception as e:
+                if not (disk_full(e) and release_room(self.run_dir)):
+                    raise
+                self.teardown()
+        except Exception as e:  # the job's end is recorded all the same; `rlboost gc` finds what is left
+            with contextlib.suppress(Exception):
+                self.store.add_event(self.job_id, "teardown-failed", self.redact(str(e)) or "")
+            return f"teardown failed: {e}"
+        return None
+
+    def _abandoned(self) -> str:
+        """The teardown was abandoned (a third Ctrl-C): record what is known gone, say what is left."""
+        with contextlib.suppress(Exception):
+            self._apply_events()  # what was terminated before the Ctrl-C
+        n = self.signals.count_left()
+        with contextlib.suppress(Exception):
+            self.store.add_event(self.job_id, "teardown-abandoned", f"{n} instance(s) left for `rlboost gc`")
+        self._say(
+            f"stopped waiting: {n} instance(s) may still be running and billing; run `rlboost gc` to terminate them"
+        )
+        return f"teardown abandoned (Ctrl-C) with {n} instance(s) left: run `rlboost gc`"
+
+    def _disk_full_why(self, e: BaseException) -> str:
+        return (
+            f"disk full ({self.redact(str(e))}): free space on the disk of {self.run_dir.resolve().parent.parent}, "
+            f"then continue the job with `rlboost launch --resume {self.job_id}`"
+        )
+
+    def _instances_left(self) -> int:
+        return len(self.store.live_instances(self.job_id))
+
+    def _say(self, line: str) -> None:
+        with contextlib.suppress(Exception):  # a closed terminal, a full disk under controller.log
+            self.console.print(line, markup=False, highlight=False)
+
+    def _hung_up(self) -> None:
+        """SIGHUP: the terminal is gone. Writing to it would fail (EIO) in the middle of teardown, so
+        stdout/stderr go to the job's controller log from here on."""
+        from rlboost_cli.detach import controller_log
+
+        with contextlib.suppress(OSError):
+            fd = os.open(controller_log(self.run_dir), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+            os.dup2(fd, 1)
+            os.dup2(fd, 2)
+            os.close(fd)
 
     def _launch_trainer(self, progress: JobProgress) -> None:
         o = self.trainer_offer
@@ -622,18 +708,6 @@ class Controller:
             else:
                 self.store.update_instance(inst.id, InstanceState.TERMINATED, clock, "torn down")
 
-    def _on_hangup(self, signum: int, frame: object) -> None:
-        """SIGHUP: the terminal is gone. Writing to it would fail (EIO) in the middle of teardown, so
-        stdout/stderr go to the job's controller log from here on; then stop like `rlboost down`."""
-        from rlboost_cli.detach import controller_log
-
-        with contextlib.suppress(OSError):
-            fd = os.open(controller_log(self.run_dir), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-            os.dup2(fd, 1)
-            os.dup2(fd, 2)
-            os.close(fd)
-        raise Stop("stopped: the launching terminal closed (SIGHUP)")
-
     def _log_hint(self) -> str:
         return f"see {self.run_dir / 'instances' / self.trainer_id / 'log'}"
 
@@ -645,7 +719,3 @@ class TrainerFailed(Exception):
 def _own_figures(m: StepMetrics) -> tuple:
     """A step's own figures: the same record reported again differs only in the clock it is taken at."""
     return tuple(getattr(m, f.name) for f in fields(StepMetrics) if f.name != "clock")
-
-
-def _raise_stop(signum: int, frame: object) -> None:
-    raise Stop()

@@ -68,7 +68,26 @@ class _Commands(TyperGroup):
         return cmd
 
 
-app = typer.Typer(
+class _App(typer.Typer):
+    """The CLI's entry point (the `rlboost` script and `python -m rlboost_cli.main` both call it): an
+    error of the state store or the disk under it (rlboost_cli/errors.py) is one line and exit 1,
+    never a traceback; RLBOOST_DEBUG=1 shows the traceback."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        from rlboost_cli.errors import debug, user_message
+
+        try:
+            return super().__call__(*args, **kwargs)
+        except Exception as e:
+            msg = user_message(e)
+            if msg is None or debug():
+                raise
+            with contextlib.suppress(Exception):  # stderr may be a full disk (a detached controller's log)
+                err.print(f"[bold red]error:[/] {escape(msg)}", highlight=False, soft_wrap=True)
+            raise SystemExit(1) from None
+
+
+app = _App(
     cls=_Commands,
     add_completion=True,  # --install-completion / --show-completion [bash|zsh|fish|powershell]
     pretty_exceptions_show_locals=False,  # a crash's traceback must not print job tokens held in locals

@@ -133,8 +133,9 @@ ALTER TABLE jobs ADD COLUMN synced_at REAL
 # v5: ownership by identity. Every job gets a uid, unique across stores and machines, which its
 # instances carry in their cloud tags (NULL: recorded before; its instances are known by name and id).
 # The controller's process start ("boot id:start ticks") beside its pid, so a reused pid is not taken
-# for it. `meta` holds the store's own id (tagged on every instance it launches, for `gc` to tell
-# other stores' instances apart).
+# for it. `meta` holds facts about the store itself: its own id (tagged on every instance it launches,
+# for `gc` to tell other stores' instances apart) and `written_by`, the rlboost version that last
+# migrated it, so that an older rlboost can say which version to upgrade to.
 _SCHEMA_V5 = """
 ALTER TABLE jobs ADD COLUMN uid TEXT;
 ALTER TABLE jobs ADD COLUMN controller_start TEXT;
@@ -166,12 +167,27 @@ class UnknownInstanceError(KeyError):
 
 
 def rlboost_home() -> Path:
-    """`$RLBOOST_HOME` or `~/.rlboost`, created private (0700): it holds job state and tokens."""
+    """`$RLBOOST_HOME` or `~/.rlboost`, created private (0700) when it does not exist: it holds job
+    state and tokens. An existing directory keeps its mode (a shared 1777 one must stay shared); what
+    rlboost writes in it is private by itself (state 0600, run directories 0700)."""
     env = os.environ.get("RLBOOST_HOME")
     home = Path(env).expanduser() if env else Path.home() / ".rlboost"
-    home.mkdir(mode=0o700, parents=True, exist_ok=True)
-    os.chmod(home, 0o700)
+    try:
+        home.mkdir(mode=0o700, parents=True)
+    except FileExistsError:
+        return home
+    os.chmod(home, 0o700)  # whatever the umask
     return home
+
+
+def rlboost_version() -> str:
+    """This rlboost's version, as installed ("unknown" when run from a source tree never installed)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("rlboost")
+    except PackageNotFoundError:
+        return "unknown"
 
 
 def job_run_dir(job: JobRow) -> Path:
@@ -372,9 +388,11 @@ class StateStore:
         with self._tx() as db:
             have = db.execute("PRAGMA user_version").fetchone()[0]
             if have > SCHEMA_VERSION:
+                by = _written_by(db)
                 raise StateError(
-                    f"{self.path} was written by a newer rlboost (schema {have} > {SCHEMA_VERSION}); "
-                    "upgrade rlboost or point RLBOOST_HOME elsewhere"
+                    f"{self.path} was written by {f'rlboost {by}' if by else 'a newer rlboost'} (store schema "
+                    f"{have}; this rlboost {rlboost_version()} reads up to {SCHEMA_VERSION}): upgrade rlboost "
+                    f"(pip install -U rlboost), or point RLBOOST_HOME at another directory"
                 )
             for v in range(have + 1, SCHEMA_VERSION + 1):
                 for stmt in _MIGRATIONS[v].split(";"):
@@ -382,6 +400,8 @@ class StateStore:
                         db.execute(stmt)
                 # PRAGMA cannot take parameters; v is an int from our own table.
                 db.execute(f"PRAGMA user_version = {int(v)}")
+            if have < SCHEMA_VERSION:
+                db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('written_by', ?)", (rlboost_version(),))
 
     def close(self) -> None:
         with self._lock:
@@ -642,6 +662,15 @@ class StateStore:
                     d["job_id"] = job_id
                     cols = ", ".join(d)  # dataclass field names = column names
                     db.execute(f"INSERT INTO {table} ({cols}) VALUES ({', '.join('?' * len(d))})", tuple(d.values()))
+
+
+def _written_by(db: sqlite3.Connection) -> str | None:
+    """The rlboost version that last migrated this store (None: before schema 5, or unreadable)."""
+    try:
+        row = db.execute("SELECT value FROM meta WHERE key = 'written_by'").fetchone()
+    except sqlite3.Error:  # no meta table, or one a later schema changed
+        return None
+    return str(row[0]) if row is not None else None
 
 
 def _val(x: Any) -> str:

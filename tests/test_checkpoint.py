@@ -1,6 +1,9 @@
 from __future__ import annotations
 
+import errno
+
 import numpy as np
+import pytest
 import torch
 
 from trainer import checkpoint
@@ -29,3 +32,19 @@ def test_torn_newest_falls_back(tmp_path):
 
 def test_empty_dir(tmp_path):
     assert checkpoint.load_latest(tmp_path / "none") is None
+
+
+class _DiskFull:
+    """A payload whose writing fails part-way, as on a full disk (torch.save has opened the file)."""
+
+    def __reduce__(self):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+
+def test_a_write_that_fails_leaves_no_temp_file_and_the_previous_checkpoint(tmp_path):
+    checkpoint.save(tmp_path, 1, {"a": 1})
+    with pytest.raises(OSError, match="No space left"):
+        checkpoint.save(tmp_path, 2, {"w": torch.zeros(4096), "then": _DiskFull()})
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt-00000001.pt"]
+    ck = checkpoint.load_latest(tmp_path)
+    assert ck is not None and ck.next_step == 1

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import os
 import sqlite3
 import stat
 import threading
@@ -67,12 +68,26 @@ def test_home_and_file_permissions(home: Path, store: StateStore) -> None:
     assert _mode(wal) == 0o600
 
 
-def test_home_is_tightened_when_it_exists_loose(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    h = tmp_path / "loose"
-    h.mkdir(mode=0o755)
-    h.chmod(0o755)
-    monkeypatch.setenv("RLBOOST_HOME", str(h))
-    assert _mode(rlboost_home()) == 0o700
+def test_a_new_home_is_private_whatever_the_umask(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RLBOOST_HOME", str(tmp_path / "new" / "home"))
+    old = os.umask(0)
+    try:
+        assert _mode(rlboost_home()) == 0o700
+    finally:
+        os.umask(old)
+
+
+def test_an_existing_home_keeps_its_mode_and_its_files_are_private(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o1777)  # a directory others use too (like /tmp): rlboost must not lock them out
+    monkeypatch.setenv("RLBOOST_HOME", str(shared))
+    s = StateStore()
+    s.close()
+    assert _mode(rlboost_home()) == 0o1777
+    assert _mode(shared / "state.db") == 0o600
 
 
 def test_name_reuse_rules(store: StateStore) -> None:
@@ -282,6 +297,7 @@ def test_v1_store_migrates_to_the_latest_keeping_its_steps(tmp_path: Path) -> No
     db.close()
     s = StateStore(path)
     assert (s.job_by_id(1).controller_url, s.job_by_id(1).remote) == (None, False)  # v4: its controller ran here
+    assert state._written_by(s._db) == state.rlboost_version()  # v5: the version that migrated it
     (row,) = s.steps(1)
     assert (row.reward, row.offload_s, row.tail_train_s, row.idle_s) == (0.5, None, None, None)
     assert (row.n_remote, row.gen_tokens, row.spot_tokens) == (None, None, None)
@@ -313,10 +329,15 @@ def test_schema_version(home: Path) -> None:
     s.close()
     db = sqlite3.connect(path)
     assert db.execute("PRAGMA user_version").fetchone()[0] == state.SCHEMA_VERSION == 5
+    # v5: which rlboost last migrated it (a newer store's error names it), and the store's own id
+    assert db.execute("SELECT value FROM meta WHERE key = 'written_by'").fetchone()[0] == state.rlboost_version()
+    assert len(db.execute("SELECT value FROM meta WHERE key = 'store_id'").fetchone()[0]) == 32
+    db.execute("UPDATE meta SET value = '7.1.0' WHERE key = 'written_by'")
     db.execute("PRAGMA user_version = 99")
     db.commit()
     db.close()
-    with pytest.raises(StateError, match="newer rlboost"):
+    newer = r"written by rlboost 7\.1\.0 \(store schema 99; this rlboost .* reads up to 5\): upgrade rlboost"
+    with pytest.raises(StateError, match=newer):
         StateStore(path)
 
 

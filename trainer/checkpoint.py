@@ -29,12 +29,16 @@ def save(directory: Path, next_step: int, payload: dict[str, Any], keep: int = 2
     directory.mkdir(parents=True, exist_ok=True, mode=0o700)
     final = directory / f"ckpt-{next_step:08d}.pt"
     tmp = directory / f".ckpt-{next_step:08d}.pt.tmp"
-    with open(tmp, "wb") as f:
-        torch.save({"next_step": next_step, "payload": payload}, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.chmod(tmp, 0o600)
-    os.replace(tmp, final)
+    try:
+        with open(tmp, "wb") as f:
+            torch.save({"next_step": next_step, "payload": payload}, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o600)
+        os.replace(tmp, final)
+    except BaseException:  # a full disk, a signal: a half-written checkpoint only takes room
+        tmp.unlink(missing_ok=True)
+        raise
     dfd = os.open(directory, os.O_RDONLY)
     try:
         os.fsync(dfd)

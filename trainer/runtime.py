@@ -47,9 +47,13 @@ log = logging.getLogger("rlboost.trainer")
 
 def write_atomic(path: Path, text: str, mode: int = 0o644) -> None:
     tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(text)
-    os.chmod(tmp, mode)
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(text)
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:  # a full disk: no half-written file left behind
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def child_dies_with_parent() -> None:

@@ -43,9 +43,14 @@ def _running_worker(home: Path, name: str, timeout_s: float = 120) -> str:
     raise AssertionError(f"{name}: no spot worker came up")
 
 
-def _kill_controller(ctl: subprocess.Popen) -> None:
+def _run_then_kill_the_controller(tmp: Path, home: Path, name: str, step: int) -> str:
+    """Launch the job, let it reach `step` with a spot worker up, kill -9 its controller; the worker."""
+    ctl = _start(tmp, home, name)
+    wait_until_step(home, name, step)
+    worker = _running_worker(home, name)
     os.kill(ctl.pid, signal.SIGKILL)
     ctl.wait(10)
+    return worker
 
 
 def _market_clock(home: Path, name: str, job_id: int, wall: float) -> float:
@@ -56,10 +61,7 @@ def _market_clock(home: Path, name: str, job_id: int, wall: float) -> float:
 
 def test_an_instance_that_exits_while_the_controller_is_down_is_billed_until_it_stopped(tmp_path):
     home, name = tmp_path / "home", "billgap"
-    ctl = _start(tmp_path, home, name)
-    wait_until_step(home, name, 2)
-    worker = _running_worker(home, name)
-    _kill_controller(ctl)
+    worker = _run_then_kill_the_controller(tmp_path, home, name, 2)
     assert kill_instance(worker) > 0
     killed = time.time()
     # the controller stays away a while: the old rule billed the worker for all of it
@@ -81,10 +83,7 @@ def test_an_instance_that_exits_while_the_controller_is_down_is_billed_until_it_
 
 def test_a_resume_that_relaunches_the_trainer_replaces_the_old_workers(tmp_path):
     home, name = tmp_path / "home", "newtrainer"
-    ctl = _start(tmp_path, home, name)
-    wait_until_step(home, name, 3)
-    worker = _running_worker(home, name)
-    _kill_controller(ctl)
+    worker = _run_then_kill_the_controller(tmp_path, home, name, 3)
     with StateStore(home / "state.db") as store:
         job = store.get_job(name)
         trainer = [i.id for i in store.instances(job.id) if i.role == "trainer"][-1]

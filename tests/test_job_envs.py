@@ -10,6 +10,7 @@ import os
 import stat
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -515,13 +516,22 @@ def test_resume_refuses_a_job_whose_secret_values_are_gone(tmp_path):
     assert "envs.HF_TOKEN: no value" in r.stderr
 
 
-def test_direct_cloud_boot_scripts_export_the_job_envs(tmp_path):
+def test_direct_cloud_boot_scripts_export_plain_envs_and_refuse_secrets(tmp_path):
+    """AWS user-data and GCP startup-script metadata are readable by anyone allowed to describe the
+    instance: a request that would put the job token or a secret value there is refused, by name and
+    without the value; a node enrols for them (tests/test_aws.py, test_gcp.py: what the controller asks)."""
+    from providers.base import ProviderError
     from providers.bootstrap import boot_script
 
     write_spec(tmp_path, "demo")
-    script = boot_script(sky_req("demo-1-w001"), tmp_path)
-    assert "export PLAIN=shown" in script and f"export HF_TOKEN={SECRET}" in script
-    assert "export RLBOOST_JOB_TOKEN=s3cret-token" in script  # the same path as the job token
+    with pytest.raises(ProviderError, match="refusing to put HF_TOKEN, RLBOOST_JOB_TOKEN into boot data") as e:
+        boot_script(sky_req("demo-1-w001"), tmp_path)
+    assert SECRET not in str(e.value) and "s3cret-token" not in str(e.value)
+    req = sky_req("demo-1-w001")
+    enrolling = replace(req, user_secrets={}, env={**req.env, "RLBOOST_JOB_TOKEN": "", "RLBOOST_ENROL": "c"})
+    script = boot_script(enrolling, tmp_path)
+    assert "export PLAIN=shown" in script and "export RLBOOST_ENROL=c" in script
+    assert "HF_TOKEN" not in script and "RLBOOST_JOB_TOKEN" not in script
 
 
 def test_a_failing_teardown_still_records_the_jobs_end(tmp_path, monkeypatch):

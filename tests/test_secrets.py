@@ -4,6 +4,7 @@ can read (a real short job on the local provider)."""
 
 from __future__ import annotations
 
+import contextlib
 import secrets
 import stat
 import time
@@ -106,12 +107,17 @@ def test_env_values_reach_every_node_and_only_the_secret_file_holds_them(tmp_pat
     want = {"PLAIN_SETTING": "visible", "HF_TOKEN_X": from_env, "API_KEY_X": from_cli}
     seen: dict[str, dict[str, str]] = {}
 
+    cmdlines: list[bytes] = []
+
     def every_kind_seen() -> bool:
         for pid in rlboost_pids(f"RLBOOST_RUN_DIR={home}"):
             env = _environ(pid)
-            kind = env.get("RLBOOST_WORKER_KIND") or ("trainer" if env.get("RLBOOST_JOB_TOKEN") else "")
+            trainer = env.get("RLBOOST_ENROL_COMMITMENT") or env.get("RLBOOST_JOB_TOKEN")
+            kind = env.get("RLBOOST_WORKER_KIND") or ("trainer" if trainer else "")
             if kind:
                 seen[kind] = {k: env.get(k, "") for k in want}
+                with contextlib.suppress(OSError):
+                    cmdlines.append(Path(f"/proc/{pid}/cmdline").read_bytes())
         return {"trainer", "reserved", "spot"} <= set(seen)
 
     try:
@@ -125,7 +131,16 @@ def test_env_values_reach_every_node_and_only_the_secret_file_holds_them(tmp_pat
     finally:
         down = run_cli("down", "env-secret", home=home, timeout=180)
     assert down.returncode == 0, down.stdout + down.stderr
-    assert seen == {"trainer": want, "reserved": want, "spot": want}
+    # the trainer and the spot worker enrolled for the `--env` values: they were never in their launch
+    # environment (on a cloud, the boot data); the trainer's own engine inherits what it was given
+    # (--env NAME from the caller's environment is inherited by every local process: no boot data here)
+    assert seen["reserved"] == want
+    for kind in ("trainer", "spot"):
+        assert seen[kind] == {**want, "API_KEY_X": ""}, kind
+    enrolled = "enrolled: job token and 2 secret variable(s) (API_KEY_X, HF_TOKEN_X)"
+    node_logs = {p.parent.name: p.read_text() for p in home.rglob("instances/env-secret-1-*/log")}
+    assert enrolled in node_logs["env-secret-1-trainer"] and enrolled in node_logs["env-secret-1-w001"]
+    assert cmdlines and not any(from_cli.encode() in c or from_env.encode() in c for c in cmdlines)
 
     run_dir = home / "jobs" / "env-secret-1"
     instances = sorted(p.parent for p in home.rglob("instances/env-secret-1-*/pid"))  # not node-logs/ copies
@@ -147,3 +162,4 @@ def test_env_values_reach_every_node_and_only_the_secret_file_holds_them(tmp_pat
     for p in files:
         data = p.read_bytes()
         assert from_env.encode() not in data and from_cli.encode() not in data, f"a secret is in {p}"
+

@@ -282,6 +282,26 @@ def test_env_options_take_values_from_the_caller_or_the_command_line():
         parse_env_options(["A B=1"], {})
 
 
+def test_a_variable_given_twice_is_an_error_naming_it():
+    for items in (["HF_TOKEN=1", "HF_TOKEN=2"], ["HF_TOKEN", "HF_TOKEN"], ["HF_TOKEN", "HF_TOKEN=2"]):
+        with pytest.raises(SpecError, match="--env HF_TOKEN: given more than once; pass each variable once"):
+            parse_env_options(items, {"HF_TOKEN": SECRET})
+
+
+def test_env_values_are_moved_out_of_a_launch_command_line():
+    from rlboost_cli.argv_envs import without_values
+
+    args = ["launch", "job.yaml", "--env", f"HF_TOKEN={SECRET}", "--env=EMPTY=", "--env", "FROM_ENV", "-d"]
+    assert without_values(args) == (
+        ["launch", "job.yaml", "--env", "HF_TOKEN", "--env", "EMPTY", "--env", "FROM_ENV", "-d"],
+        {"HF_TOKEN": SECRET, "EMPTY": ""},
+    )
+    assert without_values(["launch", "job.yaml", "--env", "FROM_ENV"]) is None  # nothing to move
+    assert without_values(["status", "--env", "A=1"]) is None  # launch only
+    # a name given twice stays as it is: the CLI then names the duplicate
+    assert without_values(["launch", "j.yaml", "--env", "A=1", "--env", "A=2"]) is None
+
+
 def test_secret_values_live_in_a_private_file_and_a_null_needs_one(tmp_path):
     spec = parse_spec(
         {"name": "x-job", "rollout": {"max_workers": 0}, "envs": {"PLAIN": "shown", "HF_TOKEN": None, "OVER": "file"}}
@@ -315,6 +335,9 @@ def test_launch_names_the_missing_or_bad_env(tmp_path):
     assert r2.returncode == 2 and "--env 9X: '9X' is not a valid environment variable name" in r2.stderr
     r3 = run_cli("launch", "--resume", "env-job", "--env", "A=1", home=home, timeout=60)
     assert r3.returncode == 2 and "--env applies to a new launch" in r3.stderr
+    r4 = run_cli("launch", str(job), "--env", "HF_TOKEN=1", "--env", f"HF_TOKEN={SECRET}", home=home, timeout=60)
+    assert r4.returncode == 2 and "--env HF_TOKEN: given more than once" in r4.stderr, r4.stderr
+    assert SECRET not in r4.stdout + r4.stderr
     assert SECRET not in r.stdout + r.stderr
 
 

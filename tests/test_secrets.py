@@ -5,8 +5,13 @@ can read (a real short job on the local provider)."""
 from __future__ import annotations
 
 import contextlib
+import json
+import os
 import secrets
+import signal
 import stat
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -163,3 +168,40 @@ def test_env_values_reach_every_node_and_only_the_secret_file_holds_them(tmp_pat
         data = p.read_bytes()
         assert from_env.encode() not in data and from_cli.encode() not in data, f"a secret is in {p}"
 
+
+def test_an_attached_launch_keeps_env_values_out_of_its_command_line(tmp_path):
+    """`ps` and /proc/PID/cmdline are world-readable, and an attached `launch` is the job's controller
+    for the whole job: a `--env NAME=VALUE` leaves its command line at start-up (same pid)."""
+    home = tmp_path / "home"
+    job = {**JOB, "name": "argv-secret", "algorithm": {**JOB["algorithm"], "steps": 100_000}}
+    job["envs"] = {"API_KEY_X": None}
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(job))
+    value = "key_" + secrets.token_hex(16)
+    env = {**os.environ, "RLBOOST_HOME": str(home), "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rlboost_cli.main", "launch", str(path), "--env", f"API_KEY_X={value}"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not rlboost_pids(f"RLBOOST_RUN_DIR={home}"):  # its trainer is up: the controller runs
+            assert proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.1)
+        cmdline = Path(f"/proc/{proc.pid}/cmdline").read_bytes().split(b"\0")
+        assert not any(value.encode() in arg for arg in cmdline), cmdline
+        assert cmdline[-3:-1] == [b"--env", b"API_KEY_X"]  # the name stays: the same launch
+        assert stat.S_IMODE(Path(f"/proc/{proc.pid}/environ").stat().st_mode) == 0o400  # where it went
+    finally:
+        down = run_cli("down", "argv-secret", home=home, timeout=180)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+    assert down.returncode == 0, down.stdout + down.stderr
+    run_dir = home / "jobs" / "argv-secret-1"
+    assert json.loads((run_dir / "envs.secret.json").read_text()) == {"API_KEY_X": value}

@@ -48,6 +48,11 @@ class ProviderKind:
     pricing_source: Literal["local-table", "skypilot-catalog", "aws-live", "bundled-catalog"]
     # the templates/ files its nodes boot from (none: a local process needs none)
     boot_templates: tuple[str, ...]
+    # its trainer boots with an enrolment commitment only, makes its own TLS certificate and is handed
+    # the job token and secret variables after proving itself (contracts/enrolment.py): its launch
+    # environment is boot data a cloud shows (user-data), or a process here, on the same path. Else
+    # (SkyPilot) they travel as task secrets, which the cluster's other nodes read too.
+    trainer_enrols: bool
     # a spot worker's launch -> dialled in, in wall seconds, before any is seen (placement's prior):
     # a cloud VM's boot and image pull, or a local process's start (~1.7 s measured here, plus its pull)
     boot_prior_s: float = 120.0
@@ -72,6 +77,7 @@ _AWS = ProviderKind(
     preemption_notices="metadata",
     pricing_source="aws-live",
     boot_templates=("node_boot.sh",),
+    trainer_enrols=True,
 )
 
 PROVIDER_KINDS: dict[str, ProviderKind] = {
@@ -92,6 +98,7 @@ PROVIDER_KINDS: dict[str, ProviderKind] = {
             preemption_notices="file",
             pricing_source="local-table",
             boot_templates=(),
+            trainer_enrols=True,
             boot_prior_s=2.0,
             listing_lag_s=0.0,  # the processes themselves are looked at
         ),
@@ -110,6 +117,7 @@ PROVIDER_KINDS: dict[str, ProviderKind] = {
             preemption_notices="metadata",
             pricing_source="skypilot-catalog",
             boot_templates=("trainer.sky.yaml", "worker.sky.yaml", "node.sky.yaml"),
+            trainer_enrols=False,
         ),
         _AWS,
         replace(_AWS, name="gcp", clouds=("gcp",), pricing_source="bundled-catalog"),

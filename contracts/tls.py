@@ -1,8 +1,11 @@
-"""TLS for the trainer's port: a per-job self-signed certificate, pinned by fingerprint.
+"""TLS for the trainer's port: a self-signed certificate, pinned by fingerprint.
 
-The controller makes the certificate before the trainer starts, so it knows the fingerprint up
-front and hands it to every worker at boot: no CA, no trust-on-first-use. Loopback-only jobs skip
-TLS by default (nothing leaves the machine); any other bind address gets it.
+Either the controller makes the certificate before the trainer starts (SkyPilot, whose other trainer
+nodes need the pin too: the key pair travels as a task secret), or a trainer that enrols
+(contracts/enrolment.py) makes its own at boot and proves it to the controller, which pins it from
+then on. Either way the controller knows the fingerprint before any worker launches and hands it to
+every worker at boot: no CA, no trust-on-first-use. Loopback-only jobs skip TLS by default (nothing
+leaves the machine); any other bind address gets it.
 """
 
 from __future__ import annotations
@@ -167,6 +170,18 @@ def server_files(run_dir: Path, hosts: list[str], env: dict[str, str] | None = N
     return make_self_signed(d, hosts)
 
 
+def url_host(bind_host: str) -> str:
+    """The host of the trainer's own URL: its bind address, or loopback for a wildcard bind."""
+    return bind_host if bind_host not in ("0.0.0.0", "::") else "127.0.0.1"
+
+
+def serving_files(mode: str, bind_host: str, run_dir: Path) -> TlsFiles | None:
+    """The trainer's choice of certificate (spec `trainer.tls`), or None when it serves plain http."""
+    if not server_tls_on(mode, bind_host):
+        return None
+    return server_files(run_dir, sorted({url_host(bind_host), "127.0.0.1", "localhost"}))
+
+
 @dataclass(frozen=True)
 class JobTls:
     """What the controller hands out: the trainer gets the key pair, workers only the fingerprint."""
@@ -174,6 +189,13 @@ class JobTls:
     files: TlsFiles
     trainer_env: dict[str, str]
     worker_env: dict[str, str]
+
+    def pinned_to(self, cert: Path) -> JobTls:
+        """The job's TLS once its trainer made a certificate of its own (an enrolled trainer): the
+        controller trusts `cert`, workers pin its fingerprint, the trainer is given nothing (the
+        controller's own key in `files.key` never leaves it)."""
+        fp = fingerprint_of(cert)
+        return JobTls(TlsFiles(cert, self.files.key, fp), {}, {ENV_FINGERPRINT: fp})
 
 
 def job_tls(mode: str, run_dir: Path, bind_host: str, *, remote: bool | None = None) -> JobTls | None:

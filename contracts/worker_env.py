@@ -17,6 +17,8 @@ from pydantic import BaseModel, ConfigDict
 NAMES: dict[str, str] = {
     "trainer_url": "RLBOOST_TRAINER_URL",
     "token": "RLBOOST_JOB_TOKEN",
+    # or, for a spot worker, a single-use credential it trades for the token (contracts/enrolment.py)
+    "enrol": "RLBOOST_ENROL",
     "worker_id": "RLBOOST_WORKER_ID",
     "kind": "RLBOOST_WORKER_KIND",
     "engine": "RLBOOST_ENGINE",
@@ -24,7 +26,7 @@ NAMES: dict[str, str] = {
     "cloud": "RLBOOST_CLOUD",  # where the node runs: the weight tracker groups pullers by region
     "region": "RLBOOST_REGION",
 }
-REQUIRED = ("trainer_url", "token", "worker_id")
+REQUIRED = ("trainer_url", "worker_id")  # and the token or an enrolment credential
 NOTICE_FILE = "RLBOOST_NOTICE_FILE"  # the local provider's preemption-notice file
 TORCH_THREADS = "RLBOOST_TORCH_THREADS"  # torch's intra-op threads in a node process (default 1)
 
@@ -37,13 +39,14 @@ class WorkerEnv(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     trainer_url: str
-    token: str
+    token: str | None = None
     worker_id: str
     kind: Literal["spot", "reserved"] = "spot"
     engine: str = "torch"
     accelerator: str | None = None
     cloud: str | None = None
     region: str | None = None
+    enrol: str | None = None
 
     def to_env(self) -> dict[str, str]:
         """The variables to start a worker with (an unset optional field as an empty string)."""
@@ -53,6 +56,8 @@ class WorkerEnv(BaseModel):
     def from_env(cls, env: Mapping[str, str]) -> WorkerEnv:
         """Read it back; WorkerEnvError names the variables missing or wrong."""
         missing = [NAMES[k] for k in REQUIRED if not env.get(NAMES[k])]
+        if not (env.get(NAMES["token"]) or env.get(NAMES["enrol"])):
+            missing.append(f"{NAMES['token']} (or {NAMES['enrol']})")
         if missing:
             raise WorkerEnvError(f"{', '.join(missing)} not set (the node bootstrap sets them)")
         kind = env.get(NAMES["kind"]) or "spot"

@@ -1,8 +1,11 @@
 """What a cloud node needs at boot, shared by the SkyPilot, AWS and GCP providers.
 
-A node gets its role, the trainer URL (workers), the job token, its worker id, the engine and the
-source of preemption notices as environment variables, installs rlboost and starts the trainer or
-the worker. No cloud credentials are ever part of it: workers only dial home to the trainer.
+A node gets its role, the trainer URL (workers), its enrolment credential (or, on SkyPilot's trainer
+cluster, the job token as a task secret), its worker id, the engine and the source of preemption
+notices as environment variables, installs rlboost and starts the trainer or the worker. No cloud
+credentials are ever part of it: workers only dial home to the trainer. AWS user-data and GCP
+startup-script metadata (boot_script) never hold the job token, a TLS key or a secret variable:
+anyone allowed to describe the instance, and every process on the node, can read them.
 """
 
 from __future__ import annotations
@@ -16,9 +19,10 @@ from pathlib import Path
 
 import yaml
 
+from contracts.tls import SECRET_ENV
 from contracts.worker_env import NAMES as WORKER_ENV
 from contracts.worker_env import NOTICE_FILE
-from providers.base import LaunchRequest, Role
+from providers.base import LaunchRequest, ProviderError, Role
 
 TRAINER_PORT = 8787
 SKY_WORKDIR = "~/sky_workdir"  # where SkyPilot syncs a task's workdir on its nodes
@@ -62,9 +66,9 @@ def job_extras(req: LaunchRequest) -> tuple[str, ...]:
 
 
 def node_env(req: LaunchRequest, *, port: int, from_workdir: bool) -> dict[str, str]:
-    """The node's environment, secrets included (callers keep RLBOOST_JOB_TOKEN and the job's
-    secret variables, `req.user_secrets`, out of logs). The job's own variables first: rlboost's
-    RLBOOST_* names (which a job file cannot use) are set over them."""
+    """The node's environment, secrets included where the request has any (SkyPilot passes them as
+    task secrets; boot_script refuses them). The job's own variables first: rlboost's RLBOOST_*
+    names (which a job file cannot use) are set over them."""
     env = {**req.user_envs, **req.user_secrets}
     env.update(
         {
@@ -78,7 +82,8 @@ def node_env(req: LaunchRequest, *, port: int, from_workdir: bool) -> dict[str, 
         }
     )
     # only what the worker/trainer read; never the controller's own environment
-    env.update({k: v for k, v in req.env.items() if k.startswith("RLBOOST_") and k != NOTICE_FILE})
+    # (an empty one is unset: a worker enrolling for its token boots with no RLBOOST_JOB_TOKEN at all)
+    env.update({k: v for k, v in req.env.items() if k.startswith("RLBOOST_") and v and k != NOTICE_FILE})
     # where the node is: a worker reports it so that weights are traded within its region
     env.setdefault(WORKER_ENV["cloud"], req.cloud)
     env.setdefault(WORKER_ENV["region"], req.region or "")
@@ -103,8 +108,19 @@ def cloud_spec_yaml(run_dir: Path) -> str:
     return yaml.safe_dump({k: v for k, v in raw.items() if v is not None}, sort_keys=False)
 
 
+# what boot data must never hold (besides the job's secret variables, LaunchRequest.user_secrets)
+BOOT_SECRETS = (WORKER_ENV["token"], *SECRET_ENV)
+
+
 def boot_script(req: LaunchRequest, run_dir: Path, *, port: int = TRAINER_PORT) -> str:
-    """templates/node_boot.sh with the node's environment in place (AWS user-data, GCP startup-script)."""
+    """templates/node_boot.sh with the node's environment in place (AWS user-data, GCP startup-script).
+    ProviderError for a request that would put a secret there: its node enrols for them instead."""
+    held = sorted({k for k in BOOT_SECRETS if req.env.get(k)} | {k for k, v in req.user_secrets.items() if v})
+    if held:
+        raise ProviderError(
+            f"{req.instance_id}: refusing to put {', '.join(held)} into boot data, which anyone allowed to "
+            "describe the instance can read; the node enrols for the job token and the secret variables"
+        )
     env = node_env(req, port=port, from_workdir=False)
     if req.role is Role.TRAINER:
         env["RLBOOST_SPEC_B64"] = base64.b64encode(cloud_spec_yaml(run_dir).encode()).decode()

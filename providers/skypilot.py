@@ -63,7 +63,8 @@ log = logging.getLogger("rlboost.skypilot")
 # Worker nodes get no cloud identity at all (task YAML cannot override this key, so it is set as a
 # client-side config override for the worker launch request).
 WORKER_IDENTITY = {"aws": {"remote_identity": "NO_UPLOAD"}, "gcp": {"remote_identity": "NO_UPLOAD"}}
-SECRET_KEYS = ("RLBOOST_JOB_TOKEN", *SECRET_ENV)  # redacted by SkyPilot, never in task files
+# redacted by SkyPilot, never in task files (a spot worker's enrolment credential too)
+SECRET_KEYS = ("RLBOOST_JOB_TOKEN", "RLBOOST_ENROL", *SECRET_ENV)
 GONE_STATES = ("INIT", "STOPPED")
 
 # How long a node stays up idle once its controller has exited (the launching machine downs it at once

@@ -18,9 +18,10 @@ from pathlib import Path
 import httpx
 from rich.console import Console
 
+from contracts.enrolment import Grant
 from contracts.spec import JobSpec
 from contracts.status import TrainerStatus
-from contracts.tls import https_url
+from contracts.tls import client_context, https_url
 from contracts.worker_env import WorkerEnv
 from providers.base import (
     CapacityError,
@@ -35,6 +36,7 @@ from providers.base import (
 from providers.bootstrap import EXTRAS_ENV
 from providers.pricing import Offer
 from rlboost_cli.disk import disk_full, no_room, release_room, reserve_room
+from rlboost_cli.enrolment import TrainerEnrolment, TrainerEnrolmentError, pin_file, worker_credential
 from rlboost_cli.job_envs import Redactor, split_envs
 from rlboost_cli.launch_requests import node_files, trainer_request
 from rlboost_cli.ledger import summarize
@@ -269,32 +271,68 @@ class Controller:
     def _launch_trainer(self, progress: JobProgress) -> None:
         o = self.trainer_offer
         cmd = [sys.executable, "-m", "trainer", "--spec", str(self.run_dir / "spec.yaml"), "--linger", "30"]
+        files = self._node_files()
+        # a trainer that enrols boots with a commitment only: no token, no TLS key, no secret variable
+        # in its boot data; they are delivered once it proved itself (rlboost_cli/enrolment.py)
+        enrolment = None
+        if self.provider.kind.trainer_enrols:
+            grant = Grant(token=self.token, env=files.pop("user_secrets"))
+            enrolment = TrainerEnrolment(grant, pin_file(self.run_dir, self.trainer_id))
+            secret = enrolment.env
+        else:
+            secret = {"RLBOOST_JOB_TOKEN": self.token, **(self.tls.trainer_env if self.tls else {})}
         env = {
-            "RLBOOST_JOB_TOKEN": self.token,
+            **secret,
             "RLBOOST_ENGINE": self.spec.rollout.engine,
             EXTRAS_ENV: ",".join(node_extras(self.spec, Role.TRAINER)),
-            **(self.tls.trainer_env if self.tls else {}),
         }
         if self.provider.kind.runs_here:  # checkpoints outlive the trainer process (clouds: trainer.checkpoint_dir)
             env["RLBOOST_CHECKPOINT_DIR"] = str(self.run_dir / "checkpoints")
             env["RLBOOST_RECORD_DIR"] = str(self.run_dir / "records")
         if self.record_rollouts:
             cmd.append("--record-rollouts")
-        req = trainer_request(o, self.trainer_id, self.owner, env, cmd, self._node_files())
+        req = trainer_request(o, self.trainer_id, self.owner, env, cmd, files)
         self._launch(req, o.on_demand_price)
         progress.provisioning(f"trainer {self.trainer_id} ({o.describe()})")
         deadline = time.monotonic() + self.trainer_boot_timeout_s
-        while self.trainer_url is None:
+        while True:
             self._apply_events()
             if self.trainer_exit:
                 raise TrainerFailed(f"trainer exited while starting ({self.trainer_exit}); {self._log_hint()}")
+            if self.trainer_url is not None and (enrolment is None or self._enrolled(enrolment, deadline)):
+                break
             if time.monotonic() > deadline:
+                why = f" ({enrolment.last_error})" if enrolment is not None and enrolment.last_error else ""
                 raise TrainerFailed(
-                    f"trainer did not come up in {self.trainer_boot_timeout_s:.0f}s; {self._log_hint()}"
+                    f"trainer did not come up in {self.trainer_boot_timeout_s:.0f}s{why}; {self._log_hint()}"
                 )
             time.sleep(self.poll_s)
         self.store.update_job(self.job_id, trainer_url=self.trainer_url)
         progress.provisioned(f"trainer up at {self.trainer_url}")
+
+    def _enrolled(self, enrolment: TrainerEnrolment, deadline: float) -> bool:
+        """One step of a booting trainer's enrolment: True once it holds the token and serves as itself
+        (after the delivery it loads its model first)."""
+        assert self.trainer_url is not None
+        if not enrolment.done:
+            try:
+                enrolment.attempt(self.trainer_url, timeout=max(1.0, min(10.0, deadline - time.monotonic())))
+            except TrainerEnrolmentError as e:
+                raise TrainerFailed(f"{e}; {self._log_hint()}") from None
+            if enrolment.pin is not None:  # it proved it holds this certificate
+                self._trust_trainer_cert(enrolment.pin)
+        return enrolment.done and self._fetch_status() is not None
+
+    def _trust_trainer_cert(self, pin: Path) -> None:
+        """Pin the certificate an enrolled trainer made itself: the controller's requests and every
+        worker launched from here on check it."""
+        if self.tls is None or self.tls.files.cert == pin:
+            return
+        self.tls = self.tls.pinned_to(pin)
+        self.http.close()
+        self.http = httpx.Client(
+            timeout=5.0, headers={"Authorization": f"Bearer {self.token}"}, verify=client_context(pin)
+        )
 
     def _supervise(self, progress: JobProgress) -> tuple[str, str | None]:
         last_ok = time.monotonic()
@@ -489,6 +527,9 @@ class Controller:
             if ev.instance_id == self.trainer_id:
                 if ev.endpoint:  # clouds report http://ip:port
                     self.trainer_url = https_url(ev.endpoint) if self.tls else ev.endpoint
+                    pin = pin_file(self.run_dir, self.trainer_id)
+                    if pin.exists():  # enrolled under an earlier controller (a resume): trust it again
+                        self._trust_trainer_cert(pin)
                 if ev.state.terminal:
                     self.trainer_exit = f"{ev.state.value}: {ev.detail}"
 
@@ -534,7 +575,9 @@ class Controller:
             env={
                 **WorkerEnv(
                     trainer_url=self.trainer_url or "",
-                    token=self.token,
+                    # no token in a worker's boot data: a credential it trades once for the token and
+                    # the job's secret variables, at this trainer, within the hour
+                    enrol=worker_credential(self.token, iid, self.trainer_id),
                     worker_id=iid,
                     kind="spot",
                     engine=self.spec.rollout.engine,
@@ -546,7 +589,7 @@ class Controller:
                 **(self.tls.worker_env if self.tls else {}),
             },
             command=[sys.executable, "-m", "worker"],
-            **self._node_files(),
+            **{**self._node_files(), "user_secrets": {}},  # enrolment hands them over
         )
         self.worker_offer[iid] = offer.key
         try:

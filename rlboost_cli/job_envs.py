@@ -3,8 +3,10 @@
 Values written in the job file are plain configuration: they are saved with the job (spec.yaml,
 state.db). Values given with `--env NAME` (taken from the caller's environment) or `--env NAME=VALUE`
 are secrets: the saved job file records only the name (`NAME: null`), the value goes to a 0600 file
-in the run directory beside the job token, reaches the nodes by the token's path (on SkyPilot the
-task's `secrets:`, which SkyPilot redacts), and is scrubbed from every message rlboost records.
+in the run directory beside the job token, reaches the nodes by the token's path (enrolment, or on
+SkyPilot's trainer cluster the task's `secrets:`, which SkyPilot redacts; never boot data), and is
+scrubbed from every message rlboost records. A `NAME=VALUE` leaves the command line at start-up
+(argv_envs.py); a name given twice is an error.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from contracts.spec import JobSpec, SpecError, env_name_problem
+from rlboost_cli.argv_envs import moved_values
 
 SECRET_ENVS_FILE = "envs.secret.json"
 # shorter values are not scrubbed from messages: they would mangle ordinary words and numbers
@@ -22,14 +25,17 @@ MIN_REDACTED_LEN = 4
 
 
 def parse_env_options(items: list[str], environ: Mapping[str, str] | None = None) -> dict[str, str]:
-    """`--env NAME` (from `environ`) and `--env NAME=VALUE`, checked; name -> value."""
-    environ = os.environ if environ is None else environ
+    """`--env NAME` (from `environ`) and `--env NAME=VALUE`, checked; name -> value. By default
+    `environ` is this process's, with the values argv_envs.py moved out of its command line."""
+    environ = {**os.environ, **moved_values()} if environ is None else environ
     out: dict[str, str] = {}
     for item in items:
         name, sep, value = item.partition("=")
         problem = env_name_problem(name)
         if problem:
             raise SpecError(f"--env {name}: {problem}")
+        if name in out:
+            raise SpecError(f"--env {name}: given more than once; pass each variable once")
         if not sep:
             if name not in environ:
                 raise SpecError(

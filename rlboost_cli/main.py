@@ -23,6 +23,7 @@ from typer.core import TyperGroup
 from contracts.provider_kinds import provider_kind
 from contracts.spec import JobSpec, SpecError, load_spec, spec_to_yaml
 from providers.pricing import PricingError, spot_offers, trainer_offer
+from rlboost_cli.argv_envs import reexec_without_env_values
 from rlboost_cli.job_envs import (
     SECRET_ENVS_FILE,
     missing_values,
@@ -1324,4 +1325,5 @@ def _shown_path(source: str) -> str:
 
 
 if __name__ == "__main__":
+    reexec_without_env_values()  # `launch --env NAME=VALUE`: the value leaves the command line first
     app(prog_name="rlboost")  # `python -m rlboost_cli.main` completes and names itself as the installed script

@@ -1,7 +1,9 @@
 #!/bin/bash
 # rlboost node bootstrap for direct providers: AWS user-data and GCP startup-script.
-# rlboost puts `export NAME=value` lines (trainer URL, job token, worker id, notice source...) where
-# the marker below is. No cloud credentials are passed: a worker only dials home to the trainer.
+# rlboost puts `export NAME=value` lines (trainer URL, enrolment credential, worker id, notice source...)
+# where the marker below is. Anyone allowed to describe the instance reads them, so no job token, TLS key
+# or secret variable is among them: the node enrols for those (contracts/enrolment.py). No cloud
+# credentials are passed: a worker only dials home to the trainer.
 set -euo pipefail
 # @RLBOOST_ENV@
 exec >>/var/log/rlboost.log 2>&1

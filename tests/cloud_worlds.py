@@ -69,8 +69,13 @@ class World:
             region=self.region,
             accelerator=("A100:8" if trainer else self.accelerator),
             hourly_price=1.0,
-            env={"RLBOOST_JOB_TOKEN": "tok", "RLBOOST_ENGINE": "torch", "RLBOOST_TRAINER_URL": "http://t:1"}
-            | ({} if trainer else {"RLBOOST_WORKER_ID": iid, "RLBOOST_WORKER_KIND": "spot"}),
+            # what the controller gives (no token: nodes enrol for it, contracts/enrolment.py)
+            env={"RLBOOST_ENGINE": "torch", "RLBOOST_TRAINER_URL": "http://t:1"}
+            | (
+                {"RLBOOST_ENROL_COMMITMENT": "c0"}
+                if trainer
+                else {"RLBOOST_WORKER_ID": iid, "RLBOOST_WORKER_KIND": "spot", "RLBOOST_ENROL": f"{iid}.1.n.m"}
+            ),
             command=TRAINER if trainer else SLEEP,
         )
 
@@ -304,3 +309,89 @@ WORLDS = {
     "aws": aws_world,
     "gcp": gcp_world,
 }
+
+
+# ---- a real controller over a world's provider --------------------------------------------------
+
+BOOT_TOKEN = "job-token-never-in-boot-data-7c1d"
+BOOT_SECRET = "hf_secret_never_in_boot_data_91aa"
+
+
+def launch_through_controller(world: World, tmp: Path, trainer_accelerator: str) -> Any:
+    """A real Controller of a TLS job with a secret `--env HF_TOKEN` launches its trainer and a spot
+    worker on the world's provider, as `rlboost launch` would; the provider. The trainer is not
+    waited for (its node is not real): the worker is launched as if the trainer were up."""
+    import contextlib
+    import io
+
+    from rich.console import Console
+
+    from contracts.spec import parse_spec, spec_to_yaml
+    from providers.prices import CloudPrices
+    from providers.pricing import spot_offers, trainer_offer
+    from rlboost_cli.controller import Controller, TrainerFailed
+    from rlboost_cli.job_envs import write_secret_envs
+    from rlboost_cli.progress import JobProgress
+    from rlboost_cli.state import StateStore
+
+    spec = parse_spec(
+        {
+            "name": world.job,
+            "provider": world.cloud,
+            "envs": {"HF_TOKEN": None, "PLAIN_SETTING": "shown"},
+            "trainer": {"cloud": world.cloud, "region": world.region, "accelerators": trainer_accelerator},
+            "rollout": {
+                "max_workers": 1,
+                "candidates": [{"accelerator": world.accelerator, "clouds": [world.cloud], "regions": [world.region]}],
+            },
+        }
+    )
+    run_dir = tmp / "run"  # the world's provider's
+    (run_dir / "spec.yaml").write_text(spec_to_yaml(spec))
+    write_secret_envs(run_dir, {"HF_TOKEN": BOOT_SECRET})
+    store = StateStore(tmp / "state.db")
+    job_id = store.create_job(spec.name, spec_to_yaml(spec), spec.provider)
+    prices = CloudPrices(use_skypilot=False)
+    provider = world.provider()
+    console = Console(file=io.StringIO())
+    ctl = Controller(
+        spec=spec,
+        store=store,
+        job_id=job_id,
+        run_dir=run_dir,
+        provider=_NoEndpoints(provider),  # type: ignore[arg-type]
+        token=BOOT_TOKEN,
+        trainer_offer=trainer_offer(spec, prices),
+        spot_offers=spot_offers(spec, prices),
+        console=console,
+        poll_s=0.01,
+        trainer_boot_timeout_s=0,
+    )
+    progress = JobProgress(console, spec.algorithm.steps)
+    with contextlib.suppress(TrainerFailed):  # "did not come up": its address is never reported
+        ctl._launch_trainer(progress)
+    ctl.trainer_url = "https://203.0.113.9:8787"
+    assert ctl._launch_worker(progress, ctl.spot_offers[0])
+    return provider
+
+
+class _NoEndpoints:
+    """The provider, minus the trainer's address: nothing is dialled (the cloud's addresses are not real)."""
+
+    def __init__(self, provider: Provider) -> None:
+        self.provider = provider
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.provider, name)
+
+    def poll(self) -> list[InstanceEvent]:
+        from dataclasses import replace
+
+        return [replace(e, endpoint=None) for e in self.provider.poll()]
+
+
+def assert_no_secret(boot_data: str, what: str) -> None:
+    """Boot data holds no job token, no TLS private key, no secret variable's value."""
+    assert BOOT_TOKEN not in boot_data, f"the job token is in the {what}"
+    assert "PRIVATE KEY" not in boot_data, f"a TLS private key is in the {what}"
+    assert BOOT_SECRET not in boot_data, f"a secret variable's value is in the {what}"

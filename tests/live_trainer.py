@@ -15,6 +15,7 @@ from aiohttp import web
 from contracts.lengths import LengthModel
 from contracts.sampling import request_seed
 from rollout.coordinator import Coordinator, CoordinatorConfig, RolloutRequest
+from trainer.enrolment import WorkerEnrolment
 from trainer.server import build_app
 from weights.publisher import WeightPublisher
 from worker.agent import WorkerAgent, WorkerConfig
@@ -25,9 +26,19 @@ MAX_NEW = 40
 LENGTHS = {"median": 12, "sigma": 0.6, "prompt_sigma": 0.2}
 
 
+AUDIENCE = "live-trainer"  # the trainer instance id its workers' enrolment credentials name
+
+
 class LiveTrainer:
-    def __init__(self, token: str, heartbeat_timeout_s: float = 10.0, seq_tokens_per_s: float = 200.0) -> None:
+    def __init__(
+        self,
+        token: str,
+        heartbeat_timeout_s: float = 10.0,
+        seq_tokens_per_s: float = 200.0,
+        secret_env: dict[str, str] | None = None,
+    ) -> None:
         self.token = token
+        self.secret_env = secret_env or {}  # what a worker that enrols is handed besides the token
         self.perf = {
             "cpu": {
                 "tokens_per_s": seq_tokens_per_s * 4,
@@ -72,7 +83,10 @@ class LiveTrainer:
         def on_shutdown() -> None:
             self.shutdown_requests += 1
 
-        self.app = build_app(self.token, self.coord, self.pub, lambda *_: {"phase": "rollout"}, on_shutdown)
+        self.enrolment = WorkerEnrolment(self.token, AUDIENCE, self.secret_env)
+        self.app = build_app(
+            self.token, self.coord, self.pub, lambda *_: {"phase": "rollout"}, on_shutdown, self.enrolment
+        )
         self.runner = web.AppRunner(self.app, handle_signals=False)
         await self.runner.setup()
         await web.TCPSite(self.runner, "127.0.0.1", 0).start()
@@ -90,11 +104,14 @@ class LiveTrainer:
     def publish(self, version: int) -> None:
         self.call(lambda: self._publish(version))
 
-    def start_workers(self, ids: list[str], url: str | None = None, **cfg: Any) -> None:
+    def start_workers(self, ids: list[str], url: str | None = None, token: str | None = None, **cfg: Any) -> None:
+        """`token`: what the workers boot with (default the job's; "" with `enrol=CREDENTIAL` in cfg)."""
+        token = self.token if token is None else token
+
         async def go() -> None:
             for wid in ids:
                 a = WorkerAgent(
-                    WorkerConfig(url or self.url, self.token, wid, engine="synthetic", accelerator="cpu", **cfg)
+                    WorkerConfig(url or self.url, token, wid, engine="synthetic", accelerator="cpu", **cfg)
                 )
                 self.agents[wid] = a
                 self.runs[wid] = asyncio.ensure_future(a.run())

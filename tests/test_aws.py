@@ -10,7 +10,7 @@ from datetime import datetime, timezone
 import pytest
 
 from providers.base import CapacityError, InstanceState, Role
-from tests.cloud_worlds import aws_world, client_error
+from tests.cloud_worlds import assert_no_secret, aws_world, client_error, launch_through_controller
 from tests.sky_fake import PRICES
 
 
@@ -62,6 +62,24 @@ def test_trainer_is_on_demand_with_its_port_open_and_an_endpoint(world):
     script = base64.b64decode(ud["UserData"]["Value"]).decode()
     spec_b64 = script.split("export RLBOOST_SPEC_B64=")[1].split("\n")[0]
     assert base64.b64decode(spec_b64).decode().startswith("name: demo")  # the job file rides along
+
+
+def test_user_data_holds_no_token_key_or_secret(world, tmp_path):
+    """What anyone allowed to describe the instance reads (and every process on the node, through the
+    metadata service): the user-data as EC2 stores it, for the trainer and a spot worker of a TLS job
+    launched by the real controller with a secret `--env`."""
+    launch_through_controller(world, tmp_path, "A100:8")
+    ec2 = world.session.client("ec2")
+    scripts = {}
+    for role in ("trainer", "worker"):
+        (inst,) = instances(world, **{"tag:rlboost-role": role})
+        ud = ec2.describe_instance_attribute(InstanceId=inst["InstanceId"], Attribute="userData")
+        scripts[role] = base64.b64decode(ud["UserData"]["Value"]).decode()
+        assert_no_secret(scripts[role], f"{role}'s user-data")
+        assert "export PLAIN_SETTING=shown" in scripts[role]  # plain job variables still ride along
+    assert "export RLBOOST_ENROL_COMMITMENT=" in scripts["trainer"]  # what it proves itself with
+    assert "export RLBOOST_ENROL=demo-1-w001." in scripts["worker"]  # what it trades once for the token
+    assert "RLBOOST_TLS_FINGERPRINT" not in scripts["trainer"]  # it makes its own certificate
 
 
 @pytest.mark.parametrize("code", ["InsufficientInstanceCapacity", "SpotMaxPriceTooLow", "MaxSpotInstanceCountExceeded"])

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from providers.base import InstanceState, Owner, Role
-from tests.cloud_worlds import gcp_world
+from tests.cloud_worlds import assert_no_secret, gcp_world, launch_through_controller
 
 
 @pytest.fixture
@@ -55,6 +55,22 @@ def test_trainer_is_on_demand_behind_one_firewall_rule(world):
     p.launch(world.request(0, Role.TRAINER).__class__(**{**world.request(0, Role.TRAINER).__dict__,
                                                           "instance_id": "demo-2-trainer"}))
     assert len(world.fake.firewalls) == 1  # reused, not duplicated
+
+
+def test_startup_scripts_hold_no_token_key_or_secret(world, tmp_path):
+    """The startup-script metadata (readable by anyone allowed to get the instance, and by every
+    process on the VM), for the trainer and a spot worker of a TLS job launched by the real
+    controller with a secret `--env`."""
+    launch_through_controller(world, tmp_path, "A100:8")
+    scripts = {}
+    for body in inserts(world):
+        (item,) = body["metadata"]["items"]
+        scripts[body["labels"]["rlboost-role"]] = item["value"]
+        assert_no_secret(item["value"], f"{body['name']}'s startup-script")
+        assert "export PLAIN_SETTING=shown" in item["value"]
+    assert set(scripts) == {"trainer", "worker"}
+    assert "export RLBOOST_ENROL_COMMITMENT=" in scripts["trainer"]
+    assert "export RLBOOST_ENROL=demo-1-w001." in scripts["worker"]
 
 
 def test_an_exhausted_zone_fails_with_capacity_then_the_next_zone_is_tried(world):

@@ -107,6 +107,7 @@ ROUTES = [
     ("GET", "/v1/weights/1/delta/0/manifest"),
     ("GET", "/v1/weights/1/delta/0/chunks/0"),
     ("POST", "/v1/weights/0/swarm"),
+    ("POST", "/v1/enrol"),  # no token needed, but a credential: fuzz is refused the same way
 ]
 PATH_CHARS = string.ascii_letters + string.digits + "/._-~%"
 bad_auth = st.one_of(

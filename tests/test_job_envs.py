@@ -10,6 +10,7 @@ import os
 import stat
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -281,6 +282,26 @@ def test_env_options_take_values_from_the_caller_or_the_command_line():
         parse_env_options(["A B=1"], {})
 
 
+def test_a_variable_given_twice_is_an_error_naming_it():
+    for items in (["HF_TOKEN=1", "HF_TOKEN=2"], ["HF_TOKEN", "HF_TOKEN"], ["HF_TOKEN", "HF_TOKEN=2"]):
+        with pytest.raises(SpecError, match="--env HF_TOKEN: given more than once; pass each variable once"):
+            parse_env_options(items, {"HF_TOKEN": SECRET})
+
+
+def test_env_values_are_moved_out_of_a_launch_command_line():
+    from rlboost_cli.argv_envs import without_values
+
+    args = ["launch", "job.yaml", "--env", f"HF_TOKEN={SECRET}", "--env=EMPTY=", "--env", "FROM_ENV", "-d"]
+    assert without_values(args) == (
+        ["launch", "job.yaml", "--env", "HF_TOKEN", "--env", "EMPTY", "--env", "FROM_ENV", "-d"],
+        {"HF_TOKEN": SECRET, "EMPTY": ""},
+    )
+    assert without_values(["launch", "job.yaml", "--env", "FROM_ENV"]) is None  # nothing to move
+    assert without_values(["status", "--env", "A=1"]) is None  # launch only
+    # a name given twice stays as it is: the CLI then names the duplicate
+    assert without_values(["launch", "j.yaml", "--env", "A=1", "--env", "A=2"]) is None
+
+
 def test_secret_values_live_in_a_private_file_and_a_null_needs_one(tmp_path):
     spec = parse_spec(
         {"name": "x-job", "rollout": {"max_workers": 0}, "envs": {"PLAIN": "shown", "HF_TOKEN": None, "OVER": "file"}}
@@ -314,6 +335,9 @@ def test_launch_names_the_missing_or_bad_env(tmp_path):
     assert r2.returncode == 2 and "--env 9X: '9X' is not a valid environment variable name" in r2.stderr
     r3 = run_cli("launch", "--resume", "env-job", "--env", "A=1", home=home, timeout=60)
     assert r3.returncode == 2 and "--env applies to a new launch" in r3.stderr
+    r4 = run_cli("launch", str(job), "--env", "HF_TOKEN=1", "--env", f"HF_TOKEN={SECRET}", home=home, timeout=60)
+    assert r4.returncode == 2 and "--env HF_TOKEN: given more than once" in r4.stderr, r4.stderr
+    assert SECRET not in r4.stdout + r4.stderr
     assert SECRET not in r.stdout + r.stderr
 
 
@@ -515,13 +539,22 @@ def test_resume_refuses_a_job_whose_secret_values_are_gone(tmp_path):
     assert "envs.HF_TOKEN: no value" in r.stderr
 
 
-def test_direct_cloud_boot_scripts_export_the_job_envs(tmp_path):
+def test_direct_cloud_boot_scripts_export_plain_envs_and_refuse_secrets(tmp_path):
+    """AWS user-data and GCP startup-script metadata are readable by anyone allowed to describe the
+    instance: a request that would put the job token or a secret value there is refused, by name and
+    without the value; a node enrols for them (tests/test_aws.py, test_gcp.py: what the controller asks)."""
+    from providers.base import ProviderError
     from providers.bootstrap import boot_script
 
     write_spec(tmp_path, "demo")
-    script = boot_script(sky_req("demo-1-w001"), tmp_path)
-    assert "export PLAIN=shown" in script and f"export HF_TOKEN={SECRET}" in script
-    assert "export RLBOOST_JOB_TOKEN=s3cret-token" in script  # the same path as the job token
+    with pytest.raises(ProviderError, match="refusing to put HF_TOKEN, RLBOOST_JOB_TOKEN into boot data") as e:
+        boot_script(sky_req("demo-1-w001"), tmp_path)
+    assert SECRET not in str(e.value) and "s3cret-token" not in str(e.value)
+    req = sky_req("demo-1-w001")
+    enrolling = replace(req, user_secrets={}, env={**req.env, "RLBOOST_JOB_TOKEN": "", "RLBOOST_ENROL": "c"})
+    script = boot_script(enrolling, tmp_path)
+    assert "export PLAIN=shown" in script and "export RLBOOST_ENROL=c" in script
+    assert "HF_TOKEN" not in script and "RLBOOST_JOB_TOKEN" not in script
 
 
 def test_a_failing_teardown_still_records_the_jobs_end(tmp_path, monkeypatch):

@@ -4,8 +4,14 @@ can read (a real short job on the local provider)."""
 
 from __future__ import annotations
 
+import contextlib
+import json
+import os
 import secrets
+import signal
 import stat
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -106,12 +112,17 @@ def test_env_values_reach_every_node_and_only_the_secret_file_holds_them(tmp_pat
     want = {"PLAIN_SETTING": "visible", "HF_TOKEN_X": from_env, "API_KEY_X": from_cli}
     seen: dict[str, dict[str, str]] = {}
 
+    cmdlines: list[bytes] = []
+
     def every_kind_seen() -> bool:
         for pid in rlboost_pids(f"RLBOOST_RUN_DIR={home}"):
             env = _environ(pid)
-            kind = env.get("RLBOOST_WORKER_KIND") or ("trainer" if env.get("RLBOOST_JOB_TOKEN") else "")
+            trainer = env.get("RLBOOST_ENROL_COMMITMENT") or env.get("RLBOOST_JOB_TOKEN")
+            kind = env.get("RLBOOST_WORKER_KIND") or ("trainer" if trainer else "")
             if kind:
                 seen[kind] = {k: env.get(k, "") for k in want}
+                with contextlib.suppress(OSError):
+                    cmdlines.append(Path(f"/proc/{pid}/cmdline").read_bytes())
         return {"trainer", "reserved", "spot"} <= set(seen)
 
     try:
@@ -125,7 +136,16 @@ def test_env_values_reach_every_node_and_only_the_secret_file_holds_them(tmp_pat
     finally:
         down = run_cli("down", "env-secret", home=home, timeout=180)
     assert down.returncode == 0, down.stdout + down.stderr
-    assert seen == {"trainer": want, "reserved": want, "spot": want}
+    # the trainer and the spot worker enrolled for the `--env` values: they were never in their launch
+    # environment (on a cloud, the boot data); the trainer's own engine inherits what it was given
+    # (--env NAME from the caller's environment is inherited by every local process: no boot data here)
+    assert seen["reserved"] == want
+    for kind in ("trainer", "spot"):
+        assert seen[kind] == {**want, "API_KEY_X": ""}, kind
+    enrolled = "enrolled: job token and 2 secret variable(s) (API_KEY_X, HF_TOKEN_X)"
+    node_logs = {p.parent.name: p.read_text() for p in home.rglob("instances/env-secret-1-*/log")}
+    assert enrolled in node_logs["env-secret-1-trainer"] and enrolled in node_logs["env-secret-1-w001"]
+    assert cmdlines and not any(from_cli.encode() in c or from_env.encode() in c for c in cmdlines)
 
     run_dir = home / "jobs" / "env-secret-1"
     instances = sorted(p.parent for p in home.rglob("instances/env-secret-1-*/pid"))  # not node-logs/ copies
@@ -147,3 +167,41 @@ def test_env_values_reach_every_node_and_only_the_secret_file_holds_them(tmp_pat
     for p in files:
         data = p.read_bytes()
         assert from_env.encode() not in data and from_cli.encode() not in data, f"a secret is in {p}"
+
+
+def test_an_attached_launch_keeps_env_values_out_of_its_command_line(tmp_path):
+    """`ps` and /proc/PID/cmdline are world-readable, and an attached `launch` is the job's controller
+    for the whole job: a `--env NAME=VALUE` leaves its command line at start-up (same pid)."""
+    home = tmp_path / "home"
+    job = {**JOB, "name": "argv-secret", "algorithm": {**JOB["algorithm"], "steps": 100_000}}
+    job["envs"] = {"API_KEY_X": None}
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(job))
+    value = "key_" + secrets.token_hex(16)
+    env = {**os.environ, "RLBOOST_HOME": str(home), "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rlboost_cli.main", "launch", str(path), "--env", f"API_KEY_X={value}"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not rlboost_pids(f"RLBOOST_RUN_DIR={home}"):  # its trainer is up: the controller runs
+            assert proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.1)
+        cmdline = Path(f"/proc/{proc.pid}/cmdline").read_bytes().split(b"\0")
+        assert not any(value.encode() in arg for arg in cmdline), cmdline
+        assert cmdline[-3:-1] == [b"--env", b"API_KEY_X"]  # the name stays: the same launch
+        assert stat.S_IMODE(Path(f"/proc/{proc.pid}/environ").stat().st_mode) == 0o400  # where it went
+    finally:
+        down = run_cli("down", "argv-secret", home=home, timeout=180)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+    assert down.returncode == 0, down.stdout + down.stderr
+    run_dir = home / "jobs" / "argv-secret-1"
+    assert json.loads((run_dir / "envs.secret.json").read_text()) == {"API_KEY_X": value}

@@ -4,6 +4,7 @@ is refused; every trainer route is still behind the job token."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -176,3 +177,74 @@ def test_peer_server_in_a_tls_job_is_pinned_through_its_url():
     url, ok, wrong_token, wrong_pin = asyncio.run(main())
     assert url.startswith("https://127.0.0.1:") and "#sha256=" in url
     assert (ok, wrong_token, wrong_pin) == (404, 401, "refused")
+
+
+def test_an_enrolling_trainer_proves_its_own_certificate_and_workers_enrol_over_it(tmp_path):
+    """The cloud path (AWS/GCP): the trainer boots with a commitment only, makes its own certificate,
+    and waits; a controller holding another key is refused before any token is sent; the right one
+    pins the certificate and delivers the token and a secret variable; a spot worker that boots with
+    only a credential enrols over the pinned TLS, once; the delivery is not taken a second time."""
+    from contracts import enrolment as E
+    from rlboost_cli.enrolment import TrainerEnrolment, TrainerEnrolmentError, pin_file
+
+    spec = tmp_path / "job.yaml"
+    job = yaml.safe_load(write_spec(tmp_path, steps=2).read_text())
+    spec.write_text(yaml.safe_dump({**job, "envs": {"API_KEY_X": None}}))
+    run_dir = tmp_path / "run"
+    secret = "api-key-value-3f9a0c"
+    grant = E.Grant(token=TOKEN, env={"API_KEY_X": secret})
+    ctl = TrainerEnrolment(grant, pin_file(tmp_path / "ctl", "tlsjob-1-trainer"))
+    log = open(tmp_path / "trainer.log", "wb")  # noqa: SIM115
+    trainer = subprocess.Popen(
+        [sys.executable, "-m", "trainer", "--spec", str(spec), "--run-dir", str(run_dir), "--linger", "20"],
+        env=_env(RLBOOST_INSTANCE_ID="tlsjob-1-trainer", **ctl.env),
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    procs = [trainer]
+    try:
+        url = _wait_for(run_dir / "endpoint", trainer)
+        assert url.startswith("https://127.0.0.1:")
+        with pytest.raises(TrainerEnrolmentError, match="did not prove"):
+            TrainerEnrolment(grant, tmp_path / "other.pem").attempt(url)  # another launch's key
+        deadline = time.monotonic() + 60
+        while not ctl.done:
+            assert time.monotonic() < deadline and trainer.poll() is None, ctl.last_error
+            ctl.attempt(url)
+            time.sleep(0.05)
+        assert ctl.pin is not None
+        fingerprint = tls.fingerprint_of(ctl.pin)
+        assert fingerprint == tls.fingerprint_of(run_dir / "tls" / "trainer-cert.pem")  # the one it made
+        cred = E.worker_credential(TOKEN, "w-enrolled", "tlsjob-1-trainer")
+        env = _env(RLBOOST_TRAINER_URL=url, RLBOOST_ENROL=cred, RLBOOST_WORKER_ID="w-enrolled",
+                   RLBOOST_ENGINE="torch", RLBOOST_TLS_FINGERPRINT=fingerprint)
+        out = open(tmp_path / "w-enrolled.log", "wb")  # noqa: SIM115
+        worker = subprocess.Popen([sys.executable, "-m", "worker"], env=env, stdout=out, stderr=subprocess.STDOUT)
+        procs.append(worker)
+        auth = {"Authorization": f"Bearer {TOKEN}"}
+        with httpx.Client(verify=tls.client_context(ctl.pin), timeout=5) as http:
+            deadline, snap = time.monotonic() + 240, {}
+            while time.monotonic() < deadline and trainer.poll() is None:
+                with contextlib.suppress(httpx.HTTPError):  # loading its model: not serving yet
+                    snap = http.get(url + "/v1/status", headers=auth).json()
+                if snap.get("phase") == "done":
+                    break
+                time.sleep(0.5)
+            assert snap.get("phase") == "done", (tmp_path / "trainer.log").read_text()[-3000:]
+            assert {w["worker_id"] for w in snap["workers"] if w["tokens"] > 0} == {"w-enrolled"}
+            # the delivery route is gone: the trainer itself answers, behind the token
+            again = E.Delivery(key=ctl.key, grant=E.Grant(token="another-token"))
+            assert http.post(url + E.DELIVER_ROUTE, content=again.model_dump_json()).status_code == 401
+            copy = subprocess.run([sys.executable, "-m", "worker"], env=env, capture_output=True, text=True, timeout=60)
+            assert copy.returncode == 3 and "used already" in copy.stderr, copy.stderr
+            assert http.post(url + "/v1/shutdown", headers=auth).json() == {"ok": True}
+        assert trainer.wait(30) == 0
+        assert worker.wait(30) == 0
+        logs = "".join((tmp_path / n).read_text() for n in ("trainer.log", "w-enrolled.log"))
+        assert "enrolled: job token and 1 secret variable(s) (API_KEY_X)" in logs
+        assert TOKEN not in logs and secret not in logs and "PRIVATE KEY" not in logs
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait(10)

@@ -23,7 +23,16 @@ def test_missing_variables_are_named() -> None:
     with pytest.raises(WorkerEnvError) as e:
         WorkerEnv.from_env({"RLBOOST_JOB_TOKEN": "t", "RLBOOST_TRAINER_URL": ""})
     assert str(e.value).startswith("RLBOOST_TRAINER_URL, RLBOOST_WORKER_ID not set")
-    assert {NAMES[k] for k in REQUIRED} == {"RLBOOST_TRAINER_URL", "RLBOOST_JOB_TOKEN", "RLBOOST_WORKER_ID"}
+    assert {NAMES[k] for k in REQUIRED} == {"RLBOOST_TRAINER_URL", "RLBOOST_WORKER_ID"}
+    with pytest.raises(WorkerEnvError, match="RLBOOST_JOB_TOKEN \\(or RLBOOST_ENROL\\) not set"):
+        WorkerEnv.from_env({"RLBOOST_TRAINER_URL": "http://h:1", "RLBOOST_WORKER_ID": "w1"})
+
+
+def test_a_spot_worker_boots_with_a_credential_instead_of_the_token() -> None:
+    env = WorkerEnv(trainer_url="https://h:1", enrol="w1.123.ab.cd", worker_id="w1").to_env()
+    assert env["RLBOOST_JOB_TOKEN"] == "" and env["RLBOOST_ENROL"] == "w1.123.ab.cd"
+    got = WorkerEnv.from_env(env)
+    assert got.token is None and got.enrol == "w1.123.ab.cd"
 
 
 def test_bad_kind_is_named() -> None:

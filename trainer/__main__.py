@@ -1,4 +1,6 @@
-"""`python -m trainer --run-dir DIR`: the trainer process (the job token comes from RLBOOST_JOB_TOKEN)."""
+"""`python -m trainer --run-dir DIR`: the trainer process. The job token comes from RLBOOST_JOB_TOKEN, or,
+for a trainer booted with only an enrolment commitment (RLBOOST_ENROL_COMMITMENT), from the controller
+once the trainer proved itself (trainer/enrolment.py)."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ import os
 import sys
 from pathlib import Path
 
+from contracts.enrolment import ENV_TRAINER_COMMITMENT, TRAINER_WAIT_S
 from contracts.spec import SpecError, load_spec
 
 
@@ -43,8 +46,12 @@ def main(argv: list[str] | None = None) -> int:
         os.environ["RLBOOST_TLS_CERT"], os.environ["RLBOOST_TLS_KEY"] = str(args.tls_cert), str(args.tls_key)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     token = os.environ.get("RLBOOST_JOB_TOKEN")
-    if not token:
-        print("error: RLBOOST_JOB_TOKEN is not set (the controller passes the job token)", file=sys.stderr)
+    commitment = os.environ.get(ENV_TRAINER_COMMITMENT)
+    if not (token or commitment):
+        print(
+            f"error: neither RLBOOST_JOB_TOKEN nor {ENV_TRAINER_COMMITMENT} is set (the controller passes one)",
+            file=sys.stderr,
+        )
         return 2
     try:
         spec = load_spec(args.spec, on_node=True)
@@ -54,9 +61,13 @@ def main(argv: list[str] | None = None) -> int:
     from trainer import distributed
 
     if distributed.launched():  # under torchrun: rank 0 runs the trainer, the others follow it
+        if not token:  # the followers would never get the token or the job's secret variables
+            print("error: a trainer under torchrun needs RLBOOST_JOB_TOKEN (it does not enrol)", file=sys.stderr)
+            return 2
         ctx = distributed.init(spec.trainer.strategy)
         if ctx.rank != 0:
             return distributed.run_follower(spec, ctx)
+    from trainer.enrolment import NoDelivery, await_delivery, listen
     from trainer.runtime import main_async
 
     args.run_dir.mkdir(parents=True, exist_ok=True)
@@ -68,10 +79,23 @@ def main(argv: list[str] | None = None) -> int:
         Path(spec.trainer.checkpoint_dir).expanduser() if spec.trainer.checkpoint_dir else args.run_dir / "checkpoints"
     )
     try:
+        sock = listen(args.host, args.port)
+    except OSError as e:
+        print(f"error: cannot listen on {args.host}:{args.port}: {e}", file=sys.stderr)
+        return 2
+    if not token:  # booted with a commitment only: the controller delivers the token (and secrets) first
+        wait_s = float(os.environ.get("RLBOOST_ENROL_WAIT_S") or TRAINER_WAIT_S)
+        try:
+            grant = asyncio.run(await_delivery(sock, spec, args.host, args.run_dir, commitment or "", wait_s))
+        except NoDelivery as e:
+            print(f"error: {e}; stopping (the controller gave up on this trainer or never reached it)", file=sys.stderr)
+            return 2
+        os.environ.update(grant.env)  # before the model loads (HF_TOKEN); the reserved engine inherits them
+        os.environ.pop(ENV_TRAINER_COMMITMENT, None)
+        token = grant.token
+    try:
         return asyncio.run(
-            main_async(
-                spec, token, args.host, args.port, args.run_dir, args.record_rollouts, args.linger, ckpt_dir
-            )
+            main_async(spec, token, args.host, sock, args.run_dir, args.record_rollouts, args.linger, ckpt_dir)
         )
     finally:
         distributed.finish()

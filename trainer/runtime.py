@@ -13,6 +13,7 @@ import json
 import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -23,6 +24,7 @@ import torch
 from aiohttp import web
 
 from contracts import tls
+from contracts.enrolment import ENV_INSTANCE, ENV_TRAINER_COMMITMENT
 from contracts.provider_kinds import provider_kind
 from contracts.sampling import request_id
 from contracts.spec import JobSpec
@@ -32,6 +34,7 @@ from rollout import scheduling
 from rollout.coordinator import Coordinator, RolloutRequest
 from rollout.policies.tail_batching import TailBatcher
 from trainer import checkpoint, distributed
+from trainer.enrolment import WorkerEnrolment, job_secret_env
 from trainer.evaluation import Evaluator, describe
 from trainer.learner import Sample, make_learner
 from trainer.server import build_app
@@ -152,27 +155,32 @@ class TrainerRuntime:
         TrainerStatus.model_validate(doc)
         return doc
 
-    async def serve(self, host: str, port: int) -> tuple[web.AppRunner, str]:
+    async def serve(self, host: str, sock: socket.socket) -> tuple[web.AppRunner, str]:
+        """Serve on `sock` (bound to `host` by the caller: enrolment may have served on it first)."""
         spec = self.spec
-        url_host = host if host not in ("0.0.0.0", "::") else "127.0.0.1"
         self.coord = Coordinator(
             scheduling.coordinator_config(spec, self.task.eos_id), offload=scheduling.offload_policy(spec)
         )
-        app = build_app(self.token, self.coord, self.publisher, self.status, self.shutdown_requested.set)
+        # spot workers enrol here for the token and the job's secret variables, with credentials
+        # the controller issued for this trainer instance
+        enrolment = WorkerEnrolment(
+            self.token, os.environ.get(ENV_INSTANCE, ""), job_secret_env(spec, os.environ)
+        )
+        app = build_app(self.token, self.coord, self.publisher, self.status, self.shutdown_requested.set, enrolment)
         runner = web.AppRunner(app, handle_signals=False)
         await runner.setup()
         # TLS (spec trainer.tls; auto = on off loopback): the controller's certificate from env, or a
         # self-signed one made here (its fingerprint is written to run_dir/tls-fingerprint).
         ssl_ctx = None
-        if tls.server_tls_on(spec.trainer.tls, host):
-            files = tls.server_files(self.run_dir, sorted({url_host, "127.0.0.1", "localhost"}))
+        files = tls.serving_files(spec.trainer.tls, host, self.run_dir)
+        if files is not None:
             ssl_ctx, self.tls_fingerprint = tls.server_context(files.cert, files.key), files.fingerprint
             write_atomic(self.run_dir / "tls-fingerprint", files.fingerprint)
             log.info("TLS on; certificate sha256 fingerprint %s", files.fingerprint)
-        site = web.TCPSite(runner, host, port, ssl_context=ssl_ctx)
+        site = web.SockSite(runner, sock, ssl_context=ssl_ctx)
         await site.start()
         bound = runner.addresses[0][1]
-        url = f"{'https' if ssl_ctx else 'http'}://{url_host}:{bound}"
+        url = f"{'https' if ssl_ctx else 'http'}://{tls.url_host(host)}:{bound}"
         self.coord.cfg.weights_url = url
         self.coord.start()
         return runner, url
@@ -191,8 +199,8 @@ class TrainerRuntime:
         env = {**os.environ, **{k: v for k, v in worker.to_env().items() if v}}
         if self.tls_fingerprint:
             env[tls.ENV_FINGERPRINT] = self.tls_fingerprint
-        for k in (tls.ENV_KEY_PEM, tls.ENV_CERT_PEM, tls.ENV_KEY, tls.ENV_CERT):
-            env.pop(k, None)  # the engine needs only the pin, never the key
+        for k in (tls.ENV_KEY_PEM, tls.ENV_CERT_PEM, tls.ENV_KEY, tls.ENV_CERT, ENV_TRAINER_COMMITMENT):
+            env.pop(k, None)  # the engine needs only the pin and the token, never the key
         env.pop(NOTICE_FILE, None)  # the reserved cluster is on-demand: no notices
         log_path = self.run_dir / "reserved-engine.log"
         with open(log_path, "ab") as out:
@@ -522,7 +530,7 @@ async def main_async(
     spec: JobSpec,
     token: str,
     host: str,
-    port: int,
+    sock: socket.socket,
     run_dir: Path,
     record: bool,
     linger_s: float,
@@ -530,7 +538,7 @@ async def main_async(
 ) -> int:
     torch.set_num_threads(1)
     rt = TrainerRuntime(spec, token, run_dir, record, checkpoint_dir)
-    runner, url = await rt.serve(host, port)
+    runner, url = await rt.serve(host, sock)
     write_atomic(run_dir / "endpoint", url)
     print(f"trainer serving at {url}", flush=True)
     training = asyncio.ensure_future(rt.train())

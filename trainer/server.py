@@ -1,4 +1,5 @@
-"""The trainer's one open port: coordinator WebSocket, weights, status. Every route needs the job token."""
+"""The trainer's one open port: coordinator WebSocket, weights, status. Every route needs the job token
+but POST /v1/enrol, where a spot worker trades its single-use credential for it (trainer/enrolment.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,9 @@ from collections.abc import Awaitable, Callable, Mapping
 
 from aiohttp import web
 
+from contracts.enrolment import WORKER_ROUTE
 from rollout.coordinator import Coordinator
+from trainer.enrolment import WorkerEnrolment
 from trainer.prometheus import CONTENT_TYPE, exposition
 from weights.publisher import WeightPublisher, add_routes
 from weights.serving import whole_number
@@ -20,11 +23,15 @@ def _error(status: int, message: str) -> web.Response:
     return web.json_response({"error": message}, status=status)
 
 
-def auth_middleware(token: str):
+def auth_middleware(token: str, open_handler: Handler | None = None):
+    """Every request needs the token, but those the router sends to `open_handler` (enrolment, which
+    checks a credential of its own)."""
     expected = f"Bearer {token}".encode()
 
     @web.middleware
     async def check(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if open_handler is not None and request.match_info.handler is open_handler:
+            return await handler(request)
         # surrogateescape: a header with bytes that are not UTF-8 is a wrong token (401), not a 500
         got = request.headers.get("Authorization", "").encode("utf-8", "surrogateescape")
         # constant-time compare: the token is the only thing guarding the port
@@ -53,9 +60,13 @@ def build_app(
     publisher: WeightPublisher,
     status: Callable[[int, int], dict],  # (records the caller has, evaluations it has) -> the document
     on_shutdown_request: Callable[[], None] | None = None,
+    enrolment: WorkerEnrolment | None = None,
 ) -> web.Application:
-    app = web.Application(middlewares=[auth_middleware(token)], client_max_size=1 << 20)
+    enrol = enrolment.handle if enrolment is not None else None
+    app = web.Application(middlewares=[auth_middleware(token, enrol)], client_max_size=1 << 20)
     app.router.add_get("/v1/worker", coordinator.handle_ws)
+    if enrol is not None:
+        app.router.add_post(WORKER_ROUTE, enrol)
 
     async def get_status(request: web.Request) -> web.Response:
         try:

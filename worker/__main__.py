@@ -1,6 +1,7 @@
 """`python -m worker`: a rollout worker. Configured by environment (set by the node's bootstrap):
 
-contracts/worker_env.py's WorkerEnv (RLBOOST_TRAINER_URL, RLBOOST_JOB_TOKEN, RLBOOST_WORKER_ID,
+contracts/worker_env.py's WorkerEnv (RLBOOST_TRAINER_URL, RLBOOST_JOB_TOKEN or RLBOOST_ENROL (a spot
+worker's single-use enrolment credential, traded for the token), RLBOOST_WORKER_ID,
 RLBOOST_WORKER_KIND spot | reserved, RLBOOST_ENGINE, RLBOOST_ACCELERATOR, RLBOOST_CLOUD, RLBOOST_REGION),
 RLBOOST_NOTICE (aws | gcp | file: where preemption notices come from),
 RLBOOST_NOTICE_FILE (the local provider's notice file), RLBOOST_METADATA_URL (metadata server override),
@@ -34,7 +35,8 @@ def main() -> int:
         torch.set_num_threads(int(os.environ.get(TORCH_THREADS, "1")))
     except ImportError:
         pass
-    cfg = WorkerConfig(**env.model_dump())  # the same fields; the rest keep the agent's defaults
+    # the same fields (no token yet: a spot worker enrols for it); the rest keep the agent's defaults
+    cfg = WorkerConfig(**{**env.model_dump(), "token": env.token or ""})
     fp = os.environ.get("RLBOOST_TLS_FINGERPRINT") or None
     if fp:
         from contracts.tls import normalize_fingerprint

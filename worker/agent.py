@@ -7,7 +7,9 @@ asyncio side forwards its tokens in small frames, answers heartbeats and watches
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
+import os
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -15,8 +17,8 @@ from urllib.parse import urlsplit
 
 import aiohttp
 
+from contracts import enrolment, tls, token_frames
 from contracts import protocol as P
-from contracts import tls, token_frames
 from weights.peer_server import WeightNode
 from weights.pull import WeightPullError
 from worker.engines import Engine, GenRequest, make_engine
@@ -45,6 +47,9 @@ class WorkerConfig:
     # WebSocket ping period; no pong (or any frame) within half of it = the trainer is gone: reconnect
     ws_heartbeat_s: float = 10.0
     handshake_timeout_s: float = 30.0  # connect + upgrade, and the wait for the welcome
+    # a spot worker's single-use credential (RLBOOST_ENROL): traded once for the job token and the
+    # job's secret variables before the first connection; `token` is empty until then
+    enrol: str | None = None
 
 
 class Disconnected(Exception):
@@ -76,12 +81,12 @@ class WorkerAgent:
         self.tokens_window: deque[tuple[float, int]] = deque()
         self.exit_reason = ""
         self._gen: asyncio.Future | None = None  # the engine thread's current batch
-        # Pulls weights (peers, delta, shared memory on the trainer's node) and serves them to peers.
-        self.weights = WeightNode.from_env(cfg.token, cfg.worker_id, cfg.kind)
+        # Pulls weights (peers, delta, shared memory on the trainer's node) and serves them to peers;
+        # made in run(), once the job token is known
+        self.weights: WeightNode
 
     # ---- entry -------------------------------------------------------------------------
     async def run(self) -> int:
-        headers = {"Authorization": f"Bearer {self.cfg.token}"}
         if self.cfg.trainer_url.startswith("https://") and not self.cfg.tls_fingerprint:
             log.error("https trainer URL without RLBOOST_TLS_FINGERPRINT: refusing to connect unpinned")
             return 2
@@ -89,6 +94,12 @@ class WorkerAgent:
         # heartbeat: aiohttp lifts the read timeout once upgraded)
         hs = self.cfg.handshake_timeout_s
         timeout = aiohttp.ClientTimeout(total=None, connect=hs, sock_connect=hs, sock_read=hs)
+        if not self.cfg.token:  # once: a reconnect keeps the token this obtained
+            code = await self._enrol(timeout)
+            if code:
+                return code
+        headers = {"Authorization": f"Bearer {self.cfg.token}"}
+        self.weights = WeightNode.from_env(self.cfg.token, self.cfg.worker_id, self.cfg.kind)
         connector = aiohttp.TCPConnector(ssl=tls.pinned(self.cfg.tls_fingerprint))
         async with (
             aiohttp.ClientSession(headers=headers, timeout=timeout, connector=connector) as session,
@@ -120,6 +131,45 @@ class WorkerAgent:
                     log.error("trainer unreachable for %.0fs; exiting", self.cfg.reconnect_deadline_s)
                     return 4
                 await asyncio.sleep(1.0)
+
+    async def _enrol(self, timeout: aiohttp.ClientTimeout) -> int:
+        """Trade the enrolment credential for the job token and the job's secret variables (put in
+        this process's environment, for the engine: HF_TOKEN); an exit code when that fails, else 0."""
+        if not self.cfg.enrol:
+            log.error("neither a job token nor an enrolment credential (RLBOOST_ENROL): nothing to join with")
+            return 2
+        url = self.cfg.trainer_url.rstrip("/") + enrolment.WORKER_ROUTE
+        body = enrolment.WorkerEnrol(credential=self.cfg.enrol).model_dump_json()
+        deadline = time.monotonic() + self.cfg.reconnect_deadline_s
+        connector = aiohttp.TCPConnector(ssl=tls.pinned(self.cfg.tls_fingerprint))
+        async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
+            while True:
+                try:
+                    async with session.post(url, data=body, headers={"Content-Type": "application/json"}) as r:
+                        text = await r.text()
+                        if r.status == 200:
+                            grant = enrolment.Grant.model_validate_json(text)
+                            break
+                        if r.status in (401, 403):
+                            why = _error_of(text)
+                            log.error("the trainer refused this worker's enrolment (%d: %s); it cannot join",
+                                      r.status, why)
+                            return 3
+                        log.warning("enrolment answered %d; trying again", r.status)
+                except aiohttp.ServerFingerprintMismatch as e:
+                    log.error("the trainer's TLS certificate does not match RLBOOST_TLS_FINGERPRINT: %s", e)
+                    return 5
+                except (aiohttp.ClientError, OSError, asyncio.TimeoutError, ValueError) as e:
+                    log.warning("cannot enrol with the trainer yet: %s", e)
+                if time.monotonic() > deadline:
+                    log.error("could not enrol with the trainer for %.0fs; exiting", self.cfg.reconnect_deadline_s)
+                    return 4
+                await asyncio.sleep(1.0)
+        self.cfg.token = grant.token
+        os.environ.update(grant.env)
+        names = ", ".join(sorted(grant.env)) or "none"
+        log.info("enrolled: job token and %d secret variable(s) (%s)", len(grant.env), names)
+        return 0
 
     async def _settle_engine(self) -> None:
         """Before a new connection: the batch of the lost one stops (its requests were aborted when
@@ -457,3 +507,11 @@ class WorkerAgent:
             await ws.send_bytes(data)
         except (ConnectionError, RuntimeError) as e:
             raise Disconnected(str(e)) from e
+
+
+def _error_of(text: str) -> str:
+    """The trainer's one-line reason in an error response (`{"error": ...}`), else the text, short."""
+    try:
+        return str(json.loads(text).get("error", text))[:200]
+    except (ValueError, AttributeError):
+        return text[:200]

@@ -41,8 +41,8 @@ def job(task: dict, **extra) -> dict:
     [
         (job({"eval_size": 8}), r"task: eval_size: apply when eval_every > 0"),
         (job({"eval_every": 2, "eval_fraction": 0.2}), r"task: eval_fraction: apply to name: jsonl only .*eval_size"),
-        (job({"eval_every": 2, "eval_temperature": -1.0}), r"task.eval_temperature: Input should be greater"),
-        (job({"eval_every": -1}), r"task.eval_every: Input should be greater than or equal to 0"),
+        (job({"eval_every": 2, "eval_temperature": -1.0}), r"task.eval_temperature: -1.0 is out of range"),
+        (job({"eval_every": -1}), r"task.eval_every: -1 is out of range \(allowed: 0 <= eval_every"),
         (
             job({"eval_every": 2}, model={"kind": "synthetic"}, rollout={"engine": "synthetic", "max_workers": 0}),
             r"task.eval_every: a synthetic model has nothing to evaluate",

@@ -254,8 +254,11 @@ def test_hf_model_takes_kl_and_entropy_terms(tmp_path) -> None:
             {"algorithm": {"kl_estimator": "k3"}},
             "algorithm.kl_estimator: invalid value 'k3'; input should be 'low_var_kl', 'kl' or 'mse'",
         ),
-        ({"algorithm": {"clip_ratio_low": 1.0}}, "algorithm.clip_ratio_low: Input should be less than 1"),
-        ({"algorithm": {"kl_coef": -0.1}}, "algorithm.kl_coef: Input should be greater than or equal to 0"),
+        (
+            {"algorithm": {"clip_ratio_low": 1.0}},
+            "algorithm.clip_ratio_low: 1.0 is out of range (allowed: 0 <= clip_ratio_low < 1)",
+        ),
+        ({"algorithm": {"kl_coef": -0.1}}, "algorithm.kl_coef: -0.1 is out of range (allowed: 0 <= kl_coef <= 100)"),
     ],
 )
 def test_wrong_loss_knobs_name_the_field(raw: dict, needle: str) -> None:

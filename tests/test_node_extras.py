@@ -65,11 +65,14 @@ def test_datasets_in_mounts_are_judged_at_their_source_or_by_name_in_a_bucket(tm
         assert node_extras(spec, Role.TRAINER) == want, path
 
 
-def request(spec: JobSpec, role: Role, engine: str = "torch") -> LaunchRequest:
-    """A launch request with the environment the controller gives it (rlboost_cli/controller.py)."""
+def request(spec: JobSpec, role: Role, engine: str = "torch", *, boot: bool = False) -> LaunchRequest:
+    """A launch request with the environment the controller gives it (rlboost_cli/controller.py);
+    `boot`: for a node that boots from boot data (AWS, GCP), which enrols for the token and secrets."""
     base = sky_req("demo-1-trainer" if role is Role.TRAINER else "demo-1-w001", role)
-    env = {"RLBOOST_JOB_TOKEN": "tok", "RLBOOST_ENGINE": engine, EXTRAS_ENV: ",".join(node_extras(spec, role))}
-    return dataclasses.replace(base, env=env)
+    env = {"RLBOOST_ENGINE": engine, EXTRAS_ENV: ",".join(node_extras(spec, role))}
+    if boot:
+        return dataclasses.replace(base, env=env, user_secrets={})
+    return dataclasses.replace(base, env={"RLBOOST_JOB_TOKEN": "tok", **env})
 
 
 @pytest.mark.parametrize(
@@ -109,18 +112,18 @@ def test_each_node_pip_installs_what_its_role_needs(tmp_path, monkeypatch, spec,
     assert node["envs"]["RLBOOST_PIP_SPEC"] == f".[{controller_node}]"
     # AWS and GCP nodes boot from the same environment (user-data / startup-script)
     for role, want in ((Role.TRAINER, trainer), (Role.WORKER, worker)):
-        script = boot_script(request(spec, role), run)
+        script = boot_script(request(spec, role, boot=True), run)
         assert f"export RLBOOST_PIP_SPEC='rlboost[{want}]=={_version()}'" in script
 
 
 def test_the_vllm_engine_keeps_its_extra_and_a_user_override_wins(tmp_path, monkeypatch):
     monkeypatch.delenv("RLBOOST_PIP_SPEC", raising=False)
     spec = job(HF, {"name": "jsonl", "path": "t.parquet"})
-    script = boot_script(request(spec, Role.WORKER, engine="vllm"), tmp_path)
+    script = boot_script(request(spec, Role.WORKER, engine="vllm", boot=True), tmp_path)
     assert f"export RLBOOST_PIP_SPEC='rlboost[vllm,hf]=={_version()}'" in script
     monkeypatch.setenv("RLBOOST_PIP_SPEC", "rlboost @ git+https://example.com/fork")
     (tmp_path / "spec.yaml").write_text(spec_to_yaml(spec))
-    decoded = boot_script(request(spec, Role.TRAINER), tmp_path)
+    decoded = boot_script(request(spec, Role.TRAINER, boot=True), tmp_path)
     assert "export RLBOOST_PIP_SPEC='rlboost @ git+https://example.com/fork'" in decoded
     b64 = next(line for line in decoded.splitlines() if "RLBOOST_SPEC_B64" in line).split("=", 1)[1].strip("'")
     assert yaml.safe_load(base64.b64decode(b64))["model"]["kind"] == "hf"  # the node reads the same job

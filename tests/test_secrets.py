@@ -125,10 +125,21 @@ def test_env_values_reach_every_node_and_only_the_secret_file_holds_them(tmp_pat
                     cmdlines.append(Path(f"/proc/{pid}/cmdline").read_bytes())
         return {"trainer", "reserved", "spot"} <= set(seen)
 
+    enrolled = "enrolled: job token and 2 secret variable(s) (API_KEY_X, HF_TOKEN_X)"
+
+    def node_logs() -> dict[str, str]:
+        return {p.parent.name: p.read_text() for p in home.rglob("instances/env-secret-1-*/log")}
+
+    def both_enrolled() -> bool:
+        logs = node_logs()
+        return all(enrolled in logs.get(f"env-secret-1-{n}", "") for n in ("trainer", "w001"))
+
     try:
         deadline = time.monotonic() + 240
-        while not every_kind_seen():
-            assert time.monotonic() < deadline, f"not every node came up: {sorted(seen)}"
+        # every node up, and the trainer and the spot worker enrolled (a worker's process is there,
+        # with its environment, a while before it has dialled in and enrolled)
+        while not (every_kind_seen() and both_enrolled()):
+            assert time.monotonic() < deadline, f"not every node came up and enrolled: {sorted(seen)}"
             time.sleep(0.2)
         for args in (("status", "--json"), ("status", "env-secret"), ("logs", "env-secret")):
             r = run_cli(*args, home=home, timeout=60)
@@ -142,9 +153,7 @@ def test_env_values_reach_every_node_and_only_the_secret_file_holds_them(tmp_pat
     assert seen["reserved"] == want
     for kind in ("trainer", "spot"):
         assert seen[kind] == {**want, "API_KEY_X": ""}, kind
-    enrolled = "enrolled: job token and 2 secret variable(s) (API_KEY_X, HF_TOKEN_X)"
-    node_logs = {p.parent.name: p.read_text() for p in home.rglob("instances/env-secret-1-*/log")}
-    assert enrolled in node_logs["env-secret-1-trainer"] and enrolled in node_logs["env-secret-1-w001"]
+    assert both_enrolled()
     assert cmdlines and not any(from_cli.encode() in c or from_env.encode() in c for c in cmdlines)
 
     run_dir = home / "jobs" / "env-secret-1"

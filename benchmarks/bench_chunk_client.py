@@ -1,10 +1,10 @@
-"""The hand-written chunk client (weights/chunk_http.py) against aiohttp and httpx, pulling the same
+"""The hand-written chunk client (rlboost/weights/chunk_http.py) against aiohttp and httpx, pulling the same
 weight chunks from the real publisher over loopback (issue 16: keep it only if a library costs more
 than 5 % of pull throughput).
 
     .venv/bin/python benchmarks/bench_chunk_client.py --mib 512 --runs 5
 
-The trainer's publisher (weights/publisher.py, the chunk routes a worker pulls from) runs in its own
+The trainer's publisher (rlboost/weights/publisher.py, the chunk routes a worker pulls from) runs in its own
 process, as in a job (bench_weights.Trainer). Each client pulls every chunk of version 0 on
 --parallel keep-alive connections (a worker's default, 4) into one paged-in buffer and checks each
 chunk's BLAKE3 digest, as a worker's pull does. The clients take turns within each run, so a busy
@@ -37,10 +37,10 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import aiohttp  # noqa: E402
 import httpx  # noqa: E402
 
-from contracts import digest  # noqa: E402
-from contracts.weight_manifest import Manifest  # noqa: E402
-from weights.chunk_http import PIECE, HttpConn, Partial  # noqa: E402
-from weights.pull import fetch_into  # noqa: E402
+from rlboost.contracts import digest  # noqa: E402
+from rlboost.contracts.weight_manifest import Manifest  # noqa: E402
+from rlboost.weights.chunk_http import PIECE, HttpConn, Partial  # noqa: E402
+from rlboost.weights.pull import fetch_into  # noqa: E402
 
 MiB = 1 << 20
 

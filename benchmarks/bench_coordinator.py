@@ -5,7 +5,7 @@
 Three processes (or more): the coordinator (the real rollout.coordinator.Coordinator behind an aiohttp
 server, as in the trainer) and `--procs` fleet processes that each hold engines/procs WebSocket
 connections and speak the real protocol: hello -> welcome -> ready; generate -> binary token frames
-every flush_s (columns, contracts/token_frames.py) at a configured per-sequence rate -> finished;
+every flush_s (columns, rlboost/contracts/token_frames.py) at a configured per-sequence rate -> finished;
 draining on cue. The fleet is vectorised with numpy so that it, not Python per token, sets the pace.
 
 Reported (JSON on stdout, and a summary): aggregate token ingest at the coordinator (tokens/s), the
@@ -32,9 +32,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from contracts import protocol as P
-from contracts import token_frames
-from rollout.policies.migration import MigrationConfig
+from rlboost.contracts import protocol as P
+from rlboost.contracts import token_frames
+from rlboost.rollout.policies.migration import MigrationConfig
 
 EOS = 2
 
@@ -230,7 +230,7 @@ def cpu_s() -> float:
 
 def bench_config(args, **over):
     """The coordinator's config in both modes: a synthetic fleet, `args`' batch size and budget."""
-    from rollout.coordinator import CoordinatorConfig
+    from rlboost.rollout.coordinator import CoordinatorConfig
 
     return CoordinatorConfig(
         job_seed=0,
@@ -249,7 +249,7 @@ def bench_config(args, **over):
 async def coordinator_main(args, port_q, result_q) -> None:
     from aiohttp import web
 
-    from rollout.coordinator import Coordinator, RolloutRequest
+    from rlboost.rollout.coordinator import Coordinator, RolloutRequest
 
     cfg = bench_config(
         args,
@@ -428,8 +428,8 @@ def inproc(args) -> dict:
     """The coordinator's own work without sockets (CPU time, no fleet competing for the cores): a
     full dispatch round of a step, token ingest, and the migration of `--migrate` partial responses
     (engines drain at once -> everything they held is dispatched again with its prefix)."""
-    from rollout.book import Response
-    from rollout.coordinator import Coordinator, EngineConn
+    from rlboost.rollout.book import Response
+    from rlboost.rollout.coordinator import Coordinator, EngineConn
 
     async def run() -> dict:
         cfg = bench_config(args, model={})

@@ -98,8 +98,8 @@ def _prompts(n: int, length: int, vocab: int, seed: int = 0) -> list[list[int]]:
 
 
 def engine_parts(spec, new_tokens: int, batches: list[int]) -> tuple[dict, object]:
-    from contracts.engine import GenRequest
-    from models.torch_engine import TorchEngine
+    from rlboost.contracts.engine import GenRequest
+    from rlboost.models.torch_engine import TorchEngine
 
     out: dict = {}
     engine = TorchEngine(spec, dtype="bfloat16", max_batch=max(batches))
@@ -146,9 +146,9 @@ def learner_parts(spec, groups: int, group_size: int, resp_len: int) -> tuple[di
     import numpy as np
     import torch
 
-    from contracts.spec import AlgorithmSpec, TaskSpec
-    from trainer.grpo import Sample
-    from trainer.learner import Learner
+    from rlboost.contracts.spec import AlgorithmSpec, TaskSpec
+    from rlboost.trainer.grpo import Sample
+    from rlboost.trainer.learner import Learner
 
     task = TaskSpec(name="jsonl", path=ROOT / "examples/data/math-sample.jsonl", reward="math_boxed")
     algo = AlgorithmSpec(learning_rate=1e-5, max_new_tokens=resp_len, micro_batch_size=16, seed=0)
@@ -264,7 +264,7 @@ def profile_decode(engine, path: Path, batch: int = 256, new_tokens: int = 16) -
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    from contracts.engine import GenRequest
+    from rlboost.contracts.engine import GenRequest
 
     vocab = engine.model.config.vocab_size
     reqs = [GenRequest(f"p{i}", p, new_tokens, seed=i) for i, p in enumerate(_prompts(batch, 64, vocab, seed=1))]
@@ -334,7 +334,7 @@ def nccl_part(timeout: float = 45.0) -> dict:
 def parts(args: argparse.Namespace) -> None:
     import torch
 
-    from contracts.spec import ModelSpec
+    from rlboost.contracts.spec import ModelSpec
 
     info = {"torch": torch.__version__, "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}
     with tempfile.TemporaryDirectory() as d:
@@ -410,7 +410,7 @@ def job(args: argparse.Namespace) -> None:
     home = tmp / "home"
     env = {**os.environ, "RLBOOST_HOME": str(home), "PYTHONUNBUFFERED": "1"}
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(tmp / "pkg"), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-    cli = [sys.executable, "-m", "rlboost_cli.main"]
+    cli = [sys.executable, "-m", "rlboost.cli.main"]
     t0 = time.perf_counter()
     launch = subprocess.Popen(
         [*cli, "launch", str(path)],

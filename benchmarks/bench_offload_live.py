@@ -38,8 +38,8 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from contracts.spec import JobSpec, load_spec  # noqa: E402
-from rlboost_cli.state import StateStore  # noqa: E402
+from rlboost.cli.state import StateStore  # noqa: E402
+from rlboost.contracts.spec import JobSpec, load_spec  # noqa: E402
 
 ACCELERATOR = "cpu"  # the local job's engines and trainer, priced and modelled as one CPU "accelerator"
 
@@ -87,7 +87,7 @@ def calibrate(args: argparse.Namespace) -> dict:
     """This machine's single-process rates for the benchmark's model (`rlboost simulate`'s own local
     calibration), as the job file's `perf` and `simulate` sections (what the simulator needs; the live
     trainer's priors)."""
-    from simulator.local_calibration import calibrate as measure
+    from rlboost.simulator.local_calibration import calibrate as measure
 
     cal = measure(JobSpec.model_validate(job_dict("calibrate", "none", args)), measure_start=False)
     return {
@@ -114,7 +114,7 @@ def one_run(policy: str, i: int, args: argparse.Namespace, calibration: dict, le
         env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
         job = write_job(tmp, job_dict(name, policy, args, calibration))
         proc = subprocess.run(
-            [sys.executable, "-m", "rlboost_cli.main", "launch", "--record-rollouts", str(job)],
+            [sys.executable, "-m", "rlboost.cli.main", "launch", "--record-rollouts", str(job)],
             env=env,
             capture_output=True,
             text=True,
@@ -146,7 +146,7 @@ def median_step(seconds) -> float:
 
 def predict(policy: str, args: argparse.Namespace, calibration: dict, lengths: Path) -> float:
     """The simulator's median step time (steps 2..) for the same job file."""
-    from simulator import cli as sim
+    from rlboost.simulator import cli as sim
 
     with tempfile.TemporaryDirectory(prefix="bench-offload-sim-") as d:
         spec = load_spec(write_job(Path(d), job_dict(f"bo-{policy}", policy, args, calibration)))

@@ -8,7 +8,7 @@ every learner streams finished groups) and each number of spot workers it replay
 `rlboost-rule` (RLBoost's published offload rule) and `rlboost`, all in this one invocation, and prints
 markdown tables: trained tokens/s, throughput and tokens/$ against `sync` and `on-demand`, the paper's
 targets, and a per-step breakdown (where the time of a step goes). Engine and trainer speeds come from
-contracts/perf.py (public measurements, cited there); nothing is fitted to the targets.
+rlboost/contracts/perf.py (public measurements, cited there); nothing is fitted to the targets.
 """
 
 from __future__ import annotations
@@ -22,13 +22,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from contracts.spec import JobSpec, load_spec
-from providers.pricing import spot_offers, trainer_offer
-from providers.spot_market import constant_trace
-from rollout import scheduling
-from simulator import PRESETS
-from simulator.core import Simulation
-from simulator.result import SimResult
+from rlboost.contracts.spec import JobSpec, load_spec
+from rlboost.providers.pricing import spot_offers, trainer_offer
+from rlboost.providers.spot_market import constant_trace
+from rlboost.rollout import scheduling
+from rlboost.simulator import PRESETS
+from rlboost.simulator.core import Simulation
+from rlboost.simulator.result import SimResult
 
 JOB = Path(__file__).resolve().parents[1] / "examples/simulate/paper-h100.yaml"
 KINDS = ("synthetic", "tiny-gpt", "hf")

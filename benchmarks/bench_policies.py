@@ -20,12 +20,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from contracts.spec import load_spec
-from providers.pricing import spot_offers, trainer_offer
-from providers.spot_market import load_trace
-from rlboost_cli.sim_report import results_json
-from simulator import PRESETS
-from simulator.core import Simulation
+from rlboost.cli.sim_report import results_json
+from rlboost.contracts.spec import load_spec
+from rlboost.providers.pricing import spot_offers, trainer_offer
+from rlboost.providers.spot_market import load_trace
+from rlboost.simulator import PRESETS
+from rlboost.simulator.core import Simulation
 
 POLICIES = ("on-demand", "spot-restart", "rlboost-rule", "rlboost", "rlboost-tail")
 

@@ -23,10 +23,10 @@ from pathlib import Path
 
 import yaml
 
-from contracts.spec import load_spec
-from rlboost_cli.ledger import summarize
-from rlboost_cli.state import StateStore
-from simulator import cli as sim_cli
+from rlboost.cli.ledger import summarize
+from rlboost.cli.state import StateStore
+from rlboost.contracts.spec import load_spec
+from rlboost.simulator import cli as sim_cli
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -35,7 +35,7 @@ def live(job: Path) -> dict:
     spec = load_spec(job)
     with tempfile.TemporaryDirectory() as home:
         env = {**os.environ, "RLBOOST_HOME": home}
-        cmd = [sys.executable, "-m", "rlboost_cli.main", "launch", str(job)]
+        cmd = [sys.executable, "-m", "rlboost.cli.main", "launch", str(job)]
         subprocess.run(cmd, env=env, check=True, capture_output=True, cwd=ROOT)
         store = StateStore(Path(home) / "state.db")
         rec = store.get_job(spec.name)

@@ -156,9 +156,9 @@ def _local_jobs(tmp: Path) -> dict[str, Path]:
 def cmd_replays(args: argparse.Namespace) -> int:
     import tempfile
 
-    from contracts.spec import load_spec
-    from simulator import PRESETS
-    from simulator import cli as sim_cli
+    from rlboost.contracts.spec import load_spec
+    from rlboost.simulator import PRESETS
+    from rlboost.simulator import cli as sim_cli
 
     jobs = {f.stem: (f, 2.0) for f in sorted(Path("examples/simulate").glob("*.yaml"))}
     out: dict[str, list[dict]] = {}
@@ -177,9 +177,9 @@ def cmd_replays(args: argparse.Namespace) -> int:
 
 
 def cmd_replay_cpu(args: argparse.Namespace) -> int:
-    from contracts.spec import load_spec
-    from simulator import PRESETS
-    from simulator import cli as sim_cli
+    from rlboost.contracts.spec import load_spec
+    from rlboost.simulator import PRESETS
+    from rlboost.simulator import cli as sim_cli
 
     spec = load_spec(Path("examples/simulate/gcp-a100.yaml"))
     replay = sim_cli.prepare(spec, None, hours=args.hours, calibrated=False).with_max_workers(64)

@@ -1,5 +1,5 @@
-"""The torch.distributed weight broadcast (gloo, weights/broadcast.py) against the HTTP pull
-(weights/pull.py) of the same version, on loopback: N member processes hold the version
+"""The torch.distributed weight broadcast (gloo, rlboost/weights/broadcast.py) against the HTTP pull
+(rlboost/weights/pull.py) of the same version, on loopback: N member processes hold the version
 (verified chunk by chunk) either way; medians of several runs, ratio broadcast / HTTP.
 
     .venv/bin/python benchmarks/bench_weight_broadcast.py --mib 256 --members 4 --runs 5
@@ -33,10 +33,10 @@ def member(mode: str, plan_file: str, name: str, base_url: str) -> int:
     """A member process: import, say ready, wait for go, receive or pull, say done."""
     import torch
 
-    from weights.broadcast import BroadcastPlan, receive
-    from weights.buffers import HostBuffer
-    from weights.pull import PullOptions, pull_weights
-    from weights.store import WeightStore
+    from rlboost.weights.broadcast import BroadcastPlan, receive
+    from rlboost.weights.buffers import HostBuffer
+    from rlboost.weights.pull import PullOptions, pull_weights
+    from rlboost.weights.store import WeightStore
 
     torch.set_num_threads(1)
     plan = BroadcastPlan.model_validate_json(Path(plan_file).read_text())
@@ -55,7 +55,7 @@ def member(mode: str, plan_file: str, name: str, base_url: str) -> int:
 
 
 def one_run(mode: str, n: int, origin: object, transfer_opts: object, tmp: Path) -> float:
-    from weights.broadcast import Transfer
+    from rlboost.weights.broadcast import Transfer
 
     names = [f"w{i}" for i in range(n)]
     transfer = Transfer(origin.manifest, names, transfer_opts)  # type: ignore[attr-defined]
@@ -109,8 +109,8 @@ def main() -> int:
     import torch
 
     from benchmarks.bench_weights import synthetic_model
+    from rlboost.weights.broadcast import BroadcastOptions
     from tests.test_weight_broadcast import Origin
-    from weights.broadcast import BroadcastOptions
 
     torch.set_num_threads(1)
     origin = Origin(synthetic_model(args.mib * MiB), chunk_bytes=4 * MiB)  # the publisher's default

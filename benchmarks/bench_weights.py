@@ -85,10 +85,10 @@ def local_model_steps() -> tuple[dict, dict]:
     """The default job's model (examples/local.yaml) before and after one real GRPO update."""
     import torch
 
-    from contracts.spec import AlgorithmSpec, ModelSpec, TaskSpec
-    from models.vocab import EOS
-    from trainer.grpo import Sample
-    from trainer.learner import Learner
+    from rlboost.contracts.spec import AlgorithmSpec, ModelSpec, TaskSpec
+    from rlboost.models.vocab import EOS
+    from rlboost.trainer.grpo import Sample
+    from rlboost.trainer.learner import Learner
 
     torch.set_num_threads(1)
     learner = Learner(ModelSpec(), AlgorithmSpec(), TaskSpec(), seed=0)
@@ -142,10 +142,10 @@ def hf_learner_versions(pub: object, layers: int, steps: int, lr: float, tmp: Pa
     Returns, per step, what the trainer sees: changed elements, the delta's encodings and sizes."""
     import numpy as np
 
-    from contracts.spec import AlgorithmSpec, ModelSpec, TaskSpec
+    from rlboost.contracts.spec import AlgorithmSpec, ModelSpec, TaskSpec
+    from rlboost.trainer.grpo import Sample
+    from rlboost.trainer.learner import Learner
     from tests.hf_fixtures import write_math_jsonl
-    from trainer.grpo import Sample
-    from trainer.learner import Learner
 
     model_dir = hf_model_dir(tmp / "model", layers)
     learner = Learner(
@@ -180,7 +180,7 @@ def sparse_values_bytes(old: memoryview, new: memoryview, width: int) -> dict[st
     import numpy as np
     import zstandard
 
-    from weights import delta_codec as wd
+    from rlboost.weights import delta_codec as wd
 
     a, b = np.frombuffer(old, np.uint8), np.frombuffer(new, np.uint8)
     w = wd.element_width(len(a), width)
@@ -205,8 +205,8 @@ def delta_report(pub: object, version: int) -> dict:
     encoding, its size, and what the dense-only encoding (the codec before sparse) would send."""
     import numpy as np
 
-    from contracts.weight_manifest import DENSE, SPARSE, itemsize
-    from weights import delta_codec
+    from rlboost.contracts.weight_manifest import DENSE, SPARSE, itemsize
+    from rlboost.weights import delta_codec
 
     t0 = time.monotonic()
     new_p, old_p = pub._get(version), pub._get(version - 1)  # type: ignore[attr-defined]
@@ -248,8 +248,8 @@ def serve_main(args: argparse.Namespace) -> None:
     """The trainer: publish, then serve weights + a stats route until killed."""
     from aiohttp import web
 
-    from weights.publisher import PublishOptions, WeightPublisher, add_routes
-    from weights.serving import RateLimit
+    from rlboost.weights.publisher import PublishOptions, WeightPublisher, add_routes
+    from rlboost.weights.serving import RateLimit
 
     # no next-buffer paging in the background: it would run during the measurements (see `publish`)
     pub = WeightPublisher(
@@ -310,8 +310,8 @@ def node_main(args: argparse.Namespace) -> None:
     """A worker: wait for the start time, pull, report, keep serving peers for --hold seconds."""
     import aiohttp
 
-    from weights.peer_server import ServeOptions, WeightNode
-    from weights.pull import PullOptions
+    from rlboost.weights.peer_server import ServeOptions, WeightNode
+    from rlboost.weights.pull import PullOptions
 
     async def main() -> None:
         link = args.link_bps or None
@@ -341,7 +341,7 @@ def node_main(args: argparse.Namespace) -> None:
                     print(json.dumps({"ready": True}), flush=True)
                     line = await asyncio.to_thread(sys.stdin.readline)
                     await asyncio.sleep(max(0.0, float(line.split()[1]) - time.time()))
-                from weights.pull import PullStats, pull_weights
+                from rlboost.weights.pull import PullStats, pull_weights
 
                 t0 = time.time()
                 each = []
@@ -554,8 +554,8 @@ def bench_publish(args: argparse.Namespace) -> None:
     version (the gap stands for the training step between two publishes)."""
     import torch
 
-    from weights.buffers import HostBuffer, layout, tensor_views
-    from weights.publisher import PublishOptions, WeightPublisher
+    from rlboost.weights.buffers import HostBuffer, layout, tensor_views
+    from rlboost.weights.publisher import PublishOptions, WeightPublisher
 
     for gib in args.gib:
         nbytes = int(gib * (1 << 30))

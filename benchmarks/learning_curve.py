@@ -15,9 +15,9 @@ import time
 import numpy as np
 import torch
 
-from contracts.spec import JobSpec
-from models.torch_engine import TorchEngine
-from trainer.learner import Learner, rollout_groups
+from rlboost.contracts.spec import JobSpec
+from rlboost.models.torch_engine import TorchEngine
+from rlboost.trainer.learner import Learner, rollout_groups
 
 
 def apply_overrides(spec: JobSpec, overrides: list[str]) -> JobSpec:
@@ -45,7 +45,7 @@ def run(spec: JobSpec, seed: int, steps: int | None = None, verbose: bool = True
             f"seed {seed}: warm start {algo.warm_start_steps} steps, loss {warm['loss']:.3f}, "
             f"{time.perf_counter() - t0:.2f}s"
         )
-    rng = np.random.default_rng(seed)  # RL prompts, drawn as trainer/runtime.py draws them
+    rng = np.random.default_rng(seed)  # RL prompts, drawn as rlboost/trainer/runtime.py draws them
     rewards = []
     for step in range(steps):
         t1 = time.perf_counter()

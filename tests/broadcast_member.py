@@ -16,9 +16,9 @@ from pathlib import Path
 
 import torch
 
-from weights.broadcast import BroadcastPlan, receive
-from weights.broadcast_receiver import BroadcastStats, receive_or_pull
-from weights.buffers import HostBuffer
+from rlboost.weights.broadcast import BroadcastPlan, receive
+from rlboost.weights.broadcast_receiver import BroadcastStats, receive_or_pull
+from rlboost.weights.buffers import HostBuffer
 
 
 def main() -> int:

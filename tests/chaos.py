@@ -18,7 +18,7 @@ from pathlib import Path
 
 import httpx
 
-from rlboost_cli.state import StateStore
+from rlboost.cli.state import StateStore
 from tests.conftest import rlboost_pids
 
 

@@ -23,7 +23,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import tests.sky_fake  # noqa: F401  (offline SkyPilot environment before anything imports sky)
-from providers.base import InstanceEvent, InstanceKind, LaunchRequest, Owner, Provider, Role
+from rlboost.providers.base import InstanceEvent, InstanceKind, LaunchRequest, Owner, Provider, Role
 
 SLEEP = [sys.executable, "-c", "import time; time.sleep(120)"]
 TRAINER = [
@@ -69,7 +69,7 @@ class World:
             region=self.region,
             accelerator=("A100:8" if trainer else self.accelerator),
             hourly_price=1.0,
-            # what the controller gives (no token: nodes enrol for it, contracts/enrolment.py)
+            # what the controller gives (no token: nodes enrol for it, rlboost/contracts/enrolment.py)
             env={"RLBOOST_ENGINE": "torch", "RLBOOST_TRAINER_URL": "http://t:1"}
             | (
                 {"RLBOOST_ENROL_COMMITMENT": "c0"}
@@ -126,7 +126,7 @@ class ScriptedMarket:
 
 @contextmanager
 def local_world(tmp: Path, job: str) -> Iterator[World]:
-    from providers.local import LocalProvider
+    from rlboost.providers.local import LocalProvider
 
     market = ScriptedMarket()
     run_dir = tmp / "run"
@@ -151,7 +151,7 @@ def local_world(tmp: Path, job: str) -> Iterator[World]:
 def _sky_world(tmp: Path, job: str, node: Callable[[Path, Provider], Provider] | None = None) -> Iterator[World]:
     """Workers as SkyPilot clusters on a fake `sky` SDK; `node` wraps that provider (the trainer node's
     controller), whose own processes are real and are terminated at the end."""
-    from providers.skypilot import SkyPilotProvider
+    from rlboost.providers.skypilot import SkyPilotProvider
     from tests.sky_fake import FakeSky
 
     fake = FakeSky()
@@ -183,7 +183,7 @@ def skypilot_world(tmp: Path, job: str) -> Iterator[World]:
 @contextmanager
 def skypilot_node_world(tmp: Path, job: str) -> Iterator[World]:
     """A controller on the trainer node: the trainer a process here, workers SkyPilot clusters."""
-    from providers.trainer_here import TrainerHere
+    from rlboost.providers.trainer_here import TrainerHere
 
     def on_node(run_dir: Path, sky: Provider) -> Provider:
         return TrainerHere(run_dir, sky, public_host="203.0.113.7", port=8787)  # type: ignore[arg-type]
@@ -226,7 +226,7 @@ def aws_world(tmp: Path, job: str) -> Iterator[World]:
     from moto.ec2.models import ec2_backends
     from moto.ec2.models.instances import StateReason
 
-    from providers.aws import AwsProvider
+    from rlboost.providers.aws import AwsProvider
 
     run_dir = tmp / "run"
     write_spec(run_dir, job)
@@ -274,7 +274,7 @@ def aws_world(tmp: Path, job: str) -> Iterator[World]:
 def gcp_world(tmp: Path, job: str) -> Iterator[World]:
     from google.auth.credentials import AnonymousCredentials
 
-    from providers.gcp import GcpOptions, GcpProvider
+    from rlboost.providers.gcp import GcpOptions, GcpProvider
     from tests.gce_fake import FakeGce
 
     fake = FakeGce()
@@ -326,13 +326,13 @@ def launch_through_controller(world: World, tmp: Path, trainer_accelerator: str)
 
     from rich.console import Console
 
-    from contracts.spec import parse_spec, spec_to_yaml
-    from providers.prices import CloudPrices
-    from providers.pricing import spot_offers, trainer_offer
-    from rlboost_cli.controller import Controller, TrainerFailed
-    from rlboost_cli.job_envs import write_secret_envs
-    from rlboost_cli.progress import JobProgress
-    from rlboost_cli.state import StateStore
+    from rlboost.cli.controller import Controller, TrainerFailed
+    from rlboost.cli.job_envs import write_secret_envs
+    from rlboost.cli.progress import JobProgress
+    from rlboost.cli.state import StateStore
+    from rlboost.contracts.spec import parse_spec, spec_to_yaml
+    from rlboost.providers.prices import CloudPrices
+    from rlboost.providers.pricing import spot_offers, trainer_offer
 
     spec = parse_spec(
         {

@@ -26,7 +26,7 @@ def run_cli(
     """Run the real CLI in a subprocess, as a user would (`env`: more variables in its environment)."""
     env = {**os.environ, **(env or {}), "RLBOOST_HOME": str(home), "COLUMNS": "200", "PYTHONUNBUFFERED": "1"}
     proc = subprocess.run(
-        [sys.executable, "-m", "rlboost_cli.main", *args],
+        [sys.executable, "-m", "rlboost.cli.main", *args],
         env=env,
         capture_output=True,
         text=True,

@@ -89,8 +89,8 @@ def write_math_jsonl(path: Path, rows: list[dict] | None = None) -> Path:
 
 def warm_started_weights(model_dir: Path, data: Path, steps: int = 30, seed: int = 0) -> dict:
     """Weights after a short supervised warm start on `data` (the model learns to stop: eos shows up)."""
-    from contracts.spec import AlgorithmSpec, ModelSpec, TaskSpec
-    from trainer.learner import Learner
+    from rlboost.contracts.spec import AlgorithmSpec, ModelSpec, TaskSpec
+    from rlboost.trainer.learner import Learner
 
     learner = Learner(
         ModelSpec(kind="hf", path=str(model_dir), dtype="float32"),

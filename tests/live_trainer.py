@@ -12,14 +12,14 @@ from typing import Any
 import torch
 from aiohttp import web
 
-from contracts.lengths import LengthModel
-from contracts.sampling import request_seed
-from rollout.coordinator import Coordinator, CoordinatorConfig, RolloutRequest
-from trainer.enrolment import WorkerEnrolment
-from trainer.server import build_app
-from weights.publisher import WeightPublisher
-from worker.agent import WorkerAgent, WorkerConfig
-from worker.engines.synthetic import EOS, token_at
+from rlboost.contracts.lengths import LengthModel
+from rlboost.contracts.sampling import request_seed
+from rlboost.rollout.coordinator import Coordinator, CoordinatorConfig, RolloutRequest
+from rlboost.trainer.enrolment import WorkerEnrolment
+from rlboost.trainer.server import build_app
+from rlboost.weights.publisher import WeightPublisher
+from rlboost.worker.agent import WorkerAgent, WorkerConfig
+from rlboost.worker.engines.synthetic import EOS, token_at
 
 SEED = 1
 MAX_NEW = 40

@@ -3,7 +3,7 @@ the token check) put behind `build_app`."""
 
 from __future__ import annotations
 
-from rollout.coordinator import Coordinator, CoordinatorConfig
+from rlboost.rollout.coordinator import Coordinator, CoordinatorConfig
 
 
 def idle_coordinator() -> Coordinator:

@@ -9,7 +9,7 @@ from datetime import datetime, timezone
 
 import pytest
 
-from providers.base import CapacityError, InstanceState, Role
+from rlboost.providers.base import CapacityError, InstanceState, Role
 from tests.cloud_worlds import assert_no_secret, aws_world, client_error, launch_through_controller
 from tests.sky_fake import PRICES
 
@@ -39,7 +39,7 @@ def test_worker_is_a_tagged_spot_instance_with_imdsv2_and_a_bootstrap(world):
     ud = world.session.client("ec2").describe_instance_attribute(InstanceId=inst["InstanceId"], Attribute="userData")
     script = base64.b64decode(ud["UserData"]["Value"]).decode()
     assert "export RLBOOST_TRAINER_URL=http://t:1" in script and "export RLBOOST_NOTICE=aws" in script
-    assert "export RLBOOST_WORKER_ID=demo-1-w001" in script and "python -m worker" in script
+    assert "export RLBOOST_WORKER_ID=demo-1-w001" in script and "python -m rlboost.worker" in script
     assert "AWS_SECRET" not in script and "AWS_ACCESS" not in script  # no credentials on the node
     sd = world.session.client("ec2").describe_instance_attribute(
         InstanceId=inst["InstanceId"], Attribute="instanceInitiatedShutdownBehavior"
@@ -91,7 +91,7 @@ def test_capacity_codes_are_capacity_errors(world, code):
 
 
 def test_other_errors_are_clear_provider_errors(world):
-    from providers.base import ProviderError
+    from rlboost.providers.base import ProviderError
 
     world.session.events.register("before-call.ec2.RunInstances", client_error("UnauthorizedOperation", "denied"))
     with pytest.raises(ProviderError, match="UnauthorizedOperation"):
@@ -119,7 +119,7 @@ def test_spot_reclamation_is_a_preemption_and_power_off_is_an_exit(world):
 
 
 def test_live_spot_price_through_describe_spot_price_history(world):
-    from providers.aws import AwsLivePrices, AwsProvider
+    from rlboost.providers.aws import AwsLivePrices, AwsProvider
 
     p: AwsProvider = world.provider()
     # moto's own answer: a price per offered zone

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from contracts.bundled_data import bundled_names, bundled_path
-from contracts.spec import SpecError, load_spec
-from providers.catalog import load_catalog
-from providers.spot_market import TraceError, load_trace
+from rlboost.contracts.bundled_data import bundled_names, bundled_path
+from rlboost.contracts.spec import SpecError, load_spec
+from rlboost.providers.catalog import load_catalog
+from rlboost.providers.spot_market import TraceError, load_trace
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared" / "data"
@@ -92,8 +92,8 @@ def _install_wheel(tmp: Path) -> Path:
 @pytest.mark.integration
 def test_installed_package_simulates_every_example_from_anywhere(tmp_path):
     site = _install_wheel(tmp_path)
-    assert (site / "contracts" / "data" / "traces" / "SOURCES.md").is_file()
-    assert (site / "contracts" / "data" / "traces" / "LICENSE-bamboo").is_file()
+    assert (site / "rlboost" / "contracts" / "data" / "traces" / "SOURCES.md").is_file()
+    assert (site / "rlboost" / "contracts" / "data" / "traces" / "LICENSE-bamboo").is_file()
     # the examples copied alone (with the task file paper-h100 names), run from an unrelated directory
     shutil.copytree(ROOT / "examples", tmp_path / "ex", ignore=shutil.ignore_patterns("*.md"))
     cwd = tmp_path / "elsewhere"
@@ -103,7 +103,7 @@ def test_installed_package_simulates_every_example_from_anywhere(tmp_path):
     for path in SIM_EXAMPLES:
         job = tmp_path / "ex" / "simulate" / path.name
         proc = subprocess.run(
-            [sys.executable, "-m", "rlboost_cli.main", "simulate", str(job), *opts],
+            [sys.executable, "-m", "rlboost.cli.main", "simulate", str(job), *opts],
             cwd=cwd,
             env=env,
             capture_output=True,
@@ -122,7 +122,7 @@ def test_simulate_trace_and_catalog_options_take_bundled_names(tmp_path):
     job = tmp_path / "job.yaml"
     job.write_text((ROOT / "examples" / "simulate" / "aws-p3-v100.yaml").read_text())
     env = {**os.environ, "PYTHONPATH": str(ROOT), "RLBOOST_HOME": str(tmp_path / "home"), "COLUMNS": "200"}
-    base = [sys.executable, "-m", "rlboost_cli.main", "simulate", str(job), "--steps", "0", "--hours", "0.5"]
+    base = [sys.executable, "-m", "rlboost.cli.main", "simulate", str(job), "--steps", "0", "--hours", "0.5"]
     opts = ["--trace", "bundled:traces/g4dn-trace.csv", "--catalog", "bundled:aws_vms.csv", "--json"]
     proc = subprocess.run([*base, *opts], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr

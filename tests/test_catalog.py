@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from providers.catalog import (
+from rlboost.providers.catalog import (
     DEFAULT_LOCAL_PRICES,
     CatalogError,
     default_local_price,

@@ -18,7 +18,7 @@ def _cli(*args: str, tmp: Path, extra: dict[str, str] | None = None) -> subproce
     home.mkdir(exist_ok=True)
     env |= {"HOME": str(home), "RLBOOST_HOME": str(tmp / "rlboost"), "COLUMNS": "200", **(extra or {})}
     return subprocess.run(
-        [sys.executable, "-m", "rlboost_cli.main", *args], env=env, capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "rlboost.cli.main", *args], env=env, capture_output=True, text=True, timeout=120
     )
 
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from trainer import checkpoint
+from rlboost.trainer import checkpoint
 
 
 def test_round_trip_and_keep(tmp_path):

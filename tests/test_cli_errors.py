@@ -10,14 +10,14 @@ import pytest
 import yaml
 from aiohttp import web
 
-from rlboost_cli.pids import controller_identity
-from rlboost_cli.state import StateStore
+from rlboost.cli.pids import controller_identity
+from rlboost.cli.state import StateStore
+from rlboost.trainer.server import build_app
+from rlboost.weights.publisher import WeightPublisher
+from rlboost.worker.agent import WorkerAgent, WorkerConfig
 from tests.conftest import ROOT, run_cli
 from tests.route_coordinator import idle_coordinator
 from tests.test_job_yaml import billion_laughs
-from trainer.server import build_app
-from weights.publisher import WeightPublisher
-from worker.agent import WorkerAgent, WorkerConfig
 
 
 def job_count(home: Path) -> int:

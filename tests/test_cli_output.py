@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from providers.base import InstanceKind, InstanceState, LaunchRequest, Owner, Role
-from rlboost_cli.state import StateStore
+from rlboost.cli.state import StateStore
+from rlboost.providers.base import InstanceKind, InstanceState, LaunchRequest, Owner, Role
 
 ROOT = Path(__file__).resolve().parents[1]
 NAME = "a-job-name-of-the-longest-kind-allowed-x"  # 40 characters, the most a name may have
@@ -34,7 +34,7 @@ SHELL_NAMED = {"_TYPER_COMPLETE_TEST_DISABLE_SHELL_DETECTION": "1"}
 
 def _rlboost(*args: str, home: Path, **env: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "rlboost_cli.main", *args],
+        [sys.executable, "-m", "rlboost.cli.main", *args],
         env=_env(home, **env),
         capture_output=True,
         text=True,
@@ -89,7 +89,7 @@ def test_install_completion_then_bash_completes(tmp_path):
     assert "rlboost.sh" in (home / ".bashrc").read_text()
     bindir = tmp_path / "bin"  # `rlboost` on PATH, as `pip install` puts it
     bindir.mkdir()
-    (bindir / "rlboost").write_text(f'#!/bin/sh\nexec {sys.executable} -m rlboost_cli.main "$@"\n')
+    (bindir / "rlboost").write_text(f'#!/bin/sh\nexec {sys.executable} -m rlboost.cli.main "$@"\n')
     (bindir / "rlboost").chmod(0o755)
     script = "source ~/.bashrc; COMP_WORDS=(rlboost sim); COMP_CWORD=1; _rlboost_completion rlboost; "
     script += 'echo "${COMPREPLY[@]}"'
@@ -153,7 +153,7 @@ def test_every_help_fits_80_columns_shows_flags_without_a_type_and_examples():
     from typer.main import get_command
     from typer.testing import CliRunner
 
-    from rlboost_cli.main import app
+    from rlboost.cli.main import app
 
     group = get_command(app)
     names = [n for n, c in group.commands.items() if not c.hidden]

@@ -15,8 +15,8 @@ import pytest
 import yaml
 
 import tests.sky_fake  # noqa: F401  (SKYPILOT_DISABLE_LOCAL_API_SERVER, SKY_RUNTIME_DIR with the catalogs)
-from providers.base import InstanceKind, InstanceState, LaunchRequest, Owner, Role
-from rlboost_cli.state import StateStore
+from rlboost.cli.state import StateStore
+from rlboost.providers.base import InstanceKind, InstanceState, LaunchRequest, Owner, Role
 from tests.conftest import ROOT
 
 EXAMPLE = ROOT / "examples" / "aws-gcp.yaml"
@@ -34,7 +34,7 @@ def clean_env(home: Path, env: dict[str, str] | None = None) -> dict[str, str]:
 def cli_process(*args: str, home: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     """The CLI as a user runs it (a process of its own)."""
     return subprocess.run(
-        [sys.executable, "-m", "rlboost_cli.main", *args],
+        [sys.executable, "-m", "rlboost.cli.main", *args],
         env=clean_env(home, env),
         capture_output=True,
         text=True,
@@ -53,7 +53,7 @@ def cli(*args: str, home: Path, env: dict[str, str] | None = None) -> Result:
     """The same CLI in this process (SkyPilot's catalog is loaded once, not per call)."""
     from typer.testing import CliRunner
 
-    from rlboost_cli.main import app
+    from rlboost.cli.main import app
 
     saved = dict(os.environ)
     os.environ.clear()

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from contracts.dataset_files import DatasetError
-from contracts.spec import SpecError, load_spec
-from trainer.datasets import Fields, load_jsonl, load_records
-from trainer.verifiers import answers_match, extract_answer, last_boxed, math_boxed, normalize
+from rlboost.contracts.dataset_files import DatasetError
+from rlboost.contracts.spec import SpecError, load_spec
+from rlboost.trainer.datasets import Fields, load_jsonl, load_records
+from rlboost.trainer.verifiers import answers_match, extract_answer, last_boxed, math_boxed, normalize
 
 
 def write(tmp: Path, rows: list) -> Path:

@@ -13,13 +13,13 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from contracts.spec import SpecError, parse_spec
+from rlboost.contracts.spec import SpecError, parse_spec
+from rlboost.weights import delta_codec
+from rlboost.weights.delta_chain import compose_chunk
+from rlboost.weights.peer_server import WeightNode
+from rlboost.weights.publisher import PublishOptions, WeightPublisher
+from rlboost.weights.pull import PullOptions
 from tests.test_weight_swarm import TOKEN, assert_same, serve
-from weights import delta_codec
-from weights.delta_chain import compose_chunk
-from weights.peer_server import WeightNode
-from weights.publisher import PublishOptions, WeightPublisher
-from weights.pull import PullOptions
 
 
 @settings(max_examples=60, deadline=None)

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from rlboost_cli.disk import RESERVE_FILE
-from rlboost_cli.state import StateStore
+from rlboost.cli.disk import RESERVE_FILE
+from rlboost.cli.state import StateStore
 from tests.chaos import wait_until_step
 from tests.conftest import ROOT, rlboost_pids, run_cli
 from tests.test_operate import env, job_file, wait_for
@@ -92,7 +92,7 @@ def test_a_full_disk_fails_the_job_cleanly_and_every_command_says_so_in_one_line
     out = tmp_path / "launch.out"
     with open(out, "wb") as f:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "rlboost_cli.main", "launch", str(jf)],
+            [sys.executable, "-m", "rlboost.cli.main", "launch", str(jf)],
             env={**env(small_disk.home), **small_disk.env},
             cwd=ROOT,
             stdout=f,

@@ -12,10 +12,10 @@ import torch
 import torch.multiprocessing as mp
 from safetensors.torch import load_file, save_file
 
-from contracts.spec import AlgorithmSpec, ModelSpec, TaskSpec
-from trainer.grpo import Sample
-from trainer.learner import Learner
-from trainer.tasks import make_task
+from rlboost.contracts.spec import AlgorithmSpec, ModelSpec, TaskSpec
+from rlboost.trainer.grpo import Sample
+from rlboost.trainer.learner import Learner
+from rlboost.trainer.tasks import make_task
 
 ALGO = AlgorithmSpec(learning_rate=1e-2, seed=0)
 # cases with algorithm knobs run two steps (the KL term is 0 until the policy has drifted): every loss
@@ -69,7 +69,7 @@ def _rank(rank: int, world: int, port: int, cases: list[tuple[str, ModelSpec, Ta
     torch.set_num_threads(1)
     from dataclasses import replace
 
-    from trainer import collectives, distributed
+    from rlboost.trainer import collectives, distributed
 
     ctx = distributed.init("ddp")
     try:
@@ -149,7 +149,7 @@ def test_micro_batches_accumulate_to_the_same_update() -> None:
 
 
 def test_torchrun_arguments_from_skypilot_variables() -> None:
-    from trainer.distributed import torchrun_args
+    from rlboost.trainer.distributed import torchrun_args
 
     env = {"SKYPILOT_NODE_IPS": "10.0.0.5\n10.0.0.6\n", "SKYPILOT_NODE_RANK": "1", "SKYPILOT_NUM_GPUS_PER_NODE": "8"}
     assert torchrun_args(env, port=1234) == [
@@ -168,7 +168,7 @@ def test_torchrun_arguments_from_skypilot_variables() -> None:
 
 
 def test_launcher_prints_the_torchrun_command(monkeypatch, capsys) -> None:
-    from trainer.distributed import main
+    from rlboost.trainer.distributed import main
 
     monkeypatch.setenv("SKYPILOT_NODE_IPS", "10.0.0.5")
     monkeypatch.setenv("SKYPILOT_NUM_GPUS_PER_NODE", "4")

@@ -12,8 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from contracts.engine import Engine, GenRequest
-from contracts.spec import AlgorithmSpec, ModelSpec, TaskSpec
+from rlboost.contracts.engine import Engine, GenRequest
+from rlboost.contracts.spec import AlgorithmSpec, ModelSpec, TaskSpec
 from tests.torch_threads import one_thread  # noqa: F401  (autouse: single-threaded torch)
 
 BUDGET = 16
@@ -41,8 +41,8 @@ class Kit:
 
 
 def _tiny_gpt_kit() -> Kit:
-    from models.torch_engine import TorchEngine
-    from trainer.learner import Learner
+    from rlboost.models.torch_engine import TorchEngine
+    from rlboost.trainer.learner import Learner
 
     spec = ModelSpec()
     stops = Learner(spec, AlgorithmSpec(), TaskSpec(), seed=0)
@@ -65,8 +65,8 @@ def hf_assets(tmp_path_factory) -> tuple[ModelSpec, dict[str, dict], list[list[i
     pytest.importorskip("transformers")
     from safetensors.torch import load_file
 
+    from rlboost.trainer.tasks import make_task
     from tests.hf_fixtures import make_tiny_model, warm_started_weights, write_math_jsonl
-    from trainer.tasks import make_task
 
     tmp = tmp_path_factory.mktemp("hf")
     model_dir = make_tiny_model(tmp / "model")
@@ -91,12 +91,12 @@ def kit(request) -> Iterator[Kit]:
         return
     spec, weights, prompts, eos = request.getfixturevalue("hf_assets")
     if request.param == "torch-hf":
-        from models.torch_engine import TorchEngine
+        from rlboost.models.torch_engine import TorchEngine
 
         yield Kit("torch", lambda: TorchEngine(spec, dtype="float32"), weights, prompts, eos, atol=1e-4)
         return
     pytest.importorskip("vllm")
-    from worker.engines.vllm_engine import VllmEngine
+    from rlboost.worker.engines.vllm_engine import VllmEngine
 
     yield Kit("vllm", lambda: VllmEngine(spec, dtype="float32", max_batch=32), weights, prompts, eos, atol=1e-4)
 

@@ -1,4 +1,4 @@
-"""Enrolment (contracts/enrolment.py): nodes boot without the job token and get it, with the job's
+"""Enrolment (rlboost/contracts/enrolment.py): nodes boot without the job token and get it, with the job's
 secret variables, from the trainer (spot workers) or the controller (a trainer node).
 
 - A worker credential enrols once, before its expiry, with the trainer instance it names; the real
@@ -25,12 +25,12 @@ from pathlib import Path
 
 import pytest
 
-from contracts import enrolment as E
-from contracts import tls
-from contracts.spec import parse_spec
-from rlboost_cli.enrolment import TrainerEnrolment, TrainerEnrolmentError, pin_file
+from rlboost.cli.enrolment import TrainerEnrolment, TrainerEnrolmentError, pin_file
+from rlboost.contracts import enrolment as E
+from rlboost.contracts import tls
+from rlboost.contracts.spec import parse_spec
+from rlboost.trainer.enrolment import WorkerEnrolment, await_delivery, job_secret_env, listen
 from tests.live_trainer import AUDIENCE, LiveTrainer
-from trainer.enrolment import WorkerEnrolment, await_delivery, job_secret_env, listen
 
 TOKEN = "enrol-test-token-5b1e"
 

@@ -11,12 +11,12 @@ import pytest
 import torch
 import yaml
 
-from contracts import sampling
-from contracts.spec import AlgorithmSpec, JobSpec, ModelSpec, SpecError, TaskSpec, load_spec, parse_spec
-from models import sampling_torch
-from trainer.evaluation import Evaluator, describe
-from trainer.learner import Learner
-from trainer.tasks import make_task
+from rlboost.contracts import sampling
+from rlboost.contracts.spec import AlgorithmSpec, JobSpec, ModelSpec, SpecError, TaskSpec, load_spec, parse_spec
+from rlboost.models import sampling_torch
+from rlboost.trainer.evaluation import Evaluator, describe
+from rlboost.trainer.learner import Learner
+from rlboost.trainer.tasks import make_task
 
 
 def test_temperature_zero_is_greedy_in_both_samplers() -> None:
@@ -157,7 +157,7 @@ def test_evaluator_runs_an_hf_model_on_its_held_out_records(tmp_path: Path) -> N
                 break
     got: list[int] = []
     engine = ev._engine_for()
-    from contracts.engine import GenRequest
+    from rlboost.contracts.engine import GenRequest
 
     engine.generate(
         [GenRequest("x", list(first.prompt_ids), 6, 1)], lambda r, o, t, lp: got.extend(t), lambda r: False, 0.0
@@ -168,7 +168,7 @@ def test_evaluator_runs_an_hf_model_on_its_held_out_records(tmp_path: Path) -> N
 def test_due_versions_are_evaluated_once_and_kept_across_a_trainer_restart(tmp_path: Path) -> None:
     import asyncio
 
-    from trainer.runtime import TrainerRuntime
+    from rlboost.trainer.runtime import TrainerRuntime
 
     torch.set_num_threads(1)
     spec = JobSpec(

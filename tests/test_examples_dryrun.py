@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from contracts.spec import parse_spec
-from providers.pricing import PricingError, spot_offers, trainer_offer
+from rlboost.contracts.spec import parse_spec
+from rlboost.providers.pricing import PricingError, spot_offers, trainer_offer
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = sorted((ROOT / "examples").glob("*.yaml")) + sorted((ROOT / "examples" / "simulate").glob("*.yaml"))
@@ -28,7 +28,7 @@ def _bare_env(tmp: Path) -> dict[str, str]:
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: str(p.relative_to(ROOT)))
 def test_example_dryruns(tmp_path, path):
     proc = subprocess.run(
-        [sys.executable, "-m", "rlboost_cli.main", "launch", str(path), "--dryrun"],
+        [sys.executable, "-m", "rlboost.cli.main", "launch", str(path), "--dryrun"],
         env=_bare_env(tmp_path),
         capture_output=True,
         text=True,
@@ -41,7 +41,7 @@ def test_example_dryruns(tmp_path, path):
 
 
 def _cloud_job(trainer: dict, candidate: dict):
-    from providers.prices import CloudPrices
+    from rlboost.providers.prices import CloudPrices
 
     spec = parse_spec(
         {

@@ -26,8 +26,8 @@ import pytest
 import torch
 import yaml
 
-from rlboost_cli.ledger import summarize
-from rlboost_cli.state import StateStore
+from rlboost.cli.ledger import summarize
+from rlboost.cli.state import StateStore
 from tests.chaos import FAULTS, BusyWorkerKiller, FaultRecord, job_step, kill_instance, wait_until_step
 from tests.conftest import rlboost_pids, run_cli
 from tests.test_local_job import check_rollouts, final_weights, load_rollouts, trainer_dir, write_job
@@ -147,7 +147,7 @@ def test_controller_kill_at_a_random_point_then_resume(reference, tmp_path, seed
     name = f"ckill{seed}"
     job = job_yaml(tmp_path, name, 3)
     env = {**os.environ, "RLBOOST_HOME": str(home), "COLUMNS": "200"}
-    cmd = [sys.executable, "-m", "rlboost_cli.main", "launch", str(job), "--record-rollouts"]
+    cmd = [sys.executable, "-m", "rlboost.cli.main", "launch", str(job), "--record-rollouts"]
     ctl = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     # a random moment while launching, in the first steps, or late in the job (by progress, not
     # wall time, so a fast machine does not finish the job first)
@@ -184,13 +184,13 @@ def test_controller_kill_at_a_random_point_then_resume(reference, tmp_path, seed
 def test_down_checkpoints_on_drain_and_resume_continues(reference, tmp_path):
     """`rlboost down` SIGTERMs the trainer, which checkpoints its last completed step before it goes;
     `launch --resume` continues from exactly there."""
-    from trainer import checkpoint
+    from rlboost.trainer import checkpoint
 
     home = tmp_path / "home"
     name = "downup"
     job = job_yaml(tmp_path, name, 2, checkpoint_every=100)  # only the drain writes one mid-run
     env = {**os.environ, "RLBOOST_HOME": str(home), "COLUMNS": "200"}
-    cmd = [sys.executable, "-m", "rlboost_cli.main", "launch", str(job), "--record-rollouts"]
+    cmd = [sys.executable, "-m", "rlboost.cli.main", "launch", str(job), "--record-rollouts"]
     ctl = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     wait_until_step(home, name, 5)
     down = run_cli("down", name, home=home)
@@ -250,7 +250,7 @@ def test_resume_after_a_controller_kill_records_the_steps_it_missed_once(tmp_pat
     name = "catchup"
     job = job_yaml(tmp_path, name, 1, checkpoint_every=100)
     env = {**os.environ, "RLBOOST_HOME": str(home), "COLUMNS": "200"}
-    cmd = [sys.executable, "-m", "rlboost_cli.main", "launch", str(job), "--record-rollouts"]
+    cmd = [sys.executable, "-m", "rlboost.cli.main", "launch", str(job), "--record-rollouts"]
     ctl = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     wait_until_step(home, name, 3)
     os.kill(ctl.pid, signal.SIGKILL)

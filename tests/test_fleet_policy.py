@@ -1,4 +1,4 @@
-"""The fleet-size policy (rollout/policies/fleet.py): pure decisions from measured steps."""
+"""The fleet-size policy (rlboost/rollout/policies/fleet.py): pure decisions from measured steps."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import itertools
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rollout.policies.fleet import FleetGoal, FleetPolicy, StepSample, fit_steps, surplus
+from rlboost.rollout.policies.fleet import FleetGoal, FleetPolicy, StepSample, fit_steps, surplus
 
 # a step measured with 2 workers: 300 s to generate, 120 s of training, 20 s after the last response
 GEN_BOUND = StepSample(n_remote=2, step_s=320.0, gen_s=300.0, train_s=120.0, tokens=1_000_000)
@@ -153,9 +153,9 @@ def test_a_shrinking_fleet_releases_the_newest_workers():
 def test_the_controller_and_the_simulator_size_the_fleet_through_one_sizer():
     """FleetSizer: the fleet policy on placement's best candidate, and a deadline's reserve is one boot
     as placement measured it (not a simulate: setting)."""
-    from contracts.spec import parse_spec
-    from providers.pricing import spot_offers, trainer_offer
-    from rollout.scheduling import FleetClock, fleet_sizer, placement_tracker
+    from rlboost.contracts.spec import parse_spec
+    from rlboost.providers.pricing import spot_offers, trainer_offer
+    from rlboost.rollout.scheduling import FleetClock, fleet_sizer, placement_tracker
     from tests.test_simulator import job
 
     spec = parse_spec(job(deadline_hours=1.0))
@@ -216,8 +216,8 @@ def test_no_probe_when_a_boot_spans_more_steps_than_a_probe_measures():
 def test_shared_cores_bound_the_fleet():
     """On a machine the trainer and the workers share, the fleet holds at most the cores the trainer
     leaves free; min_workers, asked outright, still wins; clouds and synthetic engines are unbounded."""
-    from contracts.spec import load_spec, parse_spec
-    from rollout.scheduling import most_workers, shared_cores
+    from rlboost.contracts.spec import load_spec, parse_spec
+    from rlboost.rollout.scheduling import most_workers, shared_cores
     from tests.conftest import ROOT
     from tests.test_simulator import job
 
@@ -238,8 +238,8 @@ def test_shared_cores_bound_the_fleet():
 def test_the_fleet_goal_is_on_the_jobs_own_clock():
     """A local job bills on its trace clock (time_scale x wall); its steps are measured in wall seconds,
     so the goal's deadline and boot reach the policy in those."""
-    from contracts.spec import parse_spec
-    from rollout.scheduling import FleetClock, fleet_goal, placement_tracker
+    from rlboost.contracts.spec import parse_spec
+    from rlboost.rollout.scheduling import FleetClock, fleet_goal, placement_tracker
     from tests.test_simulator import job
 
     spec = parse_spec(job(deadline_hours=2.0, local={"time_scale": 360.0}))

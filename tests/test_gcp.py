@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from providers.base import InstanceState, Owner, Role
+from rlboost.providers.base import InstanceState, Owner, Role
 from tests.cloud_worlds import assert_no_secret, gcp_world, launch_through_controller
 
 

@@ -10,8 +10,8 @@ import threading
 from collections import deque
 from collections.abc import Sequence
 
-from trainer.grpo import Sample
-from trainer.streaming import GroupFeeder
+from rlboost.trainer.grpo import Sample
+from rlboost.trainer.streaming import GroupFeeder
 
 
 class FakeCoord:

@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 import torch
 
-from contracts.spec import AlgorithmSpec, ModelSpec, TaskSpec
-from models.torch_engine import TorchEngine
-from models.vocab import EOS
+from rlboost.contracts.spec import AlgorithmSpec, ModelSpec, TaskSpec
+from rlboost.models.torch_engine import TorchEngine
+from rlboost.models.vocab import EOS
+from rlboost.trainer.grpo import Sample, group_advantages, policy_gradient_loss, sample_advantages
+from rlboost.trainer.learner import Learner, rollout_groups
 from tests.torch_threads import one_thread  # noqa: F401  (autouse: single-threaded torch)
-from trainer.grpo import Sample, group_advantages, policy_gradient_loss, sample_advantages
-from trainer.learner import Learner, rollout_groups
 
 # ---- advantages and loss ------------------------------------------------------------------------
 

@@ -9,11 +9,11 @@ import math
 import pytest
 import torch
 
-from contracts.spec import AlgorithmSpec, ModelSpec, SpecError, TaskSpec, parse_spec
+from rlboost.contracts.spec import AlgorithmSpec, ModelSpec, SpecError, TaskSpec, parse_spec
+from rlboost.trainer.grpo import Sample, agg_loss, clipped_ratio, entropy, kl_penalty, policy_gradient_loss
+from rlboost.trainer.learner import Learner
 from tests.test_distributed import _samples
 from tests.torch_threads import one_thread  # noqa: F401  (autouse: single-threaded torch)
-from trainer.grpo import Sample, agg_loss, clipped_ratio, entropy, kl_penalty, policy_gradient_loss
-from trainer.learner import Learner
 
 TINY = (ModelSpec(n_layer=1, n_embd=32, n_head=2), TaskSpec())
 
@@ -171,7 +171,7 @@ def test_learner_update_is_the_aggregated_policy_gradient(mode: str) -> None:
     """The learner's update (plain SGD, lr 1: w - clipped gradient) equals one computed by autograd of
     trainer.grpo's loss under `mode` over the whole batch, though the learner's is streamed in two
     calls, micro-batched, and started with a provisional normaliser that is off."""
-    from trainer.grpo import sample_advantages
+    from rlboost.trainer.grpo import sample_advantages
 
     samples = _samples(*TINY, n_groups=3)
     learner = _learner(loss_agg_mode=mode, micro_batch_size=5)
@@ -285,7 +285,7 @@ def test_loss_knobs_parse_with_their_defaults() -> None:
 def test_metrics_rows_carry_the_loss_terms(tmp_path) -> None:
     import json
 
-    from rlboost_cli.metrics_log import MetricsLog
+    from rlboost.cli.metrics_log import MetricsLog
     from tests.test_metrics_log import REC
 
     log = MetricsLog(tmp_path / "m.jsonl")
@@ -312,7 +312,7 @@ def test_ppo_epochs_make_the_clip_act() -> None:
 def test_mini_batch_updates_take_old_log_probs_from_before_the_first_update() -> None:
     """Two mini-batches of one group each: the learner's two updates equal ones computed by hand with
     trainer.grpo, the second with log-probs of the initial weights as pi_old (so its ratio is not 1)."""
-    from trainer.grpo import sample_advantages
+    from rlboost.trainer.grpo import sample_advantages
 
     samples = _samples(*TINY, n_groups=2)
     knobs = {"clip_ratio_low": 0.05, "clip_ratio_high": 0.05}

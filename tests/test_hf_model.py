@@ -13,14 +13,14 @@ import yaml
 
 pytest.importorskip("transformers")
 
-from contracts.engine import GenRequest
-from contracts.spec import AlgorithmSpec, ModelSpec, SpecError, TaskSpec, load_spec, parse_spec
+from rlboost.contracts.engine import GenRequest
+from rlboost.contracts.spec import AlgorithmSpec, ModelSpec, SpecError, TaskSpec, load_spec, parse_spec
+from rlboost.trainer.grpo import Sample
+from rlboost.trainer.learner import Learner
+from rlboost.trainer.tasks import JsonlTask, make_task
+from rlboost.worker.engines import make_engine
 from tests.hf_fixtures import make_tiny_model, write_math_jsonl
 from tests.torch_threads import one_thread  # noqa: F401  (autouse: single-threaded torch)
-from trainer.grpo import Sample
-from trainer.learner import Learner
-from trainer.tasks import JsonlTask, make_task
-from worker.engines import make_engine
 
 
 @pytest.fixture(scope="module")

@@ -24,13 +24,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from websockets.sync.client import connect
 
-from contracts import protocol as P
-from contracts import token_frames
-from contracts.sampling import request_seed
-from contracts.spec import SpecError, load_spec
+from rlboost.contracts import protocol as P
+from rlboost.contracts import token_frames
+from rlboost.contracts.sampling import request_seed
+from rlboost.contracts.spec import SpecError, load_spec
+from rlboost.worker.engines.synthetic import token_at
 from tests.chaos import FAULTS, FaultRecord
 from tests.live_trainer import LiveTrainer
-from worker.engines.synthetic import token_at
 
 pytestmark = pytest.mark.faults
 

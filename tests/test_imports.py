@@ -1,5 +1,5 @@
-"""Dependencies point one way: each package imports only the packages below it (read with ast, so lazy
-imports inside functions count too, and nothing is run).
+"""Dependencies point one way: each package of the one installed namespace, `rlboost`, imports only the
+packages below it (read with ast, so lazy imports inside functions count too, and nothing is run).
 
     contracts            shared by every node: job file, wire protocol and frames, weight manifest, digests,
                          TLS, sampling, worker environment, status document; imports nothing of ours
@@ -11,7 +11,7 @@ imports inside functions count too, and nothing is run).
     worker               a spot node: the agent, preemption notices, engines
     providers            clouds, prices, spot market
     simulator            replays a job on a trace through the scheduling core
-    rlboost_cli          the CLI and control plane, on the user's machine or the trainer node's controller
+    cli                  the CLI and control plane, on the user's machine or the trainer node's controller
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+NS = "rlboost"  # the one top-level package; ALLOWED names its subpackages
 
 ALLOWED: dict[str, set[str]] = {
     "contracts": set(),
@@ -33,13 +34,15 @@ ALLOWED: dict[str, set[str]] = {
     "worker": {"contracts", "models", "weights"},
     "providers": {"contracts", "templates"},
     "simulator": {"contracts", "models", "weights", "rollout", "trainer", "worker", "providers"},
-    "rlboost_cli": {"contracts", "rollout", "providers", "simulator", "templates"},
+    "cli": {"contracts", "rollout", "providers", "simulator", "templates"},
 }
 
 
 def imported(tree: ast.AST) -> list[tuple[str, int]]:
-    """(top-level package, line) of every absolute import in a module."""
-    return list(dict.fromkeys((name.split(".")[0], line) for name, line in imported_names(tree)))
+    """(rlboost subpackage, line) of every absolute import of the namespace in a module."""
+    out = (name.split(".") for name, line in imported_names(tree))
+    lines = (line for _, line in imported_names(tree))
+    return list(dict.fromkeys((parts[1], line) for parts, line in zip(out, lines) if len(parts) > 1 and parts[0] == NS))
 
 
 def imported_names(tree: ast.AST) -> list[tuple[str, int]]:
@@ -60,7 +63,7 @@ def module_cycles(root: Path, pkgs: list[str]) -> list[list[str]]:
     late is still two modules that cannot be read, or moved, apart."""
     mods: dict[str, Path] = {}
     for pkg in pkgs:
-        for f in (root / pkg).rglob("*.py"):
+        for f in (root / NS / pkg).rglob("*.py"):
             name = ".".join(f.relative_to(root).with_suffix("").parts)
             mods[name.removesuffix(".__init__")] = f
     edges = {
@@ -101,7 +104,7 @@ def forbidden(root: Path, allowed: dict[str, set[str]]) -> list[str]:
     """`file:line imports pkg` for every import of a project package its package may not import."""
     bad = []
     for pkg, ok in allowed.items():
-        for f in sorted((root / pkg).rglob("*.py")):
+        for f in sorted((root / NS / pkg).rglob("*.py")):
             for dst, line in imported(ast.parse(f.read_text(), str(f))):
                 if dst in allowed and dst != pkg and dst not in ok:
                     bad.append(f"{f.relative_to(root)}:{line} imports {dst}")
@@ -109,8 +112,18 @@ def forbidden(root: Path, allowed: dict[str, set[str]]) -> list[str]:
 
 
 def test_every_package_is_layered() -> None:
-    pkgs = {p.name for p in ROOT.iterdir() if (p / "__init__.py").is_file() and p.name not in ("tests", "benchmarks")}
+    pkgs = {p.name for p in (ROOT / NS).iterdir() if (p / "__init__.py").is_file()}
     assert pkgs == set(ALLOWED), f"a package without a layer: add it to ALLOWED ({pkgs ^ set(ALLOWED)})"
+
+
+def test_one_top_level_package() -> None:
+    """What setuptools installs (pyproject's packages.find): rlboost and its subpackages, nothing else."""
+    from setuptools import find_packages
+
+    found = find_packages(str(ROOT), include=["rlboost", "rlboost.*"])
+    assert {p.split(".")[0] for p in found} == {NS} and {p.split(".")[1] for p in found if "." in p} == set(ALLOWED)
+    stray = [p.name for p in ROOT.iterdir() if (p / "__init__.py").is_file() and p.name not in (NS, "tests")]
+    assert stray == [], f"a package outside {NS}/: {stray}"
 
 
 def test_allowed_graph_has_no_cycle() -> None:
@@ -137,21 +150,27 @@ def test_no_module_circle() -> None:
 
 
 def test_circle_finder_sees_a_late_import(tmp_path: Path) -> None:
-    (tmp_path / "trainer").mkdir()
-    (tmp_path / "trainer" / "__init__.py").write_text("")
-    (tmp_path / "trainer" / "a.py").write_text("from trainer.b import x\n")
-    (tmp_path / "trainer" / "b.py").write_text("def f():\n    from trainer import a\n")
-    (tmp_path / "trainer" / "c.py").write_text("import trainer.a\n")
-    assert module_cycles(tmp_path, ["trainer"]) == [["trainer.a", "trainer.b"]]
+    pkg = tmp_path / NS / "trainer"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("from rlboost.trainer.b import x\n")
+    (pkg / "b.py").write_text("def f():\n    from rlboost.trainer import a\n")
+    (pkg / "c.py").write_text("import rlboost.trainer.a\n")
+    assert module_cycles(tmp_path, ["trainer"]) == [["rlboost.trainer.a", "rlboost.trainer.b"]]
 
 
 @pytest.mark.parametrize(
     "code",
-    ["from rlboost_cli.main import app\n", "def f():\n    import simulator.core\n", "import providers.aws as a\n"],
+    [
+        "from rlboost.cli.main import app\n",
+        "def f():\n    import rlboost.simulator.core\n",
+        "import rlboost.providers.aws as a\n",
+    ],
 )
 def test_checker_catches_an_upward_import(tmp_path: Path, code: str) -> None:
     for pkg in ALLOWED:
-        (tmp_path / pkg).mkdir()
-        (tmp_path / pkg / "__init__.py").write_text("")
-    (tmp_path / "worker" / "bad.py").write_text("import json\nfrom contracts import spec\n" + code)
-    assert [x.split(" imports ")[0].split(":")[0] for x in forbidden(tmp_path, ALLOWED)] == ["worker/bad.py"]
+        (tmp_path / NS / pkg).mkdir(parents=True)
+        (tmp_path / NS / pkg / "__init__.py").write_text("")
+    (tmp_path / NS / "worker" / "bad.py").write_text("import json\nfrom rlboost.contracts import spec\n" + code)
+    found = [x.split(" imports ")[0].split(":")[0] for x in forbidden(tmp_path, ALLOWED)]
+    assert found == ["rlboost/worker/bad.py"]

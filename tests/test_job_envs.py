@@ -17,12 +17,7 @@ import pytest
 import yaml
 
 import tests.sky_fake  # noqa: F401  (offline SkyPilot first)
-from contracts.mounts import MOUNT_ROOT_ENV, find_mount, mounted_name, node_path
-from contracts.spec import SpecError, load_spec, parse_spec, spec_to_yaml
-from providers.base import InstanceKind, InstanceState, LaunchRequest, Owner, Role
-from providers.local import LocalProvider
-from providers.skypilot import SkyPilotProvider
-from rlboost_cli.job_envs import (
+from rlboost.cli.job_envs import (
     SECRET_ENVS_FILE,
     Redactor,
     missing_values,
@@ -31,6 +26,11 @@ from rlboost_cli.job_envs import (
     split_envs,
     write_secret_envs,
 )
+from rlboost.contracts.mounts import MOUNT_ROOT_ENV, find_mount, mounted_name, node_path
+from rlboost.contracts.spec import SpecError, load_spec, parse_spec, spec_to_yaml
+from rlboost.providers.base import InstanceKind, InstanceState, LaunchRequest, Owner, Role
+from rlboost.providers.local import LocalProvider
+from rlboost.providers.skypilot import SkyPilotProvider
 from tests.cloud_worlds import ScriptedMarket, write_spec
 from tests.conftest import run_cli, run_json
 from tests.sky_fake import FakeSky, sky
@@ -143,8 +143,8 @@ def hf_model_job(tmp_path: Path, mounts: dict, model_path: str = "~/models/qwen"
 
 
 def test_model_path_may_live_in_a_mount_and_each_node_reads_its_own_copy(tmp_path, monkeypatch):
-    from rollout.scheduling import welcome_model
-    from worker.engines import model_on_this_node
+    from rlboost.rollout.scheduling import welcome_model
+    from rlboost.worker.engines import model_on_this_node
 
     monkeypatch.delenv(MOUNT_ROOT_ENV, raising=False)
     (tmp_path / "my-model").mkdir()
@@ -289,7 +289,7 @@ def test_a_variable_given_twice_is_an_error_naming_it():
 
 
 def test_env_values_are_moved_out_of_a_launch_command_line():
-    from rlboost_cli.argv_envs import without_values
+    from rlboost.cli.argv_envs import without_values
 
     args = ["launch", "job.yaml", "--env", f"HF_TOKEN={SECRET}", "--env=EMPTY=", "--env", "FROM_ENV", "-d"]
     assert without_values(args) == (
@@ -461,9 +461,9 @@ def sky_controller_that_fails_to_launch(tmp_path: Path, store, name: str, out: i
     (controller, provider, job id). The job's secret values, if it has any, are SECRET."""
     from rich.console import Console
 
-    from providers.prices import CloudPrices
-    from providers.pricing import spot_offers, trainer_offer
-    from rlboost_cli.controller import Controller
+    from rlboost.cli.controller import Controller
+    from rlboost.providers.prices import CloudPrices
+    from rlboost.providers.pricing import spot_offers, trainer_offer
 
     raw: dict = {
         "name": name,
@@ -499,7 +499,7 @@ def sky_controller_that_fails_to_launch(tmp_path: Path, store, name: str, out: i
 
 
 def test_a_failing_launch_records_no_secret(tmp_path):
-    from rlboost_cli.state import StateStore
+    from rlboost.cli.state import StateStore
 
     store = StateStore(tmp_path / "state.db")
     out = io.StringIO()
@@ -521,7 +521,7 @@ def test_a_failing_launch_records_no_secret(tmp_path):
 
 
 def test_resume_refuses_a_job_whose_secret_values_are_gone(tmp_path):
-    from rlboost_cli.state import StateStore
+    from rlboost.cli.state import StateStore
 
     home = tmp_path / "home"
     home.mkdir(mode=0o700)
@@ -543,8 +543,8 @@ def test_direct_cloud_boot_scripts_export_plain_envs_and_refuse_secrets(tmp_path
     """AWS user-data and GCP startup-script metadata are readable by anyone allowed to describe the
     instance: a request that would put the job token or a secret value there is refused, by name and
     without the value; a node enrols for them (tests/test_aws.py, test_gcp.py: what the controller asks)."""
-    from providers.base import ProviderError
-    from providers.bootstrap import boot_script
+    from rlboost.providers.base import ProviderError
+    from rlboost.providers.bootstrap import boot_script
 
     write_spec(tmp_path, "demo")
     with pytest.raises(ProviderError, match="refusing to put HF_TOKEN, RLBOOST_JOB_TOKEN into boot data") as e:
@@ -560,7 +560,7 @@ def test_direct_cloud_boot_scripts_export_plain_envs_and_refuse_secrets(tmp_path
 def test_a_failing_teardown_still_records_the_jobs_end(tmp_path, monkeypatch):
     """Teardown that raises (a provider error, a store interrupted mid-write) must not skip recording
     how the job ended: a node controller's launcher waits for exactly that record."""
-    from rlboost_cli.state import StateStore
+    from rlboost.cli.state import StateStore
 
     store = StateStore(tmp_path / "state.db")
     ctl, provider, job_id = sky_controller_that_fails_to_launch(tmp_path, store, "sky-teardown", io.StringIO())

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from pydantic import BaseModel
 
-from contracts.job_yaml import MAX_BYTES, MAX_DEPTH, MAX_VALUES
-from contracts.spec import (
+from rlboost.contracts.job_yaml import MAX_BYTES, MAX_DEPTH, MAX_VALUES
+from rlboost.contracts.spec import (
     JobSpec,
     SpecError,
     TaskSpec,
@@ -23,7 +23,7 @@ from contracts.spec import (
     parse_spec,
     spec_to_yaml,
 )
-from contracts.spec_hints import MAX_LINE, numeric_range
+from rlboost.contracts.spec_hints import MAX_LINE, numeric_range
 
 BASE = {"name": "lim", "rollout": {"max_workers": 0}}
 

@@ -8,9 +8,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from providers.base import InstanceKind, InstanceState, LaunchRequest, Owner, Role
-from rlboost_cli.ledger import summarize, summarize_all
-from rlboost_cli.state import StateStore, StepMetrics
+from rlboost.cli.ledger import summarize, summarize_all
+from rlboost.cli.state import StateStore, StepMetrics
+from rlboost.providers.base import InstanceKind, InstanceState, LaunchRequest, Owner, Role
 
 
 def _launch(
@@ -180,7 +180,7 @@ def test_the_trainer_alone_is_measured_on_steps_with_no_spot_worker_up_and_no_wa
     """A worker booting on the trainer's machine slows its step though none serves yet (n_remote 0);
     one that joined mid-step generated part of it; the first step after a trainer (re)start (a resume)
     carries warm-up. None of them measures the trainer alone."""
-    from rlboost_cli.ledger import alone_steps
+    from rlboost.cli.ledger import alone_steps
 
     job = store.create_job("j", "spec", "local")
     _launch(store, job, "t1", kind=InstanceKind.ON_DEMAND, price=3.0, od=None)

@@ -13,12 +13,12 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
-from contracts.spec import JobSpec
-from rlboost_cli.ledger import summarize
-from rlboost_cli.state import StateStore
+from rlboost.cli.ledger import summarize
+from rlboost.cli.state import StateStore
+from rlboost.contracts.spec import JobSpec
+from rlboost.trainer.learner import Learner
 from tests.chaos import BusyWorkerKiller
 from tests.conftest import rlboost_pids, run_cli, run_json
-from trainer.learner import Learner
 
 pytestmark = pytest.mark.integration
 
@@ -249,7 +249,7 @@ def test_down_stops_a_running_job_and_everything_it_owns(tmp_path):
     spec["algorithm"]["steps"] = 10_000
     job.write_text(yaml.safe_dump(spec))
     env = {**os.environ, "RLBOOST_HOME": str(home)}
-    launch = subprocess.Popen([sys.executable, "-m", "rlboost_cli.main", "launch", str(job)], env=env,
+    launch = subprocess.Popen([sys.executable, "-m", "rlboost.cli.main", "launch", str(job)], env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.time() + 120

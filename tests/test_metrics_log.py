@@ -1,10 +1,10 @@
-"""metrics.jsonl (rlboost_cli/metrics_log.py): one line per step; a re-reported step is not repeated."""
+"""metrics.jsonl (rlboost/cli/metrics_log.py): one line per step; a re-reported step is not repeated."""
 
 from __future__ import annotations
 
 import json
 
-from rlboost_cli.metrics_log import MetricsLog
+from rlboost.cli.metrics_log import MetricsLog
 
 REC = {
     "version": 0,

@@ -1,4 +1,4 @@
-"""Metrics sinks (`logging:`; rlboost_cli/metrics_sinks.py): a real local job writes TensorBoard
+"""Metrics sinks (`logging:`; rlboost/cli/metrics_sinks.py): a real local job writes TensorBoard
 scalars and an offline W&B run holding exactly what metrics.jsonl holds, never a secret's value; a
 missing library is a job-file error; a sink that cannot start leaves the job and metrics.jsonl alone.
 
@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from contracts.spec import SpecError, parse_spec
-from rlboost_cli.metrics_log import MetricsLog
-from rlboost_cli.metrics_sinks import INSTALL_HINT, flat_numbers, open_sinks, sink_problems
+from rlboost.cli.metrics_log import MetricsLog
+from rlboost.cli.metrics_sinks import INSTALL_HINT, flat_numbers, open_sinks, sink_problems
+from rlboost.contracts.spec import SpecError, parse_spec
 from tests.conftest import ROOT, run_cli, run_json
 
 SECRET = "s3cret-value-for-sinks"
@@ -55,7 +55,7 @@ def test_a_missing_library_names_the_key_and_the_install(monkeypatch) -> None:
 def test_launch_refuses_a_sink_whose_library_is_missing(tmp_path: Path) -> None:
     path = tmp_path / "job.yaml"
     path.write_text(yaml.safe_dump(job(logging={"tensorboard": "tb"})))
-    code = "import sys; sys.modules['tensorboard'] = None; from rlboost_cli.main import app; app()"
+    code = "import sys; sys.modules['tensorboard'] = None; from rlboost.cli.main import app; app()"
     proc = subprocess.run(
         [sys.executable, "-c", code, "launch", str(path), "--dryrun"],
         capture_output=True,
@@ -87,8 +87,8 @@ def test_a_sink_that_cannot_start_is_reported_and_the_job_keeps_its_jsonl(tmp_pa
 
 
 def test_a_trainer_node_installs_the_logging_extra_when_the_job_logs(tmp_path: Path) -> None:
-    from contracts.spec import spec_to_yaml
-    from providers.skypilot import SkyPilotProvider
+    from rlboost.contracts.spec import spec_to_yaml
+    from rlboost.providers.skypilot import SkyPilotProvider
     from tests.sky_fake import FakeSky
     from tests.test_skypilot_node import node_request, sky_job
 

@@ -6,13 +6,13 @@ import numpy as np
 import pytest
 import torch
 
-from contracts.engine import Engine, GenRequest
-from contracts.spec import AlgorithmSpec, ModelSpec, TaskSpec
-from models.tiny_gpt import TinyGPT, TinyGPTConfig, left_pad
-from models.torch_engine import TorchEngine
-from models.vocab import EOS
+from rlboost.contracts.engine import Engine, GenRequest
+from rlboost.contracts.spec import AlgorithmSpec, ModelSpec, TaskSpec
+from rlboost.models.tiny_gpt import TinyGPT, TinyGPTConfig, left_pad
+from rlboost.models.torch_engine import TorchEngine
+from rlboost.models.vocab import EOS
+from rlboost.trainer.learner import Learner
 from tests.torch_threads import one_thread  # noqa: F401  (autouse: single-threaded torch)
-from trainer.learner import Learner
 
 SPEC = ModelSpec()
 

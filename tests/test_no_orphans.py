@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rlboost_cli.state import StateStore
+from rlboost.cli.state import StateStore
 from tests.conftest import ROOT, rlboost_pids, run_cli
 
 pytestmark = pytest.mark.integration
@@ -39,7 +39,7 @@ JOB = {
 def start(job_file: Path, home: Path) -> subprocess.Popen:
     env = {**os.environ, "RLBOOST_HOME": str(home), "PYTHONUNBUFFERED": "1"}
     return subprocess.Popen(
-        [sys.executable, "-m", "rlboost_cli.main", "launch", str(job_file)],
+        [sys.executable, "-m", "rlboost.cli.main", "launch", str(job_file)],
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
@@ -137,7 +137,7 @@ def test_down_all_finds_orphans_of_a_killed_controller(tmp_path, home):
 
 
 def test_examples_are_real_job_files():
-    from contracts.spec import load_spec
+    from rlboost.contracts.spec import load_spec
 
     for f in (ROOT / "examples").glob("*.yaml"):
         load_spec(f)

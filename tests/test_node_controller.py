@@ -19,12 +19,12 @@ import httpx
 import pytest
 import yaml
 
-from contracts.spec import SpecError, parse_spec
-from rlboost_cli import control_api as api
-from rlboost_cli.node_client import NodeClient, node_run_dir, read_address, sync
-from rlboost_cli.node_control import ControlServer
-from rlboost_cli.pids import controller_alive
-from rlboost_cli.state import StateStore, StepMetrics
+from rlboost.cli import control_api as api
+from rlboost.cli.node_client import NodeClient, node_run_dir, read_address, sync
+from rlboost.cli.node_control import ControlServer
+from rlboost.cli.pids import controller_alive
+from rlboost.cli.state import StateStore, StepMetrics
+from rlboost.contracts.spec import SpecError, parse_spec
 from tests.conftest import ROOT, rlboost_pids, run_cli, run_json
 from tests.test_operate import PY, Lines, env, job_file, terminal_signals, wait_for
 
@@ -186,7 +186,7 @@ def test_detached_job_on_its_node_is_operated_from_here_and_outlives_the_node(tm
     wait_for(a_worker_has_logged, "a spot worker to write to its log on the node")
 
     follower = subprocess.Popen(
-        [PY, "-m", "rlboost_cli.main", "logs", str(job_id), "-f", "-n", "1"],
+        [PY, "-m", "rlboost.cli.main", "logs", str(job_id), "-f", "-n", "1"],
         env=env(home), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
     lines = Lines(follower.stdout)
@@ -219,7 +219,7 @@ def test_closing_the_terminal_of_an_attached_launch_leaves_the_node_job_running(
     out = tmp_path / "launch.out"
     with open(out, "wb") as f:
         proc = subprocess.Popen(
-            [PY, "-m", "rlboost_cli.main", "launch", str(node_job(tmp_path, name))],
+            [PY, "-m", "rlboost.cli.main", "launch", str(node_job(tmp_path, name))],
             env=env(home), cwd=ROOT, stdout=f, stderr=f, preexec_fn=terminal_signals,
         )
     try:

@@ -12,11 +12,11 @@ import pytest
 import yaml
 
 import tests.sky_fake  # noqa: F401  (offline SkyPilot first)
-from contracts.spec import JobSpec, parse_spec, spec_to_yaml
-from providers.base import LaunchRequest, Role
-from providers.bootstrap import EXTRAS_ENV, boot_script
-from providers.skypilot import SkyPilotProvider
-from rlboost_cli.node_extras import node_extras
+from rlboost.cli.node_extras import node_extras
+from rlboost.contracts.spec import JobSpec, parse_spec, spec_to_yaml
+from rlboost.providers.base import LaunchRequest, Role
+from rlboost.providers.bootstrap import EXTRAS_ENV, boot_script
+from rlboost.providers.skypilot import SkyPilotProvider
 from tests.sky_fake import FakeSky
 from tests.test_job_envs import sky_req
 
@@ -66,7 +66,7 @@ def test_datasets_in_mounts_are_judged_at_their_source_or_by_name_in_a_bucket(tm
 
 
 def request(spec: JobSpec, role: Role, engine: str = "torch", *, boot: bool = False) -> LaunchRequest:
-    """A launch request with the environment the controller gives it (rlboost_cli/controller.py);
+    """A launch request with the environment the controller gives it (rlboost/cli/controller.py);
     `boot`: for a node that boots from boot data (AWS, GCP), which enrols for the token and secrets."""
     base = sky_req("demo-1-trainer" if role is Role.TRAINER else "demo-1-w001", role)
     env = {"RLBOOST_ENGINE": engine, EXTRAS_ENV: ",".join(node_extras(spec, role))}

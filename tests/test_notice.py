@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from aiohttp import web
 
-from worker.notice import AwsNotice, FileNotice, GcpNotice, watcher_from_env
+from rlboost.worker.notice import AwsNotice, FileNotice, GcpNotice, watcher_from_env
 
 
 class Imds:

@@ -21,10 +21,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from providers.base import InstanceKind, LaunchRequest, Owner, Role
-from rlboost_cli.pids import controller_identity
-from rlboost_cli.reconcile import controller_alive
-from rlboost_cli.state import StateStore, StepMetrics
+from rlboost.cli.pids import controller_identity
+from rlboost.cli.reconcile import controller_alive
+from rlboost.cli.state import StateStore, StepMetrics
+from rlboost.providers.base import InstanceKind, LaunchRequest, Owner, Role
 from tests.chaos import job_step, wait_until_step
 from tests.conftest import ROOT, rlboost_pids, run_cli, run_json
 
@@ -94,7 +94,7 @@ def attached_launch(jf: Path, home: Path, out: Path, preexec: Callable[[], None]
     """`rlboost launch JOB` in the foreground of a stand-in terminal (output to `out`)."""
     with open(out, "wb") as f:
         return subprocess.Popen(
-            [PY, "-m", "rlboost_cli.main", "launch", str(jf)],
+            [PY, "-m", "rlboost.cli.main", "launch", str(jf)],
             env=env(home),
             cwd=ROOT,
             stdout=f,
@@ -153,7 +153,7 @@ def test_detached_launch_outlives_its_shell_and_down_stops_it(tmp_path, home, no
     jf = job_file(tmp_path, name)
     # the launching shell, in a session of its own so that its hang-up can be sent like a terminal's
     shell = subprocess.Popen(
-        ["bash", "-c", f"'{PY}' -m rlboost_cli.main launch -d '{jf}' && echo LAUNCHED && exec sleep 600"],
+        ["bash", "-c", f"'{PY}' -m rlboost.cli.main launch -d '{jf}' && echo LAUNCHED && exec sleep 600"],
         env=env(home),
         cwd=ROOT,
         stdout=subprocess.PIPE,
@@ -191,7 +191,7 @@ def test_detached_launch_outlives_its_shell_and_down_stops_it(tmp_path, home, no
     assert (st["id"], st["controller_alive"], st["status_text"]) == (job_id, True, "running")
 
     follower = subprocess.Popen(
-        [PY, "-m", "rlboost_cli.main", "logs", str(job_id), "-f", "-n", "5"],
+        [PY, "-m", "rlboost.cli.main", "logs", str(job_id), "-f", "-n", "5"],
         env=env(home), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
     lines, seen = Lines(follower.stdout), ""
@@ -284,7 +284,7 @@ def test_launch_status_and_steps_table_number_steps_from_one(tmp_path, home):
 
 
 def test_resume_message_names_the_step_the_trainer_continues_at(tmp_path):
-    from rlboost_cli.step_numbers import checkpointed_steps, resume_message
+    from rlboost.cli.step_numbers import checkpointed_steps, resume_message
 
     assert checkpointed_steps(tmp_path) is None
     (tmp_path / "checkpoints").mkdir()
@@ -448,7 +448,7 @@ def test_logs_follow_picks_up_a_restarted_trainer_and_returns_when_the_job_ends(
         first.parent.mkdir(parents=True)
         first.write_text("old line\n")
         follower = subprocess.Popen(
-            [PY, "-m", "rlboost_cli.main", "logs", str(jid), "-f"],
+            [PY, "-m", "rlboost.cli.main", "logs", str(jid), "-f"],
             env=env(home), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         )
         lines = Lines(follower.stdout)

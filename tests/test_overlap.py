@@ -1,7 +1,7 @@
 """rollout/policies/overlap.py: the accounting of training during the tail, shared by the live
 synthetic learner and the simulator."""
 
-from rollout.policies.overlap import busy_between, left_to_train, may_train_group, trained_part
+from rlboost.rollout.policies.overlap import busy_between, left_to_train, may_train_group, trained_part
 
 
 def test_may_train_group_only_between_offload_and_last_response():

@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from providers.aws import AwsProvider
-from providers.base import InstanceKind, InstanceState, LaunchRequest, Owner, Role
-from rlboost_cli import reconcile
-from rlboost_cli.pids import controller_alive, controller_identity, process_start
-from rlboost_cli.state import StateStore
+from rlboost.cli import reconcile
+from rlboost.cli.pids import controller_alive, controller_identity, process_start
+from rlboost.cli.state import StateStore
+from rlboost.providers.aws import AwsProvider
+from rlboost.providers.base import InstanceKind, InstanceState, LaunchRequest, Owner, Role
 from tests.cloud_worlds import aws_world
 
 NAME = "grpo-x"
@@ -227,11 +227,11 @@ def test_a_launch_call_that_raises_after_ec2_made_the_instance_is_found_by_tag_a
     from botocore.exceptions import ReadTimeoutError
     from rich.console import Console
 
-    from contracts.spec import parse_spec, spec_to_yaml
-    from providers.base import ProviderError
-    from providers.prices import CloudPrices
-    from providers.pricing import spot_offers, trainer_offer
-    from rlboost_cli.controller import Controller
+    from rlboost.cli.controller import Controller
+    from rlboost.contracts.spec import parse_spec, spec_to_yaml
+    from rlboost.providers.base import ProviderError
+    from rlboost.providers.prices import CloudPrices
+    from rlboost.providers.pricing import spot_offers, trainer_offer
 
     spec = parse_spec({**SPEC, "trainer": {**SPEC["trainer"], "tls": "off"}})
     store = StateStore()
@@ -268,7 +268,7 @@ def ctl_progress():
 
     from rich.console import Console
 
-    from rlboost_cli.progress import JobProgress
+    from rlboost.cli.progress import JobProgress
 
     return JobProgress(Console(file=io.StringIO()), 1)
 

@@ -1,17 +1,17 @@
-"""The scheduling policies (rollout/policies/): pure functions, checked on hand-made situations."""
+"""The scheduling policies (rlboost/rollout/policies/): pure functions, checked on hand-made situations."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from contracts.lengths import LengthModel
-from contracts.perf import DEFAULT_PERF, EngineModel, engine_model
-from providers.pricing import Offer
-from rollout.policies.dispatch import plan_dispatch
-from rollout.policies.lengths import LengthStats
-from rollout.policies.migration import MigrationConfig, plan_migrations
-from rollout.policies.offload import (
+from rlboost.contracts.lengths import LengthModel
+from rlboost.contracts.perf import DEFAULT_PERF, EngineModel, engine_model
+from rlboost.providers.pricing import Offer
+from rlboost.rollout.policies.dispatch import plan_dispatch
+from rlboost.rollout.policies.lengths import LengthStats
+from rlboost.rollout.policies.migration import MigrationConfig, plan_migrations
+from rlboost.rollout.policies.offload import (
     NoOffload,
     PredictiveOffload,
     RLBoostOffload,
@@ -20,9 +20,9 @@ from rollout.policies.offload import (
     pool_finish_s,
     trainer_idle,
 )
-from rollout.policies.placement import PlacementTracker
-from rollout.policies.tail_batching import TailBatcher
-from rollout.policies.views import EngineView, ReqView
+from rlboost.rollout.policies.placement import PlacementTracker
+from rlboost.rollout.policies.tail_batching import TailBatcher
+from rlboost.rollout.policies.views import EngineView, ReqView
 
 A100 = EngineModel(2500, 80, 15000, ref_batch=256, max_batch=256)
 

@@ -8,10 +8,10 @@ import re
 import httpx
 from aiohttp import web
 
+from rlboost.trainer.prometheus import exposition
+from rlboost.trainer.server import build_app
+from rlboost.weights.publisher import WeightPublisher
 from tests.route_coordinator import idle_coordinator
-from trainer.prometheus import exposition
-from trainer.server import build_app
-from weights.publisher import WeightPublisher
 
 STATUS = {
     "step": 3, "steps": 40, "version": 3, "reward": 0.25, "tokens_total": 1200, "responses_total": 96,

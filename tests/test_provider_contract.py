@@ -8,7 +8,7 @@ import uuid
 
 import pytest
 
-from providers.base import CapacityError, InstanceState, Owner, Provider, Role
+from rlboost.providers.base import CapacityError, InstanceState, Owner, Provider, Role
 from tests.cloud_worlds import WORLDS, World
 
 

@@ -1,4 +1,4 @@
-"""The provider registry: one record per provider (contracts/provider_kinds.py), one class per record
+"""The provider registry: one record per provider (rlboost/contracts/provider_kinds.py), one class per record
 (providers/), and no code outside providers/ that branches on a provider's name (it asks the record)."""
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from contracts.provider_kinds import PROVIDER_KINDS, ProviderKind, UnknownProviderError, provider_kind
-from contracts.spec import PROVIDERS, JobSpec, parse_spec
-from providers import PROVIDER_CLASSES, PROVIDER_CLOUDS, PreflightError, make_provider, provider_class
-from providers.base import Owner
+from rlboost.contracts.provider_kinds import PROVIDER_KINDS, ProviderKind, UnknownProviderError, provider_kind
+from rlboost.contracts.spec import PROVIDERS, JobSpec, parse_spec
+from rlboost.providers import PROVIDER_CLASSES, PROVIDER_CLOUDS, PreflightError, make_provider, provider_class
+from rlboost.providers.base import Owner
 
 ROOT = Path(__file__).resolve().parent.parent
 # not project code: the providers themselves (they may know their own names), tests, build output
@@ -37,7 +37,7 @@ def test_each_provider_class_declares_its_registry_kind(name: str) -> None:
     assert cls.kind is PROVIDER_KINDS[name]
     assert cls.name == name  # type: ignore[attr-defined]  # what the state store records for it
     for template in cls.kind.boot_templates:
-        assert (ROOT / "templates" / template).is_file(), f"{name}: no templates/{template}"
+        assert (ROOT / "rlboost" / "templates" / template).is_file(), f"{name}: no rlboost/templates/{template}"
 
 
 def test_factory_builds_the_class_the_registry_names(tmp_path: Path) -> None:
@@ -115,7 +115,7 @@ def project_files(root: Path) -> list[Path]:
 
 def test_nothing_outside_providers_branches_on_a_provider_name() -> None:
     files = project_files(ROOT)
-    assert any(f.relative_to(ROOT).parts[0] == "rlboost_cli" for f in files)
+    assert any(f.relative_to(ROOT).parts[:2] == ("rlboost", "cli") for f in files)
     bad = [hit for f in files for hit in name_branches(f.read_text(), str(f.relative_to(ROOT)))]
     assert not bad, (
         "branches on a provider's name (ask contracts.provider_kinds.provider_kind(name) instead):\n" + "\n".join(bad)
@@ -135,11 +135,11 @@ def test_nothing_outside_providers_branches_on_a_provider_name() -> None:
     ],
 )
 def test_the_guard_catches_a_name_branch(tmp_path: Path, code: str) -> None:
-    mod = tmp_path / "rlboost_cli" / "bad.py"
-    mod.parent.mkdir()
+    mod = tmp_path / "rlboost" / "cli" / "bad.py"
+    mod.parent.mkdir(parents=True)
     mod.write_text(code)
     assert project_files(tmp_path) == [mod]
-    assert name_branches(mod.read_text(), "rlboost_cli/bad.py"), code
+    assert name_branches(mod.read_text(), "rlboost/cli/bad.py"), code
 
 
 @pytest.mark.parametrize(

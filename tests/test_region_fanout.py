@@ -11,14 +11,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from providers.base import InstanceKind, LaunchRequest, Owner, Role
-from providers.bootstrap import node_env
+from rlboost.providers.base import InstanceKind, LaunchRequest, Owner, Role
+from rlboost.providers.bootstrap import node_env
+from rlboost.weights.peer_server import ServeOptions, WeightNode
+from rlboost.weights.publisher import PublishOptions, WeightPublisher
+from rlboost.weights.pull import PullOptions
+from rlboost.weights.region_fanout import RegionView, origin_grants, region_key
+from rlboost.weights.tracker import Announce, SwarmTracker, decode_bits, encode_bits
 from tests.test_weight_swarm import TOKEN, assert_same, model, serve
-from weights.peer_server import ServeOptions, WeightNode
-from weights.publisher import PublishOptions, WeightPublisher
-from weights.pull import PullOptions
-from weights.region_fanout import RegionView, origin_grants, region_key
-from weights.tracker import Announce, SwarmTracker, decode_bits, encode_bits
 
 # ---- the pure policy -------------------------------------------------------------------------
 

@@ -6,9 +6,9 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from providers.base import InstanceKind, InstanceState, LaunchRequest, Owner, Role
-from rlboost_cli.reports import cost_json, render_cost, render_status, sparkline, status_json
-from rlboost_cli.state import StateStore, StepMetrics, UnknownJobError
+from rlboost.cli.reports import cost_json, render_cost, render_status, sparkline, status_json
+from rlboost.cli.state import StateStore, StepMetrics, UnknownJobError
+from rlboost.providers.base import InstanceKind, InstanceState, LaunchRequest, Owner, Role
 
 TOKEN = "job-token-0d9e8f7a6b5c4d3e"
 SPEC = "name: demo\nalgorithm:\n  steps: 30\n"

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from rlboost_cli.state import StateStore
+from rlboost.cli.state import StateStore
 from tests.chaos import kill_instance, wait_until_step
 from tests.conftest import rlboost_pids, run_cli
 from tests.test_faults_recovery import job_yaml
@@ -25,7 +25,7 @@ pytestmark = pytest.mark.faults
 def _start(tmp: Path, home: Path, name: str) -> subprocess.Popen:
     job = job_yaml(tmp, name, 1, checkpoint_every=2)
     env = {**os.environ, "RLBOOST_HOME": str(home), "COLUMNS": "200"}
-    cmd = [sys.executable, "-m", "rlboost_cli.main", "launch", str(job)]
+    cmd = [sys.executable, "-m", "rlboost.cli.main", "launch", str(job)]
     return subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 

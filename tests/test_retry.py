@@ -1,4 +1,4 @@
-"""The shared retry policy (contracts/retry.py): its delays, and the sync and async retry loops, replayed
+"""The shared retry policy (rlboost/contracts/retry.py): its delays, and the sync and async retry loops, replayed
 with a recording sleep instead of a clock."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ from dataclasses import dataclass
 
 import pytest
 
-from contracts.retry import Backoff, aretry, retry
-from rollout.policies.reconcile import CandidateBackoff, reconcile_fleet
-from weights.pull import PULL_BACKOFF
+from rlboost.contracts.retry import Backoff, aretry, retry
+from rlboost.rollout.policies.reconcile import CandidateBackoff, reconcile_fleet
+from rlboost.weights.pull import PULL_BACKOFF
 
 EXACT = Backoff(base_s=0.05, cap_s=2.0, jitter=(1.0, 1.0))
 

@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 import yaml
 
-from contracts.rewards import CustomReward, RewardImportError, import_reward
-from contracts.spec import SpecError, TaskSpec, load_spec
-from models.vocab import EOS, encode
-from trainer.tasks import make_task
+from rlboost.contracts.rewards import CustomReward, RewardImportError, import_reward
+from rlboost.contracts.spec import SpecError, TaskSpec, load_spec
+from rlboost.models.vocab import EOS, encode
+from rlboost.trainer.tasks import make_task
 
 _names = itertools.count()
 
@@ -120,7 +120,7 @@ def test_builtin_task_calls_the_function_with_question_response_and_row(rewards_
 def test_jsonl_task_gives_the_whole_row_and_needs_no_answer_field(tmp_path: Path, rewards_module: str) -> None:
     import importlib
 
-    from contracts.spec import ModelSpec
+    from rlboost.contracts.spec import ModelSpec
     from tests.hf_fixtures import make_tiny_model
 
     model = make_tiny_model(tmp_path / "m")

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rollout.book import ProtocolViolation, Response, RolloutBook
+from rlboost.rollout.book import ProtocolViolation, Response, RolloutBook
 
 EOS = 2
 

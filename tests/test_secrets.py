@@ -189,7 +189,7 @@ def test_an_attached_launch_keeps_env_values_out_of_its_command_line(tmp_path):
     value = "key_" + secrets.token_hex(16)
     env = {**os.environ, "RLBOOST_HOME": str(home), "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "rlboost_cli.main", "launch", str(path), "--env", f"API_KEY_X={value}"],
+        [sys.executable, "-m", "rlboost.cli.main", "launch", str(path), "--env", f"API_KEY_X={value}"],
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from contracts.spec import SpecError, apply_overrides, load_spec
-from rlboost_cli.state import StateStore
+from rlboost.cli.state import StateStore
+from rlboost.contracts.spec import SpecError, apply_overrides, load_spec
 from tests.conftest import ROOT, run_cli
 
 RAW = {"name": "ov", "rollout": {"max_workers": 1, "candidates": [{"accelerator": "A100"}]}}

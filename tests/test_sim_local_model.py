@@ -6,12 +6,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from contracts.lengths import LengthModel
-from contracts.spec import parse_spec
-from providers.pricing import spot_offers, trainer_offer
-from providers.spot_market import constant_trace
-from rollout import scheduling
-from simulator import PRESETS, simulate_job
+from rlboost.contracts.lengths import LengthModel
+from rlboost.contracts.spec import parse_spec
+from rlboost.providers.pricing import spot_offers, trainer_offer
+from rlboost.providers.spot_market import constant_trace
+from rlboost.rollout import scheduling
+from rlboost.simulator import PRESETS, simulate_job
 
 BATCH = 32
 PULL = 0.5
@@ -135,9 +135,9 @@ def test_work_that_speeds_up_ends_once():
     run the start-up's continuation a second time (a worker would pull its weights twice)."""
     import heapq
 
-    from simulator.cores import CoreShare
-    from simulator.engines import Fleet
-    from simulator.events import EventQueue
+    from rlboost.simulator.cores import CoreShare
+    from rlboost.simulator.engines import Fleet
+    from rlboost.simulator.events import EventQueue
 
     q = EventQueue()
     fleet = Fleet(static=True)
@@ -162,10 +162,10 @@ def test_work_that_speeds_up_ends_once():
 
 
 def test_the_platform_is_measured_with_the_real_parts():
-    from models.torch_engine import TorchEngine
-    from simulator.round_trip import PlatformProbe, measure_platform, measure_serving
-    from trainer.learner import Learner
-    from trainer.tasks import make_task
+    from rlboost.models.torch_engine import TorchEngine
+    from rlboost.simulator.round_trip import PlatformProbe, measure_platform, measure_serving
+    from rlboost.trainer.learner import Learner
+    from rlboost.trainer.tasks import make_task
 
     spec = parse_spec(torch_job())
     task = make_task(spec.task, spec.model)

@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 import yaml
 
-from contracts.perf import DEFAULT_PERF, SYNC_COSTS, EngineModel
-from contracts.spec import JobSpec, load_spec
-from rollout.policies.lengths import LengthStats
-from rollout.policies.offload import NoOffload, PredictiveOffload, offload_tick, step_progress
-from rollout.policies.views import EngineView
-from simulator import cli as sim_cli
+from rlboost.contracts.perf import DEFAULT_PERF, SYNC_COSTS, EngineModel
+from rlboost.contracts.spec import JobSpec, load_spec
+from rlboost.rollout.policies.lengths import LengthStats
+from rlboost.rollout.policies.offload import NoOffload, PredictiveOffload, offload_tick, step_progress
+from rlboost.rollout.policies.views import EngineView
+from rlboost.simulator import cli as sim_cli
 
 PAPER = Path(__file__).resolve().parents[1] / "examples/simulate/paper-h100.yaml"
 
@@ -39,7 +39,7 @@ def by_policy(results):
 
 
 def test_hf_job_simulates_without_weights_or_tokenizer(tmp_path, monkeypatch):
-    from models import hf
+    from rlboost.models import hf
 
     def refuse(*a, **k):
         raise AssertionError("the simulator must not load a model or a tokenizer")
@@ -55,7 +55,7 @@ def test_hf_job_simulates_without_weights_or_tokenizer(tmp_path, monkeypatch):
 
 
 def test_jsonl_prompt_lengths_estimated_from_text_without_prompt_tokens(tmp_path):
-    from simulator.workload import CHARS_PER_TOKEN, replay_task
+    from rlboost.simulator.workload import CHARS_PER_TOKEN, replay_task
 
     spec = load_spec(paper_job(tmp_path))
     doc = spec.model_dump(mode="json")
@@ -154,7 +154,7 @@ def test_offload_tick_decides_offload_wait_and_resume():
 def test_cli_simulates_the_shipped_paper_job_at_constant_capacity():
     from typer.testing import CliRunner
 
-    from rlboost_cli.main import app
+    from rlboost.cli.main import app
 
     args = ["simulate", str(PAPER), "--policy", "sync", "--policy", "rlboost", "--constant-workers", "2"]
     r = CliRunner().invoke(app, [*args, "--steps", "1", "--json"], catch_exceptions=False)

@@ -9,7 +9,7 @@ from functools import partial
 
 import pytest
 
-from simulator.parallel import run_all
+from rlboost.simulator.parallel import run_all
 
 
 def _square(n: int, report) -> tuple[int, int]:

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rlboost_cli import sim_report as report
-from simulator import cli as sim_cli
+from rlboost.cli import sim_report as report
+from rlboost.simulator import cli as sim_cli
 from tests.test_simulate_answers import result
 from tests.test_simulator import job
 
@@ -55,7 +55,7 @@ def test_option_error_lets_good_values_through():
 def test_cli_usage_errors_exit_2_before_anything_replays(tmp_path, home, monkeypatch):
     from typer.testing import CliRunner
 
-    from rlboost_cli.main import app
+    from rlboost.cli.main import app
 
     def replayed(*a, **k):
         raise AssertionError("a usage error replayed the job")

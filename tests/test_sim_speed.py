@@ -8,10 +8,10 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from contracts.lengths import LengthModel
-from contracts.perf import EngineModel
-from rollout.policies.migration import MigrationConfig, may_gain, plan_migrations
-from rollout.policies.views import EngineView, ReqView
+from rlboost.contracts.lengths import LengthModel
+from rlboost.contracts.perf import EngineModel
+from rlboost.rollout.policies.migration import MigrationConfig, may_gain, plan_migrations
+from rlboost.rollout.policies.views import EngineView, ReqView
 
 MODELS = (
     EngineModel(3926, 75, 10700, max_batch=64),
@@ -73,7 +73,7 @@ def test_lengths_from_key_is_length_from_key_per_seed() -> None:
 
 
 def test_memo_view_answers_as_engine_view() -> None:
-    from simulator.engines import MemoView
+    from rlboost.simulator.engines import MemoView
 
     rng = random.Random(3)
     for _ in range(200):
@@ -89,12 +89,12 @@ def test_memo_view_answers_as_engine_view() -> None:
 def test_step_lengths_are_drawn_once_per_process_and_unchanged() -> None:
     """A sweep's replays look a step's lengths up instead of hashing every request again: the cached
     lengths are the drawn ones, and a replay gives the same result with the cache empty or full."""
-    from contracts.lengths import prompt_key
-    from contracts.sampling import request_seed
-    from contracts.spec import parse_spec
-    from providers.pricing import spot_offers, trainer_offer
-    from providers.spot_market import AvailabilityTrace
-    from simulator import PRESETS, SimResult, core, step_state
+    from rlboost.contracts.lengths import prompt_key
+    from rlboost.contracts.sampling import request_seed
+    from rlboost.contracts.spec import parse_spec
+    from rlboost.providers.pricing import spot_offers, trainer_offer
+    from rlboost.providers.spot_market import AvailabilityTrace
+    from rlboost.simulator import PRESETS, SimResult, core, step_state
     from tests.test_simulator import job
 
     spec = parse_spec(job())

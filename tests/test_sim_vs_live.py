@@ -10,7 +10,7 @@ loaded, shared 2-core machine - are read from this very run's logs and given to 
 trainer_boot_s, reserved_boot_s, pull_s, reserved_pull_s). Everything else - steps, offload
 decisions, dispatch, preemptions, migrations, relaunches, billing - is the simulator's own prediction.
 A tiny-gpt job's rates and platform timings come from `simulate`'s own calibration
-(simulator/local_calibration.py), measured after the live run, as `rlboost simulate` does; what it takes
+(rlboost/simulator/local_calibration.py), measured after the live run, as `rlboost simulate` does; what it takes
 from the run is its response lengths (what a real model generates is its own) and the cores other work
 left it (CoresLeft: this machine is shared). A tiny-gpt run that misses gets one more live run and
 calibration: the host of this VM can slow a whole run unseen from inside it (see the test).
@@ -31,10 +31,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from contracts.spec import load_spec
-from rlboost_cli.ledger import summarize
-from rlboost_cli.state import StateStore
-from simulator import cli as sim_cli
+from rlboost.cli.ledger import summarize
+from rlboost.cli.state import StateStore
+from rlboost.contracts.spec import load_spec
+from rlboost.simulator import cli as sim_cli
 from tests.conftest import run_cli
 
 pytestmark = pytest.mark.integration

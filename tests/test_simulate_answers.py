@@ -12,12 +12,12 @@ from dataclasses import replace
 import pytest
 import yaml
 
-from contracts.spec import parse_spec
-from providers.spot_market import AvailabilityTrace
-from rlboost_cli import sim_report as report
-from simulator import PRESETS
-from simulator import cli as sim_cli
-from simulator.result import SimResult
+from rlboost.cli import sim_report as report
+from rlboost.contracts.spec import parse_spec
+from rlboost.providers.spot_market import AvailabilityTrace
+from rlboost.simulator import PRESETS
+from rlboost.simulator import cli as sim_cli
+from rlboost.simulator.result import SimResult
 from tests.conftest import run_cli
 from tests.test_simulator import TRACE, job, run
 
@@ -79,9 +79,9 @@ def test_sweep_in_parallel_processes_matches_one_at_a_time():
 
 
 def test_policies_in_parallel_processes_match_one_at_a_time_and_report_progress(monkeypatch):
-    import simulator.core
+    import rlboost.simulator.core
 
-    monkeypatch.setattr(simulator.core, "PROGRESS_REPORTS", 2000)  # several reports from a short replay
+    monkeypatch.setattr(rlboost.simulator.core, "PROGRESS_REPORTS", 2000)  # several reports from a short replay
     spec = parse_spec(job(algorithm={"steps": 6}))
     rp = replace(sim_cli.prepare(spec, None), trace=TRACE)
     policies = sim_cli.pick_policies(["rlboost", "rlboost-rule"], rp.spec)
@@ -103,7 +103,7 @@ def test_policies_in_parallel_processes_match_one_at_a_time_and_report_progress(
 
 
 def test_the_policy_help_names_every_preset():
-    from rlboost_cli import main
+    from rlboost.cli import main
 
     assert (*PRESETS, "job") == main.SIM_POLICIES
     assert main.DEFAULT_SIM_POLICIES == sim_cli.DEFAULT_POLICIES

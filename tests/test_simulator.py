@@ -8,12 +8,12 @@ from dataclasses import replace
 
 import pytest
 
-from contracts.spec import parse_spec
-from providers.pricing import spot_offers, trainer_offer
-from providers.spot_market import AvailabilityTrace
-from simulator import PRESETS, simulate_job
-from simulator.presets import policy_from_spec
-from simulator.result import SimResult
+from rlboost.contracts.spec import parse_spec
+from rlboost.providers.pricing import spot_offers, trainer_offer
+from rlboost.providers.spot_market import AvailabilityTrace
+from rlboost.simulator import PRESETS, simulate_job
+from rlboost.simulator.presets import policy_from_spec
+from rlboost.simulator.result import SimResult
 from tests.conftest import run_cli
 
 
@@ -180,7 +180,7 @@ def test_plotted_throughput_is_a_rate_over_time_not_over_records():
     """A step of 6,000 tokens a minute, and the fleet changing a millisecond before each step ends (its
     own record, tokens unchanged): the line is 100 tokens/s. Counted over records, a window that began at
     such a change divided a step's tokens by a millisecond (peaks of 1.5 million tokens/s on p3)."""
-    from rlboost_cli.sim_report import windowed_rate
+    from rlboost.cli.sim_report import windowed_rate
 
     timeline = [(0.0, 0, 0)]
     for k in range(1, 121):
@@ -200,7 +200,7 @@ def test_a_fleet_raised_after_a_step_launches_at_the_next_poll(monkeypatch):
     """The live controller sizes the fleet at the poll that sees a step and launches in that same poll.
     The replay skips polls that can change nothing: one must still come right after the size rises, on
     a market that never changes (before, the launch waited for the next trace change: here, never)."""
-    from rollout.policies import fleet
+    from rlboost.rollout.policies import fleet
 
     plan = iter([0, 0, 0] + [2] * 100)  # release every worker after the first step, then ask for two
 

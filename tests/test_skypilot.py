@@ -15,9 +15,9 @@ import pytest
 import yaml
 
 import tests.sky_fake  # noqa: F401  (offline SkyPilot first)
-from contracts.status import TrainerStatus
-from providers.base import InstanceKind, InstanceState, LaunchRequest, Owner, Role
-from providers.skypilot import SkyPilotProvider
+from rlboost.contracts.status import TrainerStatus
+from rlboost.providers.base import InstanceKind, InstanceState, LaunchRequest, Owner, Role
+from rlboost.providers.skypilot import SkyPilotProvider
 from tests.cloud_worlds import write_spec
 from tests.sky_fake import FakeSky, sky  # `sky` as imported after the offline environment was set
 
@@ -196,7 +196,7 @@ def test_list_owned_goes_by_the_jobs_uid_label(prov, fake):
 
 # ---- prices ---------------------------------------------------------------------------------
 def test_prices_come_from_skypilots_catalog_under_sky_runtime_dir():
-    from providers.prices import CloudPrices, sky_catalog_present
+    from rlboost.providers.prices import CloudPrices, sky_catalog_present
 
     assert sky_catalog_present("aws") and sky_catalog_present("gcp")
     prices = CloudPrices()
@@ -209,7 +209,7 @@ def test_prices_come_from_skypilots_catalog_under_sky_runtime_dir():
 
 
 def test_prices_fall_back_to_the_bundled_snapshot_without_skypilots_catalog(monkeypatch):
-    import providers.prices as pp
+    import rlboost.providers.prices as pp
 
     monkeypatch.setattr(pp, "sky_catalog_present", lambda cloud: False)
     prices = pp.CloudPrices()
@@ -219,7 +219,7 @@ def test_prices_fall_back_to_the_bundled_snapshot_without_skypilots_catalog(monk
 
 # ---- a whole controller run on the fake -----------------------------------------------------
 def status_doc(phase: str) -> str:
-    """A trainer's status document (contracts/status.py) in `phase`, with nothing done yet."""
+    """A trainer's status document (rlboost/contracts/status.py) in `phase`, with nothing done yet."""
     zero = dict.fromkeys(
         ("step", "tokens_total", "responses_total", "migrated", "redispatched", "rejected_frames", "offloads"), 0
     )
@@ -279,11 +279,11 @@ def sky_controller(tmp_path: Path, spec, fake: FakeSky, stub: TrainerStub, **pro
     Controller that runs it against `stub` (the trainer's status)."""
     from rich.console import Console
 
-    from contracts.spec import spec_to_yaml
-    from providers.prices import CloudPrices
-    from providers.pricing import spot_offers, trainer_offer
-    from rlboost_cli.controller import Controller
-    from rlboost_cli.state import StateStore
+    from rlboost.cli.controller import Controller
+    from rlboost.cli.state import StateStore
+    from rlboost.contracts.spec import spec_to_yaml
+    from rlboost.providers.prices import CloudPrices
+    from rlboost.providers.pricing import spot_offers, trainer_offer
 
     fake.endpoint = stub.addr
     store = StateStore(tmp_path / "state.db")
@@ -302,9 +302,9 @@ def sky_controller(tmp_path: Path, spec, fake: FakeSky, stub: TrainerStub, **pro
 
 
 def test_controller_bids_backs_off_replaces_preempted_and_tears_everything_down(tmp_path, fake):
-    from contracts.spec import parse_spec
-    from providers.prices import CloudPrices
-    from providers.pricing import spot_offers
+    from rlboost.contracts.spec import parse_spec
+    from rlboost.providers.prices import CloudPrices
+    from rlboost.providers.pricing import spot_offers
 
     spec = parse_spec(
         {
@@ -358,11 +358,11 @@ def test_controller_bids_backs_off_replaces_preempted_and_tears_everything_down(
 def test_a_worker_draining_on_its_notice_is_marked_notice_so_a_replacement_starts_early(tmp_path, fake):
     from rich.console import Console
 
-    from contracts.spec import parse_spec, spec_to_yaml
-    from providers.prices import CloudPrices
-    from providers.pricing import spot_offers, trainer_offer
-    from rlboost_cli.controller import Controller
-    from rlboost_cli.state import StateStore
+    from rlboost.cli.controller import Controller
+    from rlboost.cli.state import StateStore
+    from rlboost.contracts.spec import parse_spec, spec_to_yaml
+    from rlboost.providers.prices import CloudPrices
+    from rlboost.providers.pricing import spot_offers, trainer_offer
 
     spec = parse_spec(
         {
@@ -399,7 +399,7 @@ def test_a_worker_draining_on_its_notice_is_marked_notice_so_a_replacement_start
 
 def test_the_controller_asks_each_node_for_the_extras_the_job_needs(tmp_path, fake, monkeypatch):
     """An hf job on parquet: the trainer's node installs `hf` and `data`, a spot worker's `hf` only."""
-    from contracts.spec import parse_spec
+    from rlboost.contracts.spec import parse_spec
 
     monkeypatch.delenv("RLBOOST_PIP_SPEC", raising=False)
     spec = parse_spec(

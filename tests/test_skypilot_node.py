@@ -22,16 +22,16 @@ import pytest
 import yaml
 
 import tests.sky_fake  # noqa: F401  (offline SkyPilot first)
-from contracts.spec import SpecError, parse_spec, spec_to_yaml
-from providers.base import CapacityError, InstanceKind, LaunchRequest, Owner, Role
-from providers.bootstrap import CONTROL_PORT, TRAINER_PORT
-from providers.node_address import NoPublicAddress, public_host
-from providers.skypilot import NODE_AUTOSTOP_MIN, SkyPilotProvider
-from providers.trainer_here import public_endpoint
-from rlboost_cli.node_client import NodeClient
-from rlboost_cli.node_control import ControlServer
-from rlboost_cli.node_host import NodeStartError, SkyTrainerNode, trainer_node
-from rlboost_cli.state import StateStore
+from rlboost.cli.node_client import NodeClient
+from rlboost.cli.node_control import ControlServer
+from rlboost.cli.node_host import NodeStartError, SkyTrainerNode, trainer_node
+from rlboost.cli.state import StateStore
+from rlboost.contracts.spec import SpecError, parse_spec, spec_to_yaml
+from rlboost.providers.base import CapacityError, InstanceKind, LaunchRequest, Owner, Role
+from rlboost.providers.bootstrap import CONTROL_PORT, TRAINER_PORT
+from rlboost.providers.node_address import NoPublicAddress, public_host
+from rlboost.providers.skypilot import NODE_AUTOSTOP_MIN, SkyPilotProvider
+from rlboost.providers.trainer_here import public_endpoint
 from tests.conftest import ROOT, rlboost_pids
 from tests.sky_fake import FakeSky
 from tests.test_operate import wait_for
@@ -266,7 +266,7 @@ def test_the_node_controller_trains_with_the_trainer_beside_it_and_answers_on_it
     with open(log, "wb") as out:
         run = ["_node-controller", "7", "sky-node", str(spec), "--control-port", str(cport)]  # the task's run
         proc = subprocess.Popen(
-            [PY, "-m", "rlboost_cli.main", *run],
+            [PY, "-m", "rlboost.cli.main", *run],
             env=env, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
         )
     client = NodeClient(f"http://127.0.0.1:{cport}", "tok")

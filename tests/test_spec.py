@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from contracts.spec import SpecError, load_spec, parse_spec
+from rlboost.contracts.spec import SpecError, load_spec, parse_spec
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -130,7 +130,7 @@ def test_unquoted_exponent_floats_are_numbers(tmp_path):
     "path", sorted((ROOT / "examples").glob("*.yaml")) + sorted((ROOT / "examples" / "simulate").glob("*.yaml"))
 )
 def test_every_example_loads_and_round_trips(path):
-    from contracts.spec import load_yaml, spec_to_yaml
+    from rlboost.contracts.spec import load_yaml, spec_to_yaml
 
     spec = load_spec(path)
     assert parse_spec(load_yaml(spec_to_yaml(spec))) == spec  # the saved spec.yaml validates too
@@ -239,7 +239,7 @@ def test_a_section_that_is_not_a_mapping_is_named_in_the_users_terms(raw, needle
 
 
 def test_model_example_in_the_error_is_a_real_model_kind():
-    from contracts.spec import load_yaml
+    from rlboost.contracts.spec import load_yaml
 
     with pytest.raises(SpecError) as e:
         parse_spec({"name": "x1", "model": 5})

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from providers.spot_market import BUILTIN_TRACE, AvailabilityTrace, SpotMarket, TraceError, load_trace
+from rlboost.providers.spot_market import BUILTIN_TRACE, AvailabilityTrace, SpotMarket, TraceError, load_trace
 
 DATA = Path(__file__).parents[2] / "shared" / "data"
 BAMBOO = DATA / "traces" / "bamboo_nsdi23"

@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 
 import tests.sky_fake  # noqa: F401  (offline SkyPilot, SKY_RUNTIME_DIR with the shared catalogs)
-from contracts.spec import load_spec, parse_spec
-from providers.catalog import Offer as CatalogOffer
-from providers.prices import CloudPrices, bundled_catalog, sky_catalog_present
-from providers.pricing import PricingError, spot_offers
+from rlboost.contracts.spec import load_spec, parse_spec
+from rlboost.providers.catalog import Offer as CatalogOffer
+from rlboost.providers.prices import CloudPrices, bundled_catalog, sky_catalog_present
+from rlboost.providers.pricing import PricingError, spot_offers
 
 ROOT = Path(__file__).resolve().parents[1]
 QWEN = ROOT / "examples" / "qwen-gsm8k.yaml"
@@ -177,7 +177,7 @@ def test_dryrun_shows_the_on_demand_price_of_the_spot_offers_region(tmp_path):
         COLUMNS="200",
     )
     proc = subprocess.run(
-        [sys.executable, "-m", "rlboost_cli.main", "launch", str(QWEN), "--dryrun"],
+        [sys.executable, "-m", "rlboost.cli.main", "launch", str(QWEN), "--dryrun"],
         env=env,
         cwd=tmp_path,
         capture_output=True,

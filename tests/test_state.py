@@ -8,9 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from providers.base import InstanceKind, InstanceState, LaunchRequest, Owner, Role
-from rlboost_cli import state
-from rlboost_cli.state import (
+from rlboost.cli import state
+from rlboost.cli.state import (
     JobExistsError,
     StateError,
     StateStore,
@@ -19,6 +18,7 @@ from rlboost_cli.state import (
     UnknownJobError,
     rlboost_home,
 )
+from rlboost.providers.base import InstanceKind, InstanceState, LaunchRequest, Owner, Role
 
 SECRET = "tok-7f3a9c1e5b2d4e6f8a0b"
 
@@ -34,7 +34,7 @@ def _req(iid: str, kind: InstanceKind = InstanceKind.SPOT, price: float = 1.0) -
         accelerator="cpu",
         hourly_price=price,
         env={"RLBOOST_JOB_TOKEN": SECRET},
-        command=["python", "-m", "worker", f"--token={SECRET}"],
+        command=["python", "-m", "rlboost.worker", f"--token={SECRET}"],
     )
 
 

@@ -15,7 +15,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-from rlboost_cli.state import StateStore
+from rlboost.cli.state import StateStore
 
 WRITERS = 3
 EVENTS_PER_WRITER = 600
@@ -25,7 +25,7 @@ EVENTS_PER_WRITER = 600
 _WRITER = textwrap.dedent(
     """
     import sys
-    from rlboost_cli.state import StateStore
+    from rlboost.cli.state import StateStore
 
     path, job_id, writer, n = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
     store = StateStore(__import__("pathlib").Path(path))

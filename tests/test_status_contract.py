@@ -1,4 +1,4 @@
-"""The trainer's status document is one model (contracts/status.py): what a real TrainerRuntime serves
+"""The trainer's status document is one model (rlboost/contracts/status.py): what a real TrainerRuntime serves
 validates, and a document with a field missing, renamed or of the wrong type is refused by name."""
 
 from __future__ import annotations
@@ -6,13 +6,13 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from contracts.spec import AlgorithmSpec, JobSpec, TaskSpec
-from contracts.status import TrainerStatus, WorkerStatus
+from rlboost.contracts.spec import AlgorithmSpec, JobSpec, TaskSpec
+from rlboost.contracts.status import TrainerStatus, WorkerStatus
 
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory) -> dict:
-    from trainer.runtime import TrainerRuntime
+    from rlboost.trainer.runtime import TrainerRuntime
 
     spec = JobSpec(
         name="st",
@@ -31,8 +31,8 @@ def test_the_runtime_serves_the_model(served: dict) -> None:
 
 def test_every_engine_the_coordinator_knows_fits_the_model() -> None:
     """An engine as it connects (no weights yet, nothing measured) and one at work."""
-    from rollout import scheduling
-    from rollout.coordinator import Coordinator, EngineConn
+    from rlboost.rollout import scheduling
+    from rlboost.rollout.coordinator import Coordinator, EngineConn
 
     spec = JobSpec(name="st", rollout={"max_workers": 0})
     coord = Coordinator(scheduling.coordinator_config(spec, eos_id=2))

@@ -8,12 +8,12 @@ import asyncio
 import httpx
 from aiohttp import web
 
-from contracts.spec import parse_spec
-from contracts.status import TrainerStatus
+from rlboost.contracts.spec import parse_spec
+from rlboost.contracts.status import TrainerStatus
+from rlboost.trainer.runtime import TrainerRuntime
+from rlboost.trainer.server import build_app
+from rlboost.weights.publisher import WeightPublisher
 from tests.route_coordinator import idle_coordinator
-from trainer.runtime import TrainerRuntime
-from trainer.server import build_app
-from weights.publisher import WeightPublisher
 
 TOKEN = "tok"
 

@@ -26,8 +26,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rlboost_cli.state import StateStore
-from rlboost_cli.stopping import Abandon, Phase, Stop, StopSignals
+from rlboost.cli.state import StateStore
+from rlboost.cli.stopping import Abandon, Phase, Stop, StopSignals
 from tests.chaos import signal_groups, wait_until_step
 from tests.conftest import ROOT, rlboost_pids, run_cli
 from tests.test_operate import assert_job_gone, env, job_row, wait_for
@@ -128,7 +128,7 @@ def sigterm_pending(pid: int) -> bool:
 
 def start_and_freeze_worker(tmp_path: Path, home: Path, name: str) -> tuple[Terminal, int]:
     """The job running in a terminal, one step recorded, its spot worker frozen: (terminal, worker pid)."""
-    term = Terminal([sys.executable, "-m", "rlboost_cli.main", "launch", str(job_file(tmp_path, name))], env(home))
+    term = Terminal([sys.executable, "-m", "rlboost.cli.main", "launch", str(job_file(tmp_path, name))], env(home))
     wait_until_step(home, name, 1)
     worker = f"RLBOOST_INSTANCE_ID={name}-1-w001"
     wait_for(lambda: rlboost_pids(worker, exact=True), "the spot worker to run")

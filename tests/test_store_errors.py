@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from rlboost_cli.errors import user_message
-from rlboost_cli.state import StateStore
+from rlboost.cli.errors import user_message
+from rlboost.cli.state import StateStore
 from tests.conftest import ROOT, run_cli
 
 JOB_FILE = str(ROOT / "examples" / "local.yaml")

@@ -12,11 +12,11 @@ from collections.abc import Sequence
 import pytest
 import torch
 
-from contracts.spec import AlgorithmSpec, ModelSpec, TaskSpec
+from rlboost.contracts.spec import AlgorithmSpec, ModelSpec, TaskSpec
+from rlboost.trainer.grpo import Sample
+from rlboost.trainer.learner import Learner
 from tests.test_distributed import _samples
 from tests.torch_threads import one_thread  # noqa: F401  (autouse: single-threaded torch)
-from trainer.grpo import Sample
-from trainer.learner import Learner
 
 TINY = (ModelSpec(n_layer=2, n_embd=32, n_head=2), TaskSpec())
 # group arrival order and chunking of a 5-group step: completion order is not prompt order

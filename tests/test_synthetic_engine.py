@@ -10,11 +10,11 @@ import sys
 import numpy as np
 import pytest
 
-from contracts import token_frames
-from contracts.lengths import LengthModel
-from contracts.perf import EngineModel
-from worker.engines import Engine, GenRequest, make_engine
-from worker.engines.synthetic import EOS, SyntheticEngine, token_at
+from rlboost.contracts import token_frames
+from rlboost.contracts.lengths import LengthModel
+from rlboost.contracts.perf import EngineModel
+from rlboost.worker.engines import Engine, GenRequest, make_engine
+from rlboost.worker.engines.synthetic import EOS, SyntheticEngine, token_at
 
 MODEL = EngineModel(tokens_per_s=400, seq_tokens_per_s=50, prefill_tokens_per_s=10_000, ref_batch=8, max_batch=8)
 LENGTHS = LengthModel(median=20, sigma=0.7, prompt_sigma=0.3)
@@ -168,10 +168,10 @@ def test_token_frames_round_trip_and_reject_malformed():
 def test_workers_with_synthetic_engines_complete_a_step_through_binary_frames(tmp_path):
     """Coordinator + weight publisher on loopback, two real WorkerAgents with synthetic engines."""
     torch = pytest.importorskip("torch")
-    from rollout.coordinator import Coordinator, CoordinatorConfig, RolloutRequest
-    from trainer.server import build_app
-    from weights.publisher import WeightPublisher
-    from worker.agent import WorkerAgent, WorkerConfig
+    from rlboost.rollout.coordinator import Coordinator, CoordinatorConfig, RolloutRequest
+    from rlboost.trainer.server import build_app
+    from rlboost.weights.publisher import WeightPublisher
+    from rlboost.worker.agent import WorkerAgent, WorkerConfig
 
     async def main():
         from aiohttp import web
@@ -221,7 +221,7 @@ def test_workers_with_synthetic_engines_complete_a_step_through_binary_frames(tm
     coord, done = asyncio.run(main())
     assert len(done) == 24 and len({r.rid for r in done}) == 24
     lm = LengthModel(median=12, sigma=0.6, prompt_sigma=0.2)
-    from contracts.sampling import request_seed
+    from rlboost.contracts.sampling import request_seed
 
     for r in done:
         n = lm.length(r.prompt, request_seed(1, r.rid))

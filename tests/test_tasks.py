@@ -1,9 +1,9 @@
 import numpy as np
 import pytest
 
-from contracts.spec import TaskSpec
-from models.vocab import BOS, EOS, PAD, SEP, SYMBOLS, VOCAB_SIZE, decode, encode
-from trainer.tasks import make_task
+from rlboost.contracts.spec import TaskSpec
+from rlboost.models.vocab import BOS, EOS, PAD, SEP, SYMBOLS, VOCAB_SIZE, decode, encode
+from rlboost.trainer.tasks import make_task
 
 
 def test_vocab_layout() -> None:

@@ -10,7 +10,7 @@ import httpx
 import pytest
 from aiohttp import web
 
-from contracts.tls import client_context, is_loopback, make_self_signed, pinned, server_context
+from rlboost.contracts.tls import client_context, is_loopback, make_self_signed, pinned, server_context
 
 
 def test_loopback_detection():

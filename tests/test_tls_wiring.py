@@ -16,7 +16,7 @@ import httpx
 import pytest
 import yaml
 
-from contracts import tls
+from rlboost.contracts import tls
 
 pytestmark = pytest.mark.integration
 
@@ -59,7 +59,7 @@ def _worker(tmp: Path, url: str, wid: str, fingerprint: str | None) -> subproces
     if fingerprint is not None:
         env["RLBOOST_TLS_FINGERPRINT"] = fingerprint
     out = open(tmp / f"{wid}.log", "wb")  # noqa: SIM115 (closed with the process)
-    return subprocess.Popen([sys.executable, "-m", "worker"], env=env, stdout=out, stderr=subprocess.STDOUT)
+    return subprocess.Popen([sys.executable, "-m", "rlboost.worker"], env=env, stdout=out, stderr=subprocess.STDOUT)
 
 
 def test_trainer_and_workers_over_pinned_tls(tmp_path):
@@ -71,7 +71,7 @@ def test_trainer_and_workers_over_pinned_tls(tmp_path):
     assert (job.files.key.stat().st_mode & 0o077) == 0
     log = open(tmp_path / "trainer.log", "wb")  # noqa: SIM115
     trainer = subprocess.Popen(
-        [sys.executable, "-m", "trainer", "--spec", str(spec), "--run-dir", str(run_dir), "--linger", "20"],
+        [sys.executable, "-m", "rlboost.trainer", "--spec", str(spec), "--run-dir", str(run_dir), "--linger", "20"],
         env=_env(RLBOOST_JOB_TOKEN=TOKEN, **job.trainer_env),
         stdout=log,
         stderr=subprocess.STDOUT,
@@ -147,9 +147,9 @@ def test_job_tls_env_choices(tmp_path):
 def test_peer_server_in_a_tls_job_is_pinned_through_its_url():
     import asyncio
 
-    from weights.chunk_http import HttpConn, SourceError
-    from weights.peer_server import PeerServer, ServeOptions
-    from weights.store import WeightStore
+    from rlboost.weights.chunk_http import HttpConn, SourceError
+    from rlboost.weights.peer_server import PeerServer, ServeOptions
+    from rlboost.weights.store import WeightStore
 
     def get(url: str, fingerprint: str | None = None, token: str = "tok") -> int | str:
         conn = HttpConn(url, token, 5, fingerprint)
@@ -184,8 +184,8 @@ def test_an_enrolling_trainer_proves_its_own_certificate_and_workers_enrol_over_
     and waits; a controller holding another key is refused before any token is sent; the right one
     pins the certificate and delivers the token and a secret variable; a spot worker that boots with
     only a credential enrols over the pinned TLS, once; the delivery is not taken a second time."""
-    from contracts import enrolment as E
-    from rlboost_cli.enrolment import TrainerEnrolment, TrainerEnrolmentError, pin_file
+    from rlboost.cli.enrolment import TrainerEnrolment, TrainerEnrolmentError, pin_file
+    from rlboost.contracts import enrolment as E
 
     spec = tmp_path / "job.yaml"
     job = yaml.safe_load(write_spec(tmp_path, steps=2).read_text())
@@ -196,7 +196,7 @@ def test_an_enrolling_trainer_proves_its_own_certificate_and_workers_enrol_over_
     ctl = TrainerEnrolment(grant, pin_file(tmp_path / "ctl", "tlsjob-1-trainer"))
     log = open(tmp_path / "trainer.log", "wb")  # noqa: SIM115
     trainer = subprocess.Popen(
-        [sys.executable, "-m", "trainer", "--spec", str(spec), "--run-dir", str(run_dir), "--linger", "20"],
+        [sys.executable, "-m", "rlboost.trainer", "--spec", str(spec), "--run-dir", str(run_dir), "--linger", "20"],
         env=_env(RLBOOST_INSTANCE_ID="tlsjob-1-trainer", **ctl.env),
         stdout=log,
         stderr=subprocess.STDOUT,
@@ -219,7 +219,9 @@ def test_an_enrolling_trainer_proves_its_own_certificate_and_workers_enrol_over_
         env = _env(RLBOOST_TRAINER_URL=url, RLBOOST_ENROL=cred, RLBOOST_WORKER_ID="w-enrolled",
                    RLBOOST_ENGINE="torch", RLBOOST_TLS_FINGERPRINT=fingerprint)
         out = open(tmp_path / "w-enrolled.log", "wb")  # noqa: SIM115
-        worker = subprocess.Popen([sys.executable, "-m", "worker"], env=env, stdout=out, stderr=subprocess.STDOUT)
+        worker = subprocess.Popen(
+            [sys.executable, "-m", "rlboost.worker"], env=env, stdout=out, stderr=subprocess.STDOUT
+        )
         procs.append(worker)
         auth = {"Authorization": f"Bearer {TOKEN}"}
         with httpx.Client(verify=tls.client_context(ctl.pin), timeout=5) as http:
@@ -235,7 +237,9 @@ def test_an_enrolling_trainer_proves_its_own_certificate_and_workers_enrol_over_
             # the delivery route is gone: the trainer itself answers, behind the token
             again = E.Delivery(key=ctl.key, grant=E.Grant(token="another-token"))
             assert http.post(url + E.DELIVER_ROUTE, content=again.model_dump_json()).status_code == 401
-            copy = subprocess.run([sys.executable, "-m", "worker"], env=env, capture_output=True, text=True, timeout=60)
+            copy = subprocess.run(
+                [sys.executable, "-m", "rlboost.worker"], env=env, capture_output=True, text=True, timeout=60
+            )
             assert copy.returncode == 3 and "used already" in copy.stderr, copy.stderr
             assert http.post(url + "/v1/shutdown", headers=auth).json() == {"ok": True}
         assert trainer.wait(30) == 0

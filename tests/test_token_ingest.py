@@ -6,8 +6,8 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from contracts import token_frames
-from rollout.book import ProtocolViolation, Response, RolloutBook
+from rlboost.contracts import token_frames
+from rlboost.rollout.book import ProtocolViolation, Response, RolloutBook
 
 EOS = 2
 

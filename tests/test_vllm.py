@@ -14,8 +14,8 @@ import pytest
 import torch
 import yaml
 
-from contracts.engine import GenRequest
-from contracts.spec import AlgorithmSpec, ModelSpec, TaskSpec
+from rlboost.contracts.engine import GenRequest
+from rlboost.contracts.spec import AlgorithmSpec, ModelSpec, TaskSpec
 from tests.conftest import run_cli
 
 pytestmark = pytest.mark.vllm
@@ -37,7 +37,7 @@ def assets(tmp_path_factory) -> Iterator[tuple[Path, Path, ModelSpec]]:
 
 @pytest.fixture(scope="module")
 def vllm_engine(assets):
-    from worker.engines.vllm_engine import VllmEngine
+    from rlboost.worker.engines.vllm_engine import VllmEngine
 
     return VllmEngine(assets[2], dtype="float32", max_batch=64)
 
@@ -60,7 +60,7 @@ def test_vllm_and_torch_engines_draw_the_same_tokens(assets, vllm_engine) -> Non
     engines (so a response may migrate between them), and tokens/s of each is printed."""
     from safetensors.torch import load_file
 
-    from models.torch_engine import TorchEngine
+    from rlboost.models.torch_engine import TorchEngine
 
     weights = load_file(assets[0] / "model.safetensors")
     requests = [GenRequest(f"r{i}", [1, 87, 85, 265, 201 + i % 50], 64, seed=100 + i) for i in range(64)]
@@ -80,9 +80,9 @@ def test_vllm_and_torch_engines_draw_the_same_tokens(assets, vllm_engine) -> Non
 
 def test_weight_swap_after_a_grpo_step_matches_the_learner(assets, vllm_engine) -> None:
     """Publish -> load_weights in place: outputs change, and vLLM's log-probs are the learner's."""
-    from trainer.grpo import Sample
-    from trainer.learner import Learner
-    from trainer.tasks import make_task
+    from rlboost.trainer.grpo import Sample
+    from rlboost.trainer.learner import Learner
+    from rlboost.trainer.tasks import make_task
 
     _, data, spec = assets
     task_spec = TaskSpec(name="jsonl", path=data, reward="math_boxed")

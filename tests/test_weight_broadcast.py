@@ -1,4 +1,4 @@
-"""The torch.distributed weight broadcast (weights/broadcast.py, weights/broadcast_receiver.py):
+"""The torch.distributed weight broadcast (rlboost/weights/broadcast.py, rlboost/weights/broadcast_receiver.py):
 the trainer side in this process, each member a real process (tests/broadcast_member.py), gloo over
 loopback, the HTTP fallback against a real publisher server."""
 
@@ -19,9 +19,7 @@ import torch
 from aiohttp import web
 from pydantic import ValidationError
 
-from tests.test_weights import assert_same
-from tests.torch_threads import one_thread  # noqa: F401 - fixture
-from weights.broadcast import (
+from rlboost.weights.broadcast import (
     BroadcastError,
     BroadcastOptions,
     BroadcastPlan,
@@ -33,10 +31,12 @@ from weights.broadcast import (
     choose_transport,
     receive,
 )
-from weights.broadcast_sender import BroadcastSender, Receiver
-from weights.buffers import HostBuffer
-from weights.publisher import PublishOptions, WeightPublisher, add_routes
-from weights.pull import PullStats
+from rlboost.weights.broadcast_sender import BroadcastSender, Receiver
+from rlboost.weights.buffers import HostBuffer
+from rlboost.weights.publisher import PublishOptions, WeightPublisher, add_routes
+from rlboost.weights.pull import PullStats
+from tests.test_weights import assert_same
+from tests.torch_threads import one_thread  # noqa: F401 - fixture
 
 ROOT = Path(__file__).resolve().parents[1]
 CHUNK = 16 * 1024
@@ -286,8 +286,8 @@ def test_a_worker_receives_into_its_store_and_pulls_when_the_broadcast_fails(ori
     HTTP when the broadcast cannot happen (here: its rendezvous is gone)."""
     import aiohttp
 
-    from weights.peer_server import WeightNode
-    from weights.pull import PullOptions
+    from rlboost.weights.peer_server import WeightNode
+    from rlboost.weights.pull import PullOptions
 
     v = origin.manifest.version
     transfer = Transfer(origin.manifest, ["w1"], fast())

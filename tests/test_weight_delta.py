@@ -12,14 +12,14 @@ import pytest
 import torch
 from aiohttp import web
 
-from contracts.spec import AlgorithmSpec, ModelSpec, TaskSpec
-from models.vocab import EOS
-from trainer.grpo import Sample
-from trainer.learner import Learner
-from weights import delta_codec
-from weights.peer_server import WeightNode
-from weights.publisher import PublishOptions, WeightPublisher, add_routes
-from weights.pull import PullOptions
+from rlboost.contracts.spec import AlgorithmSpec, ModelSpec, TaskSpec
+from rlboost.models.vocab import EOS
+from rlboost.trainer.grpo import Sample
+from rlboost.trainer.learner import Learner
+from rlboost.weights import delta_codec
+from rlboost.weights.peer_server import WeightNode
+from rlboost.weights.publisher import PublishOptions, WeightPublisher, add_routes
+from rlboost.weights.pull import PullOptions
 
 
 def assert_same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:

@@ -15,14 +15,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from contracts.digest import hexdigest
-from contracts.weight_manifest import CODEC, CODEC_SPARSE, DENSE, SPARSE, ChunkInfo, DeltaManifest
+from rlboost.contracts.digest import hexdigest
+from rlboost.contracts.weight_manifest import CODEC, CODEC_SPARSE, DENSE, SPARSE, ChunkInfo, DeltaManifest
+from rlboost.weights import delta_codec as wd
+from rlboost.weights.buffers import layout, tensor_views
+from rlboost.weights.peer_server import WeightNode
+from rlboost.weights.publisher import PublishOptions, WeightPublisher
+from rlboost.weights.pull import PullOptions
 from tests.test_weight_delta import assert_same, serve
-from weights import delta_codec as wd
-from weights.buffers import layout, tensor_views
-from weights.peer_server import WeightNode
-from weights.publisher import PublishOptions, WeightPublisher
-from weights.pull import PullOptions
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 

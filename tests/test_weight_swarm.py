@@ -11,12 +11,12 @@ import pytest
 import torch
 from aiohttp import web
 
-from weights.local import open_local
-from weights.peer_server import PeerServer, ServeOptions, WeightNode
-from weights.publisher import PublishOptions, WeightPublisher, add_routes
-from weights.pull import PullOptions, PullStats, pull_weights
-from weights.store import WeightStore
-from weights.tracker import Announce, SwarmTracker, decode_bits, encode_bits
+from rlboost.weights.local import open_local
+from rlboost.weights.peer_server import PeerServer, ServeOptions, WeightNode
+from rlboost.weights.publisher import PublishOptions, WeightPublisher, add_routes
+from rlboost.weights.pull import PullOptions, PullStats, pull_weights
+from rlboost.weights.store import WeightStore
+from rlboost.weights.tracker import Announce, SwarmTracker, decode_bits, encode_bits
 
 TOKEN = "tok"
 
@@ -260,7 +260,7 @@ def test_peer_server_needs_the_job_token_and_serves_only_verified_chunks() -> No
 
     async def go() -> None:
         store = WeightStore()
-        from weights.buffers import HostBuffer
+        from rlboost.weights.buffers import HostBuffer
 
         buf = HostBuffer(m.total_bytes)
         mark = store.begin(m, buf)

@@ -13,10 +13,10 @@ import pytest
 import torch
 from aiohttp import web
 
-from contracts.weight_manifest import Manifest
-from weights.buffers import tensor_views
-from weights.publisher import PublishOptions, WeightPublisher, add_routes
-from weights.pull import PullOptions, PullStats, WeightPullError, latest_version, pull_weights
+from rlboost.contracts.weight_manifest import Manifest
+from rlboost.weights.buffers import tensor_views
+from rlboost.weights.publisher import PublishOptions, WeightPublisher, add_routes
+from rlboost.weights.pull import PullOptions, PullStats, WeightPullError, latest_version, pull_weights
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -342,7 +342,7 @@ def test_unreachable_server_fails_within_deadline() -> None:
 
 
 def test_pull_rate_estimate_is_smoothed_bytes_per_second() -> None:
-    from weights.pull import _Rate
+    from rlboost.weights.pull import _Rate
 
     now = [0.0]
     r = _Rate(clock=lambda: now[0])

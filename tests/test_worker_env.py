@@ -1,5 +1,5 @@
-"""The worker's environment as one typed record (contracts/worker_env.py): what the controller and the
-trainer write is what `python -m worker` reads, and a bad environment is named before anything starts."""
+"""The worker's environment as one typed record (rlboost/contracts/worker_env.py): what the controller and the
+trainer write is what `python -m rlboost.worker` reads, and a bad environment is named before anything starts."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from contracts.worker_env import NAMES, REQUIRED, WorkerEnv, WorkerEnvError
+from rlboost.contracts.worker_env import NAMES, REQUIRED, WorkerEnv, WorkerEnvError
 
 
 def test_round_trip() -> None:
@@ -43,6 +43,6 @@ def test_bad_kind_is_named() -> None:
 
 def test_worker_process_refuses_a_bad_environment() -> None:
     env = {"PATH": "/usr/bin:/bin", "RLBOOST_JOB_TOKEN": "t"}
-    p = subprocess.run([sys.executable, "-m", "worker"], env=env, capture_output=True, text=True, timeout=120)
+    p = subprocess.run([sys.executable, "-m", "rlboost.worker"], env=env, capture_output=True, text=True, timeout=120)
     assert p.returncode == 2
     assert "RLBOOST_TRAINER_URL, RLBOOST_WORKER_ID not set" in p.stderr

@@ -2,7 +2,7 @@
 injected into the rlboost processes that have this directory on PYTHONPATH (tests/test_disk_full.py).
 
 Once the file named by RLBOOST_TEST_DISK_FULL exists, the disk is "full" for as long as a job's disk
-reserve (rlboost_cli/disk.py) is still there, as it would be: every state-store write fails as SQLite
+reserve (rlboost/cli/disk.py) is still there, as it would be: every state-store write fails as SQLite
 fails on a full disk, and so do metrics.jsonl appends and new reserves. Deleting the reserve is what
 makes room, as on a real disk.
 """
@@ -26,7 +26,7 @@ def _full() -> bool:
 
 
 def _install() -> None:
-    from rlboost_cli import disk, metrics_sinks, state
+    from rlboost.cli import disk, metrics_sinks, state
 
     tx = state.StateStore._tx
 
@@ -56,5 +56,5 @@ def _install() -> None:
     disk.reserve_room = full_reserve
 
 
-if _TRIGGER and "rlboost_cli.main" in getattr(sys, "orig_argv", []):  # the CLI only, not its nodes
+if _TRIGGER and "rlboost.cli.main" in getattr(sys, "orig_argv", []):  # the CLI only, not its nodes
     _install()

@@ -1,0 +1,158 @@
+"""`metrics.jsonl`: one JSON object per training step in the job's run directory, for scripts,
+notebooks and dashboards (`rlboost status JOB --json` gives its path as `metrics_file`).
+
+Written by the controller as it records each step. A step the trainer runs again after a restart
+from its checkpoint is written again (the last line of a step wins); a step re-reported unchanged
+(a restarted trainer reports its whole history, so does a trainer a resumed controller reattaches
+to) is not, by this controller or by a resumed one (what the file holds counts as written).
+
+With `task.eval_every`, each evaluation adds its own line: `{"step": N, "version": N, "eval/pass@1",
+"eval/mean_reward", "eval/problems", "eval/temperature", "eval/s"}` (N = steps trained into the
+weights evaluated; 0 = before training). An eval line has no `reward` key, which tells the two apart.
+
+Each line written also goes to the job's optional sinks (TensorBoard, W&B: rlboost/cli/metrics_sinks.py).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rlboost.cli.metrics_sinks import JsonlSink, MetricsSink, SinkError
+
+METRICS_FILE = "metrics.jsonl"
+
+
+def _rate(tokens: float | None, seconds: float) -> float | None:
+    return round(tokens / seconds, 1) if tokens is not None and seconds > 0 else None
+
+
+def _ignore(name: str, err: Exception) -> None:
+    pass
+
+
+@dataclass
+class MetricsLog:
+    path: Path
+    # the job's optional sinks; one that fails is reported to on_error and dropped (metrics.jsonl stays)
+    sinks: list[MetricsSink] = field(default_factory=list)
+    on_error: SinkError = _ignore
+    _written: dict[int, str] = field(default_factory=dict)
+    _evals_written: dict[int, str] = field(default_factory=dict)
+    _loaded: bool = False
+
+    def __post_init__(self) -> None:
+        self._jsonl = JsonlSink(self.path)
+
+    def _load(self) -> None:
+        """Once: what the file already holds (a resumed controller's, a restarted one's) counts as
+        written; for a step or an evaluation written more than once, its last line."""
+        if self._loaded:
+            return
+        self._loaded = True
+        if not self.path.exists():
+            return
+        for line in self.path.read_text().splitlines():
+            try:
+                prev = json.loads(line)
+            except ValueError:  # a line cut short (a full disk, a crash mid-write): not a record
+                continue
+            if not isinstance(prev, dict):
+                continue
+            if "eval/pass@1" in prev:
+                self._evals_written[prev["version"]] = _eval_key(prev)
+            elif "reward" in prev and "step" in prev:
+                self._written[prev["step"]] = _without_totals(prev)
+
+    def _emit(self, row: dict[str, Any]) -> None:
+        self._jsonl.write(row)
+        for sink in list(self.sinks):
+            try:
+                sink.write(row)
+            except Exception as e:  # a dashboard's failure must not stop the job's own record
+                self.sinks.remove(sink)
+                self.on_error(sink.name, e)
+
+    def close(self) -> None:
+        """Flush and close the sinks (W&B: finish the run) at the job's end."""
+        for sink in self.sinks:
+            try:
+                sink.close()
+            except Exception as e:
+                self.on_error(sink.name, e)
+        self.sinks.clear()
+
+    def write_eval(self, ev: dict[str, Any]) -> bool:
+        """One evaluation (rlboost/trainer/evaluation.py); False if this version's was already written as is."""
+        row = {
+            "step": ev["step"],
+            "version": ev["version"],
+            "eval/pass@1": ev["pass@1"],
+            "eval/mean_reward": ev["mean_reward"],
+            "eval/problems": ev["problems"],
+            "eval/temperature": ev["temperature"],
+            "eval/s": ev["seconds"],
+        }
+        key = _eval_key(row)
+        self._load()
+        if self._evals_written.get(ev["version"]) == key:
+            return False
+        self._evals_written[ev["version"]] = key
+        self._emit(row)
+        return True
+
+    def write(self, step: int, rec: dict[str, Any], *, clock: float, dollars: float, preemptions: int) -> bool:
+        """One step (counted from 1) from the trainer's step record and the controller's ledger; False
+        if this step was already written with the same figures (only the running totals differ)."""
+        secs = float(rec.get("seconds") or 0.0)
+        gen, spot = rec.get("gen_tokens"), rec.get("spot_tokens")
+        row = {
+            "step": step,
+            "version": rec.get("version"),
+            "reward": rec.get("reward"),
+            "loss": rec.get("loss"),
+            "kl": rec.get("kl"),  # token mean of the KL estimate (algorithm.kl_coef > 0), else null
+            "entropy": rec.get("entropy"),  # token mean (algorithm.entropy_coeff > 0), else null
+            "clip_frac": rec.get("clip_frac"),  # share of tokens whose PPO ratio was clipped
+            "responses": rec.get("responses"),
+            "tokens": rec.get("tokens"),
+            "len_mean": round(rec["tokens"] / rec["responses"], 2) if rec.get("responses") else None,
+            "len_max": rec.get("len_max"),
+            "step_s": secs,
+            "gen_s": rec.get("gen_s"),
+            "train_s": rec.get("train_s"),
+            "tokens_per_s": _rate(rec.get("tokens"), secs),
+            "spot_tokens_per_s": _rate(spot, secs),
+            "reserved_tokens_per_s": _rate(gen - spot, secs) if gen is not None and spot is not None else None,
+            "spot_workers": rec.get("n_remote"),
+            "offload_s": rec.get("box_s"),  # seconds into the step when the reserved engine handed over
+            "tail_train_s": rec.get("tail_train_s"),
+            "trainer_idle_s": rec.get("trainer_idle_s"),
+            "publish_s": rec.get("publish_s"),  # weight sync, on the trainer: stage + publish the version
+            # weights.transport: the last finished broadcast ({version, delivered, missed}), else null
+            "broadcast": rec.get("broadcast"),
+            "migrated": rec.get("migrated"),
+            "reward_errors": rec.get("reward_errors"),  # a custom reward's failures so far (each scored 0)
+            "preemptions": preemptions,  # so far in the job
+            "dollars": round(dollars, 4),  # so far in the job
+            "clock_s": round(clock, 3),  # the provider's billing clock
+        }
+        key = _without_totals(row)
+        self._load()
+        if self._written.get(step) == key:
+            return False
+        self._written[step] = key
+        self._emit(row)
+        return True
+
+
+def _eval_key(row: dict[str, Any]) -> str:
+    """An evaluation's own figures: one run again (after a trainer restart) differs in its time only."""
+    return json.dumps({k: v for k, v in row.items() if k != "eval/s"})
+
+
+def _without_totals(row: dict[str, Any]) -> str:
+    """A step's own figures: a re-report of the same step differs only in the job's running totals."""
+    return json.dumps({k: v for k, v in row.items() if k not in ("preemptions", "dollars", "clock_s")})

@@ -1,0 +1,497 @@
+"""What `rlboost status` and `rlboost cost-report` print (rich tables) or emit (`--json`).
+
+Everything is read from the state store: job rows, instance rows, the steps table, and the live
+snapshot the controller stores on the job. Only chosen fields are copied out (never a raw row or
+the whole snapshot), so nothing secret can slip into the output.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from rlboost.cli.jobs_ref import resolve_job
+from rlboost.cli.ledger import CostSummary, summarize, summarize_all
+from rlboost.cli.metrics_log import METRICS_FILE
+from rlboost.cli.node_client import controller_reachable, node_logs_dir, node_run_dir
+from rlboost.cli.state import InstanceRow, JobRow, StateStore, job_run_dir
+from rlboost.cli.tables import add_columns, narrow_table
+from rlboost.contracts.provider_kinds import provider_kind
+
+_SPARK = "▁▂▃▄▅▆▇█"
+_LIVE_STATES = ("running", "notice")
+_RECENT_STEPS = 10
+_ENDED_SHOWN = 5  # ended instances listed per job in the table (JSON lists all)
+
+
+# ---- small formatters --------------------------------------------------------------------
+
+
+def sparkline(values: list[float]) -> str:
+    if not values:
+        return ""
+    lo, hi = min(values), max(values)
+    span = hi - lo
+    if span <= 0:
+        return _SPARK[len(_SPARK) // 2] * len(values)
+    return "".join(_SPARK[min(len(_SPARK) - 1, int((v - lo) / span * len(_SPARK)))] for v in values)
+
+
+def fmt_duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    s = int(max(0.0, seconds))
+    return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
+
+
+def fmt_money(x: float | None) -> str:
+    if x is None:
+        return "-"
+    if 0 < abs(x) < 0.005:
+        return "<$0.01" if x > 0 else "-<$0.01"  # not "$0.00" for something that did cost
+    return f"-${-x:,.2f}" if x < 0 else f"${x:,.2f}"
+
+
+def _fmt(x: Any, spec: str = "") -> str:
+    return "-" if x is None else format(x, spec)
+
+
+def _version(v: Any) -> int | None:
+    """A weights version as shown: None before the first is published (the trainer's -1 then)."""
+    return v if isinstance(v, int) and v >= 0 else None
+
+
+# ---- status ------------------------------------------------------------------------------
+
+
+def _spec_steps(job: JobRow) -> int | None:
+    try:
+        spec = yaml.safe_load(job.spec_yaml) or {}
+        steps = spec.get("algorithm", {}).get("steps")
+    except (yaml.YAMLError, AttributeError):
+        return None
+    return steps if isinstance(steps, int) else None
+
+
+def _worker_row(inst: InstanceRow | None, snap: dict[str, Any] | None, wid: str) -> dict[str, Any]:
+    snap = snap or {}
+    return {
+        "instance_id": wid,
+        "recorded": inst is not None,  # False: an engine known only to the coordinator
+        "role": inst.role if inst else None,
+        "kind": inst.kind if inst else snap.get("kind"),
+        "provider": inst.provider if inst else None,
+        "cloud": inst.cloud if inst else None,
+        "region": inst.region if inst else None,
+        "accelerator": inst.accelerator if inst else None,
+        "hourly_price": inst.hourly_price if inst else None,
+        "state": inst.state if inst else snap.get("state"),
+        "end_reason": inst.end_reason if inst else None,
+        "version": _version(snap.get("version")),
+        "tokens_per_s": snap.get("tokens_per_s"),
+        "tokens": snap.get("tokens"),
+        "active": snap.get("active"),
+    }
+
+
+def _job_status(store: StateStore, job: JobRow, now: float) -> dict[str, Any]:
+    snap = job.snapshot or {}
+    by_id = {
+        str(w.get("worker_id")): w
+        for w in snap.get("workers", [])
+        if isinstance(w, dict) and w.get("worker_id") is not None
+    }
+    insts = store.instances(job.id)
+    workers = [_worker_row(i, by_id.get(i.instance_id), i.instance_id) for i in insts]
+    known = {i.instance_id for i in insts}
+    # engines only the coordinator knew (the trainer's own): their last snapshot is stale once the job
+    # has ended, and they ended with its trainer
+    gone = {} if job.active else {"state": "ended", "tokens_per_s": None, "active": None}
+    workers += [_worker_row(None, {**w, **gone}, wid) for wid, w in by_id.items() if wid not in known]
+    steps = store.steps(job.id)
+    start = job.started_at if job.started_at is not None else job.created_at
+    end = job.ended_at if job.ended_at is not None else (now if job.active else None)
+    alive = controller_state(store, job)
+    status_text = job.status
+    if alive is False and job.remote:
+        age = fmt_duration(now - job.synced_at) if job.synced_at is not None else "never"
+        status_text = (
+            f"{job.status} as of {age} ago (its controller on the trainer node does not answer: "
+            f"`rlboost launch --resume {job.id}` takes it over, `rlboost gc` cleans it up)"
+        )
+    elif alive is False:
+        status_text = f"{job.status} (controller dead: run `rlboost launch --resume {job.id}` or `rlboost gc`)"
+    return {
+        "id": job.id,
+        "name": job.name,
+        "status": job.status,
+        "status_text": status_text,
+        "controller": "trainer-node" if job.remote else "launcher",
+        "controller_url": job.controller_url,
+        "synced_at": job.synced_at,
+        "controller_pid": job.controller_pid,
+        "controller_alive": alive,
+        "provider": job.provider,
+        "phase": snap.get("phase"),
+        "step": job.step if job.step is not None else snap.get("step"),
+        "steps": snap.get("steps") or _spec_steps(job),
+        "reward": job.reward if job.reward is not None else snap.get("reward"),
+        "version": _version(job.version if job.version is not None else snap.get("version")),
+        "created_at": job.created_at,
+        "started_at": job.started_at,
+        "ended_at": job.ended_at,
+        "elapsed_s": (end - start) if end is not None else None,
+        "clock": job.clock,
+        "workers_live": sum(1 for i in insts if i.role == "worker" and i.state in _LIVE_STATES),
+        "preemptions": sum(1 for i in insts if "preempted" in (i.state, i.end_reason)),
+        "migrated": snap.get("migrated", 0),
+        # the last validation on held-out problems (task.eval_every): version, pass@1, mean_reward, ...
+        "eval": snap.get("eval"),
+        "reward_errors": snap.get("reward_errors") or {},  # a custom reward's failures by kind (each scored 0)
+        "tokens_total": job.tokens_total if job.tokens_total is not None else snap.get("tokens_total"),
+        "trainer_url": job.trainer_url,
+        "metrics_file": str(metrics_file(job)),
+        "error": job.error,
+        "workers": workers,
+        "recent_steps": [
+            {
+                "step": s.step,
+                "version": s.version,
+                "reward": s.reward,
+                "tokens": s.tokens,
+                "responses": s.responses,
+                "migrated": s.migrated,
+                "seconds": s.seconds,
+                "offload_s": s.offload_s,
+                "tail_train_s": s.tail_train_s,
+                "idle_s": s.idle_s,
+            }
+            for s in steps[-_RECENT_STEPS:]
+        ],
+        "reward_history": [s.reward for s in steps],
+    }
+
+
+def metrics_file(job: JobRow) -> Path:
+    """The job's metrics.jsonl: in its run dir; for a job controlled from its trainer node, the copy
+    taken when it ended, else the node's own file (the stand-in node's path on this machine)."""
+    if not job.remote:
+        return job_run_dir(job) / METRICS_FILE
+    copied = node_logs_dir(job) / METRICS_FILE
+    return copied if copied.exists() else node_run_dir(job) / METRICS_FILE
+
+
+def controller_state(store: StateStore, job: JobRow) -> bool | None:
+    """Is an active job's controller process alive? None for an ended job (it has none) and for one
+    whose launch is still recording its controller."""
+    from rlboost.cli.pids import controller_alive
+    from rlboost.cli.reconcile import _just_created
+
+    if not job.active:
+        return None
+    if job.remote:
+        return controller_reachable(job)
+    if controller_alive(job.controller_pid, job.controller_start):
+        return True
+    # a controller records its job's end before it exits: one that just finished is not dead
+    again = store.job_by_id(job.id)
+    if not again.active or again.controller_pid != job.controller_pid:
+        return None if not again.active else controller_alive(again.controller_pid, again.controller_start)
+    return None if _just_created(job) else False
+
+
+def status_json(store: StateStore, job: str | None, *, now: float | None = None) -> dict[str, Any]:
+    """{"jobs": [...]}: one job (an id, or the newest run of a name) or all jobs, newest first."""
+    t = time.time() if now is None else now
+    jobs = [resolve_job(store, job)] if job else store.list_jobs()[::-1]
+    return {"jobs": [_job_status(store, j, t) for j in jobs]}
+
+
+def _workers_table(js: dict[str, Any]) -> Table:
+    table = narrow_table(f"{js['name']} — workers")
+    add_columns(
+        table, "instance", "kind", "provider / region / accel", "state", "ver", "tok/s", numbers=("ver", "tok/s")
+    )
+    done = ("preempted", "exited", "terminated", "failed")
+    live = [w for w in js["workers"] if w["state"] not in done]
+    # launches refused for capacity never ran: count them, don't list them
+    refused = sum(1 for w in js["workers"] if w["state"] == "failed")
+    ended = [w for w in js["workers"] if w["state"] in done and w["state"] != "failed"]
+    for w in live + ended[-_ENDED_SHOWN:]:
+        where = "/".join(str(x) for x in (w["provider"], w["region"], w["accelerator"]) if x) or "-"
+        kind = (w["kind"] or "-") + (" trainer" if w["role"] == "trainer" else "")
+        state = w["state"] or "-"
+        style = {"running": "green", "notice": "yellow", "preempted": "red", "pending": "cyan"}.get(state, "")
+        table.add_row(
+            Text(w["instance_id"]),
+            Text(kind),
+            Text(where),
+            Text(state, style=style),
+            _fmt(w["version"], "d") if isinstance(w["version"], int) else "-",
+            _fmt(w["tokens_per_s"], ".1f") if isinstance(w["tokens_per_s"], (int, float)) else "-",
+        )
+    hidden = len(ended) - _ENDED_SHOWN
+    notes = []
+    if hidden > 0:
+        notes.append(f"{hidden} older ended instance(s) not shown")
+    if refused:
+        notes.append(f"{refused} launch(es) refused for lack of capacity")
+    if notes:
+        table.caption = "; ".join(notes) + " (see --json)"
+    return table
+
+
+def _steps_table(js: dict[str, Any]) -> Table:
+    table = narrow_table(f"{js['name']} — recent steps")
+    # offload: seconds into the step when the trainer's engine handed its work to the spot workers;
+    # tail train / idle: after that, seconds the trainer trained finished groups / waited for rollouts
+    cols = ("step", "weights", "reward", "tokens", "responses", "migrated", "seconds", "offload", "tail train", "idle")
+    add_columns(table, *cols, numbers=cols)
+    for s in js["recent_steps"]:
+        # with no offload there was no tail to train in or wait through (the trainer records 0 for both)
+        tail = ["-", "-"] if s.get("offload_s") is None else [_fmt(s.get(k), ".1f") for k in ("tail_train_s", "idle_s")]
+        table.add_row(
+            str(s["step"]),
+            str(s["version"]),
+            f"{s['reward']:.3f}",
+            str(s["tokens"]),
+            str(s["responses"]),
+            str(s["migrated"]),
+            f"{s['seconds']:.1f}",
+            _fmt(s.get("offload_s"), ".1f"),
+            *tail,
+        )
+    return table
+
+
+def render_status(store: StateStore, job: str | None, console: Console, *, now: float | None = None) -> None:
+    data = status_json(store, job, now=now)
+    if not data["jobs"]:
+        console.print("No jobs yet. Start one with `rlboost launch job.yaml`.")
+        return
+    # short headers so that the table fits an 80-column terminal; a long name folds, never cut (tables.py)
+    table = narrow_table("rlboost jobs")
+    nums = ("step", "reward", "ver", "elapsed", "wkrs", "pre", "migr")
+    add_columns(table, "id", "job", "status", *nums, numbers=("id", *nums))
+    for js in data["jobs"]:
+        steps = f"{_fmt(js['step'])}/{_fmt(js['steps'])}"
+        style = {"running": "green", "failed": "red", "pending": "cyan", "stopped": "yellow"}.get(js["status"], "")
+        shown = js["status"]
+        if js["controller_alive"] is False:
+            dead = "node unreachable" if js["controller"] == "trainer-node" else "controller dead"
+            shown, style = f"{js['status']}\n({dead})", "bold red"
+        table.add_row(
+            str(js["id"]),
+            Text(js["name"]),
+            Text(shown, style=style),
+            steps,
+            _fmt(js["reward"], ".3f"),
+            _fmt(js["version"]),
+            fmt_duration(js["elapsed_s"]),
+            str(js["workers_live"]),
+            str(js["preemptions"]),
+            str(js["migrated"]),
+        )
+    console.print(table)
+    for js in data["jobs"]:
+        if js["controller_alive"] is False:
+            console.print(Text(f"{js['name']} (id {js['id']}): {js['status_text']}", style="red"))
+    # Details for the named job, or for every job still pending/running.
+    for js in data["jobs"]:
+        if job is None and js["status"] not in ("pending", "running"):
+            continue
+        if js["error"]:
+            console.print(Text(f"{js['name']}: {js['error']}", style="red"))
+        if js["workers"]:
+            console.print(_workers_table(js))
+        if js["reward_history"]:
+            hist = js["reward_history"][-40:]
+            console.print(
+                f"{js['name']} reward (last {len(hist)} steps): {sparkline(hist)}  {hist[-1]:.3f}", markup=False
+            )
+        if js["eval"]:
+            ev = js["eval"]
+            console.print(
+                f"{js['name']} eval after step {ev['step']}: pass@1 {ev['pass@1']:.3f}  mean reward "
+                f"{ev['mean_reward']:.3f}  ({ev['problems']} held-out problems)",
+                markup=False,
+            )
+        if js["reward_errors"]:
+            kinds = ", ".join(f"{k} x{n}" for k, n in sorted(js["reward_errors"].items()))
+            console.print(Text(f"{js['name']} custom reward failed (scored 0): {kinds}", style="yellow"))
+        if job is not None and js["recent_steps"]:
+            console.print(_steps_table(js))
+
+
+# ---- cost --------------------------------------------------------------------------------
+
+
+def _summary_json(s: CostSummary) -> dict[str, Any]:
+    d = dataclasses.asdict(s)
+    d["lines"] = [dataclasses.asdict(line) for line in s.lines]
+    d["instances"] = [dataclasses.asdict(i) for i in s.instances]
+    d["notes"] = list(s.notes)
+    g = s.generated
+    d["generated"].update(
+        spot_dollars_per_million=g.spot_dollars_per_million, reserved_dollars_per_million=g.reserved_dollars_per_million
+    )
+    return d
+
+
+def _clocks(store: StateStore, row: JobRow) -> dict[str, Any]:
+    """The two clocks of a job: the one it is billed on, and the wall clock it ran on."""
+    wall = None
+    if row.started_at is not None:
+        wall = (row.ended_at or time.time()) - row.started_at
+    billed = max((i.ended_clock or i.last_clock or 0.0 for i in store.instances(row.id)), default=None)
+    billed = max(billed or 0.0, row.clock or 0.0) or None
+    # the local provider bills on the spot trace's replayed clock; a cloud on the wall clock
+    return {
+        "billing_clock": provider_kind(row.provider).billing_clock,
+        "billed_s": billed,
+        "wall_s": wall,
+    }
+
+
+def cost_json(store: StateStore, job: str | None) -> dict[str, Any]:
+    """The ledger for one job (newest of that name) or all jobs, with a per-job breakdown."""
+    if job:
+        row = resolve_job(store, job)
+        out = {"scope": "job", "job": row.name, "job_id": row.id, "status": row.status, **_clocks(store, row)}
+        return {**out, **_summary_json(summarize(store, row.id))}
+    out = {"scope": "all", **_summary_json(summarize_all(store))}
+    per_job = []
+    for row in store.list_jobs()[::-1]:  # newest first, as `rlboost status` lists them
+        s = summarize(store, row.id)
+        per_job.append(
+            {
+                "job": row.name,
+                "job_id": row.id,
+                "status": row.status,
+                "dollars": s.dollars,
+                "on_demand_equivalent_dollars": s.on_demand_equivalent_dollars,
+                "instance_hours": s.instance_hours,
+                "steps": s.steps,
+                "dollars_per_step": s.dollars_per_step,
+            }
+        )
+    out["jobs"] = per_job
+    return out
+
+
+def render_cost(store: StateStore, job: str | None, console: Console) -> None:
+    data = cost_json(store, job)
+    if job is None and not data["jobs"]:
+        console.print("No jobs yet, so no spend. Start one with `rlboost launch job.yaml`.")
+        return
+    title = f"cost — {data['job']} (id {data['job_id']}, {data['status']})" if job else "cost — all jobs"
+    table = narrow_table(title, show_footer=True)
+    nums = ("inst", "inst-hours", "cost", "same hours on-demand")
+    add_columns(table, "kind", "cloud", "accel", *nums, numbers=nums)
+    footers = [
+        "total",
+        "",
+        "",
+        str(sum(ln["instances"] for ln in data["lines"])),
+        f"{data['instance_hours']:.2f}",
+        fmt_money(data["dollars"]),
+        fmt_money(data["on_demand_equivalent_dollars"]),
+    ]
+    for col, footer in zip(table.columns, footers, strict=True):
+        col.footer = footer
+    for ln in data["lines"]:
+        table.add_row(
+            Text(str(ln["kind"])),  # spec text, not markup
+            Text(str(ln["cloud"])),
+            Text(str(ln["accelerator"])),
+            str(ln["instances"]),
+            f"{ln['instance_hours']:.2f}",
+            fmt_money(ln["dollars"]),
+            fmt_money(ln["on_demand_equivalent_dollars"]),
+        )
+    console.print(table)
+    say = _plain(console)
+    if job is not None:
+        say(_clock_line(data))
+    if data["refused_launches"]:
+        say(f"launches that never ran (refused, or cancelled first; not billed): {data['refused_launches']}")
+    _render_tokens(data, console)
+    cf = data["counterfactual"]
+    if cf is not None:
+        frac = f" ({cf['saved_fraction']:.0%})" if cf["saved_fraction"] is not None else ""
+        tps = cf["alone_tokens_per_s"]
+        rate = f"at its measured {tps:,.0f} tokens/s" if tps else "as measured"
+        say(
+            f"on-demand counterfactual: {fmt_money(cf['dollars'])} for the same trained tokens on the trainer alone "
+            f"({rate} on {cf['alone_steps']} step(s) with no spot worker up); spot saved "
+            f"{fmt_money(cf['saved_dollars'])}{frac}"
+        )
+    frac = data["savings_fraction"]
+    pct = f" ({frac:.0%})" if frac is not None else ""
+    say(
+        f"the same instance-hours all on-demand would cost {fmt_money(data['on_demand_equivalent_dollars'])}: "
+        f"{fmt_money(data['savings_dollars'])} less{pct}"
+    )
+    say(
+        f"$ per step: {fmt_money(data['dollars_per_step'])} over {data['steps']} step(s); "
+        f"$ per 1M trained tokens: {fmt_money(data['dollars_per_million_tokens'])} over {data['tokens']:,}"
+    )
+    say(f"preemptions: {data['preemptions']}; responses migrated mid-generation: {data['migrations']}")
+    for note in data["notes"]:
+        console.print(Text(f"note: {note}", style="yellow"))
+    if job is None and len(data["jobs"]) > 1:
+        jt = narrow_table("per job")
+        nums = ("id", "instance-h", "cost", "steps", "$ / step")
+        add_columns(jt, "job", "id", "status", "instance-h", "cost", "steps", "$ / step", numbers=nums)
+        for j in data["jobs"]:
+            jt.add_row(
+                Text(j["job"]),
+                str(j["job_id"]),
+                j["status"],
+                f"{j['instance_hours']:.2f}",
+                fmt_money(j["dollars"]),
+                str(j["steps"]),
+                fmt_money(j["dollars_per_step"]),
+            )
+        console.print(jt)
+
+
+def _plain(console: Console):
+    return lambda line: console.print(line, markup=False, highlight=False)  # wrapped at the console width
+
+
+def _clock_line(data: dict[str, Any]) -> str:
+    billed, wall = data["billed_s"], data["wall_s"]
+    if data["billing_clock"] == "trace":
+        return (
+            f"billed on the replayed spot trace's clock: {fmt_duration(billed)} of trace "
+            f"in {fmt_duration(wall)} of wall time (local.time_scale)"
+        )
+    return f"billed on the wall clock: {fmt_duration(billed)}"
+
+
+def _render_tokens(data: dict[str, Any], console: Console) -> None:
+    g = data["generated"]
+    total = g["spot"] + g["reserved"]
+    if not total:
+        return
+    t = narrow_table("tokens generated")
+    nums = ("tokens", "share", "cost", "$ per 1M")
+    add_columns(t, "where", *nums, numbers=nums)
+    for label, k in (("spot workers", "spot"), ("reserved (trainer)", "reserved")):
+        t.add_row(
+            label,
+            f"{g[k]:,}",
+            f"{g[k] / total:.0%}",
+            fmt_money(g[f"{k}_dollars"]),
+            fmt_money(g[f"{k}_dollars_per_million"]),
+        )
+    t.caption = "reserved: the trainer's whole bill, which also pays for training"
+    console.print(t)

@@ -1,0 +1,161 @@
+"""Wire protocol between the coordinator (trainer) and rollout engines (workers).
+
+Workers dial home: one WebSocket per worker at `/v1/worker`, authenticated with the job token
+(`Authorization: Bearer ...`). Every frame is one JSON object with a `type` field, validated here
+with size caps, so a malformed or hostile frame is rejected without touching job state.
+
+Token streaming is batched per frame: one `tokens` frame carries the new tokens of many requests
+(one decode step of a whole engine batch), which keeps frame rate independent of batch size. When the
+welcome says `binary_tokens`, workers send token frames as binary columns instead (format and
+validation in rlboost/contracts/token_frames.py); every other message stays JSON.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+
+PROTOCOL_VERSION = 1
+MAX_FRAME_BYTES = 8 * 1024 * 1024
+MAX_IDS = 1 << 20
+
+Rid = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.:-]+$")]
+TokenIds = Annotated[list[Annotated[int, Field(ge=0, lt=1 << 31)]], Field(max_length=MAX_IDS)]
+Logprobs = Annotated[list[Annotated[float, Field(allow_inf_nan=False)]], Field(max_length=MAX_IDS)]
+Rate = Annotated[float, Field(ge=0, le=1e12, allow_inf_nan=False)]  # finite: it feeds scheduling arithmetic
+WorkerId = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")]
+
+
+class Msg(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+# ---- worker -> coordinator -------------------------------------------------------------
+
+
+class Hello(Msg):
+    type: Literal["hello"] = "hello"
+    protocol: int = PROTOCOL_VERSION
+    worker_id: WorkerId
+    kind: Literal["spot", "on-demand", "reserved"]
+    engine: Literal["torch", "vllm", "synthetic"]
+    capacity: Annotated[int, Field(ge=1, le=100_000)]  # concurrent sequences it will take
+    # e.g. "A100:8": lets the coordinator use the accelerator's performance model before it has measured
+    accelerator: Annotated[str, Field(max_length=64, pattern=r"^[A-Za-z0-9._-]+(:[0-9]+)?$")] | None = None
+    cuda: bool = False  # its engine runs on a GPU: `weights.transport: auto` may broadcast to it over NCCL
+    cloud: Annotated[str, Field(max_length=32, pattern=r"^[a-z0-9-]+$")] | None = None  # RLBOOST_CLOUD
+    region: Annotated[str, Field(max_length=64, pattern=r"^[A-Za-z0-9._-]+$")] | None = None  # RLBOOST_REGION
+
+
+class Ready(Msg):
+    """The worker holds `version` and takes work for it."""
+
+    type: Literal["ready"] = "ready"
+    version: Annotated[int, Field(ge=0)]
+    pull_seconds: Rate = 0.0
+    # concurrent sequences, once the engine is built (hello is sent before the worker knows it)
+    capacity: Annotated[int, Field(ge=1, le=100_000)] | None = None
+
+
+class TokenChunk(Msg):
+    rid: Rid
+    offset: Annotated[int, Field(ge=0)]  # index in the response of ids[0]
+    ids: TokenIds
+    logprobs: Logprobs
+    version: Annotated[int, Field(ge=0)]
+
+
+class Tokens(Msg):
+    type: Literal["tokens"] = "tokens"
+    chunks: Annotated[list[TokenChunk], Field(max_length=100_000)]
+
+
+class Finished(Msg):
+    """Requests that ended: `eos`/`length` complete them; `aborted` hands them back."""
+
+    type: Literal["finished"] = "finished"
+    rids: Annotated[list[Rid], Field(max_length=100_000)]
+    reasons: Annotated[list[Literal["eos", "length", "aborted"]], Field(max_length=100_000)]
+    lengths: Annotated[list[Annotated[int, Field(ge=0)]], Field(max_length=100_000)]
+
+
+class Draining(Msg):
+    """A preemption notice arrived: the worker has sent what it has and takes no more work."""
+
+    type: Literal["draining"] = "draining"
+    reason: Annotated[str, Field(max_length=200)] = "preemption-notice"
+
+
+class Heartbeat(Msg):
+    type: Literal["heartbeat"] = "heartbeat"
+    tokens_per_s: Rate = 0.0
+    active: Annotated[int, Field(ge=0, le=1 << 31)] = 0
+
+
+WorkerMsg = Annotated[Hello | Ready | Tokens | Finished | Draining | Heartbeat, Field(discriminator="type")]
+worker_msg = TypeAdapter(WorkerMsg)
+
+
+# ---- coordinator -> worker -------------------------------------------------------------
+
+
+# in Welcome.model: true when model.path is a node path in a file_mounts destination (`~/models/x`),
+# which each worker finds where its own node has the mount (contracts.mounts.node_path)
+MOUNTED_PATH_KEY = "path_in_mount"
+
+
+class Welcome(Msg):
+    type: Literal["welcome"] = "welcome"
+    worker_id: str
+    version: int  # the version to pull now (-1: none published yet, wait for `version`)
+    weights_url: str  # base URL of the weight publisher
+    chunk_tokens: int
+    heartbeat_s: float
+    seed: int
+    temperature: float
+    model: dict[str, Any]  # ModelSpec as JSON (+ MOUNTED_PATH_KEY): what engine to build
+    engine_dtype: str
+    engine_batch: int
+    # send tokens as binary frames (rlboost/contracts/token_frames.py) using GenSpec.handle; JSON otherwise
+    binary_tokens: bool = False
+    flush_s: Annotated[float, Field(gt=0, le=10)] = 0.02  # how often to send the tokens produced
+
+
+class GenSpec(Msg):
+    """One generation request: continue `prefix` (already generated tokens) after `prompt`."""
+
+    rid: Rid
+    prompt: TokenIds
+    prefix: TokenIds = Field(default_factory=list)
+    max_new_tokens: Annotated[int, Field(ge=1)]  # remaining budget
+    seed: int
+    version: int
+    handle: Annotated[int, Field(ge=0, lt=1 << 32)] | None = None  # names the request in binary frames
+
+
+class Generate(Msg):
+    type: Literal["generate"] = "generate"
+    requests: list[GenSpec]
+
+
+class Abort(Msg):
+    type: Literal["abort"] = "abort"
+    rids: list[Rid]
+
+
+class NewVersion(Msg):
+    type: Literal["version"] = "version"
+    version: int
+    # receive it over the trainer's torch.distributed broadcast: a BroadcastPlan's JSON, validated by
+    # the worker with rlboost/weights/broadcast.py (this module imports nothing of ours); None: pull it
+    broadcast: Annotated[dict[str, Any], Field(max_length=32)] | None = None
+
+
+class Shutdown(Msg):
+    type: Literal["shutdown"] = "shutdown"
+    reason: str = ""
+
+
+CoordMsg = Annotated[Welcome | Generate | Abort | NewVersion | Shutdown, Field(discriminator="type")]
+coord_msg = TypeAdapter(CoordMsg)

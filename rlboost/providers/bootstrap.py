@@ -1,0 +1,128 @@
+"""What a cloud node needs at boot, shared by the SkyPilot, AWS and GCP providers.
+
+A node gets its role, the trainer URL (workers), its enrolment credential (or, on SkyPilot's trainer
+cluster, the job token as a task secret), its worker id, the engine and the source of preemption
+notices as environment variables, installs rlboost and starts the trainer or the worker. No cloud
+credentials are ever part of it: workers only dial home to the trainer. AWS user-data and GCP
+startup-script metadata (boot_script) never hold the job token, a TLS key or a secret variable:
+anyone allowed to describe the instance, and every process on the node, can read them.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import shlex
+from importlib import resources
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+
+import yaml
+
+from rlboost.contracts.tls import SECRET_ENV
+from rlboost.contracts.worker_env import NAMES as WORKER_ENV
+from rlboost.contracts.worker_env import NOTICE_FILE
+from rlboost.providers.base import LaunchRequest, ProviderError, Role
+
+TRAINER_PORT = 8787
+SKY_WORKDIR = "~/sky_workdir"  # where SkyPilot syncs a task's workdir on its nodes
+CONTROL_PORT = 8788  # a controller on the trainer node (`controller: trainer`) answers the CLI here
+SOURCE_ROOT = Path(__file__).resolve().parents[2]
+
+# The pip extras a job's node needs besides its engine's, comma-separated (rlboost/cli/node_extras.py
+# decides them from the job file, which providers do not read): e.g. "hf,data".
+EXTRAS_ENV = "RLBOOST_EXTRAS"
+
+# Which metadata service a worker watches for preemption notices (rlboost/worker/notice.py).
+NOTICE_BY_CLOUD = {"aws": "aws", "gcp": "gcp"}
+
+
+def template(name: str) -> str:
+    return resources.files("rlboost.templates").joinpath(name).read_text()
+
+
+def is_source_checkout() -> bool:
+    return (SOURCE_ROOT / "pyproject.toml").is_file() and (SOURCE_ROOT / "rlboost" / "worker").is_dir()
+
+
+def pip_spec(engine: str, *, from_workdir: bool, extras: tuple[str, ...] = ()) -> str:
+    """What a node pip-installs: `$RLBOOST_PIP_SPEC`, else this checkout (synced as the SkyPilot
+    workdir), else the released package of this version (`extras`: more than the engine needs)."""
+    if os.environ.get("RLBOOST_PIP_SPEC"):
+        return os.environ["RLBOOST_PIP_SPEC"]
+    extra = ",".join(dict.fromkeys(("vllm" if engine == "vllm" else "local", *extras)))
+    if from_workdir:
+        return f".[{extra}]"
+    try:
+        ver = version("rlboost")
+    except PackageNotFoundError:
+        ver = "0.1.0"
+    return f"rlboost[{extra}]=={ver}"
+
+
+def job_extras(req: LaunchRequest) -> tuple[str, ...]:
+    """The extras the job needs on this request's node (EXTRAS_ENV), in order."""
+    return tuple(x for x in (e.strip() for e in req.env.get(EXTRAS_ENV, "").split(",")) if x)
+
+
+def node_env(req: LaunchRequest, *, port: int, from_workdir: bool) -> dict[str, str]:
+    """The node's environment, secrets included where the request has any (SkyPilot passes them as
+    task secrets; boot_script refuses them). The job's own variables first: rlboost's RLBOOST_*
+    names (which a job file cannot use) are set over them."""
+    env = {**req.user_envs, **req.user_secrets}
+    env.update(
+        {
+            "RLBOOST_ROLE": req.role.value,
+            "RLBOOST_INSTANCE_ID": req.instance_id,
+            "RLBOOST_JOB": req.job,
+            "RLBOOST_TRAINER_PORT": str(port),
+            "RLBOOST_PIP_SPEC": pip_spec(
+                req.env.get(WORKER_ENV["engine"], "torch"), from_workdir=from_workdir, extras=job_extras(req)
+            ),
+        }
+    )
+    # only what the rlboost/worker/trainer read; never the controller's own environment
+    # (an empty one is unset: a worker enrolling for its token boots with no RLBOOST_JOB_TOKEN at all)
+    env.update({k: v for k, v in req.env.items() if k.startswith("RLBOOST_") and v and k != NOTICE_FILE})
+    # where the node is: a worker reports it so that weights are traded within its region
+    env.setdefault(WORKER_ENV["cloud"], req.cloud)
+    env.setdefault(WORKER_ENV["region"], req.region or "")
+    if req.role is Role.WORKER and req.cloud in NOTICE_BY_CLOUD:
+        env["RLBOOST_NOTICE"] = NOTICE_BY_CLOUD[req.cloud]
+    return env
+
+
+def cloud_spec_yaml(run_dir: Path) -> str:
+    """The job file as the trainer node sees it: local-only paths (trace, catalog) removed, since
+    they do not exist there and the trainer validates the file again."""
+    raw = yaml.safe_load((run_dir / "spec.yaml").read_text())
+    local = raw.get("local") or {}
+    local.update({"trace": None, "catalog": None})
+    raw["local"] = local
+    # on the node a local mount is found where it was mounted, the workdir where SkyPilot syncs it:
+    # a controller there passes those on to the workers it launches
+    mounts = raw.get("file_mounts") or {}
+    raw["file_mounts"] = {dest: (src if "://" in src else dest) for dest, src in mounts.items()} or None
+    if raw.get("workdir"):
+        raw["workdir"] = SKY_WORKDIR
+    return yaml.safe_dump({k: v for k, v in raw.items() if v is not None}, sort_keys=False)
+
+
+# what boot data must never hold (besides the job's secret variables, LaunchRequest.user_secrets)
+BOOT_SECRETS = (WORKER_ENV["token"], *SECRET_ENV)
+
+
+def boot_script(req: LaunchRequest, run_dir: Path, *, port: int = TRAINER_PORT) -> str:
+    """templates/node_boot.sh with the node's environment in place (AWS user-data, GCP startup-script).
+    ProviderError for a request that would put a secret there: its node enrols for them instead."""
+    held = sorted({k for k in BOOT_SECRETS if req.env.get(k)} | {k for k, v in req.user_secrets.items() if v})
+    if held:
+        raise ProviderError(
+            f"{req.instance_id}: refusing to put {', '.join(held)} into boot data, which anyone allowed to "
+            "describe the instance can read; the node enrols for the job token and the secret variables"
+        )
+    env = node_env(req, port=port, from_workdir=False)
+    if req.role is Role.TRAINER:
+        env["RLBOOST_SPEC_B64"] = base64.b64encode(cloud_spec_yaml(run_dir).encode()).decode()
+    lines = "\n".join(f"export {k}={shlex.quote(v)}" for k, v in sorted(env.items()))
+    return template("node_boot.sh").replace("# @RLBOOST_ENV@", lines)

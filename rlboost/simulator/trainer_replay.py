@@ -1,0 +1,223 @@
+"""The trainer's side of a replay: it comes up, samples each step's prompts, trains complete groups while
+the tail generates (rlboost/rollout/policies/overlap.py, the accounting the live learner uses), finishes the
+step and publishes the next version.
+
+Modelled: training time (tokens / the trainer's rate, shared with the other processes on a local
+job's cores), the warm start and the step's fixed overhead (`simulate:` in the job file). Run for
+real: the task's prompt sampler, tail batching (TailBatcher), the step's outcome (StepOutcome, which
+the offload policy learns from).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from rlboost.contracts.lengths import LengthModel
+from rlboost.contracts.perf import SYNC_COSTS
+from rlboost.contracts.spec import JobSpec
+from rlboost.rollout import scheduling
+from rlboost.rollout.policies.offload import StepOutcome
+from rlboost.rollout.policies.overlap import busy_between, busy_total, left_to_train, may_train_group, trained_part
+from rlboost.rollout.policies.tail_batching import TailBatcher
+from rlboost.simulator.coordinator_replay import CoordinatorReplay, StepHooks
+from rlboost.simulator.cores import CoreShare
+from rlboost.simulator.engines import Fleet
+from rlboost.simulator.events import INF, EventQueue
+from rlboost.simulator.presets import SimPolicy
+from rlboost.simulator.step_state import StepState, full_lengths
+from rlboost.simulator.workload import replay_task
+
+
+@dataclass
+class TrainerHooks:
+    """What the trainer tells the controller's side of the replay."""
+
+    step_trained: Callable[[StepState, StepOutcome, int], None]  # a step is over (tokens trained): size the fleet
+    sample: Callable[[], None]  # the timeline may have changed
+
+
+class TrainerReplay:
+    def __init__(
+        self,
+        spec: JobSpec,
+        policy: SimPolicy,
+        q: EventQueue,
+        cores: CoreShare,
+        coordinator: CoordinatorReplay,
+        lengths: LengthModel,
+        max_steps: int,
+    ) -> None:
+        self.spec, self.policy, self.q, self.cores, self.coordinator = spec, policy, q, cores, coordinator
+        self.fleet: Fleet = coordinator.fleet
+        self.sim = spec.simulate
+        self.lengths = lengths
+        self.max_steps = max_steps
+        self.task = replay_task(spec)  # never loads a model or a tokenizer
+        self.prompt_rng = np.random.default_rng(spec.algorithm.seed)
+        self.train_rate = scheduling.trainer_tokens_per_s(spec)
+        # a synchronous step trains only after its last response
+        self.overlap = scheduling.trains_while_generating(spec) and not policy.sync
+        self.batcher = (
+            TailBatcher(spec.algorithm.prompts_per_step, spec.rollout.tail_over_launch)
+            if policy.tail_batching
+            else None
+        )
+        self.hooks: TrainerHooks  # set by the replay once the controller's side exists
+        self.up_at = INF  # when it serves (sim seconds)
+        self.steps_done = 0
+        self.trained_tokens = 0
+        self.first_step_t: float | None = None
+        self.last_step_end = 0.0
+        self.step_log: list[dict] = []
+        coordinator.hooks = StepHooks(self.train_more, self.generation_done, self._abandoned)
+        q.on("trainer_up", self.on_up)
+        q.on("trained", self.on_trained)
+        q.on("step_end", self.on_step_end)
+
+    def on_up(self, _) -> None:
+        self.up_at = self.q.now
+        self.coordinator.version = 0
+        if self.spec.rollout.trainer_engine:
+            acc = scheduling.reserved_accelerator(self.spec)
+            model = scheduling.engine_model_for(self.spec, acc)
+            e = self.fleet.add("reserved", "reserved", model, None, self.q.now)
+            rb = self.sim.reserved_boot_s
+            self.cores.start_work(
+                ("boot", e.idx), self.sim.boot_s if rb is None else rb, lambda: self.coordinator.connect(e)
+            )
+        if self.sim.warm_start_s > 0:  # billed and taking workers, but no step before the warm start
+            self.cores.start_work(("warm",), self.sim.warm_start_s, self.start_step)
+        else:
+            self.start_step()
+
+    # ---- steps --------------------------------------------------------------------------------
+    def start_step(self) -> None:
+        spec, algo = self.spec, self.spec.algorithm
+        number = self.steps_done
+        rnd = None
+        if self.batcher is not None:
+            n_fresh = self.batcher.launch_count()
+            rnd = self.batcher.next_round(self.task.sample(self.prompt_rng, n_fresh) if n_fresh else [])
+            problems = rnd.prompts
+        else:
+            problems = self.task.sample(self.prompt_rng, algo.prompts_per_step)
+        group = algo.group_size
+        n = len(problems) * group
+        s = StepState(number, self.q.now, n, group, rnd, problems)
+        prompt_len = []  # response j = prompt j // group, sample j % group
+        for prob in problems:
+            prompt_len.extend([spec.rollout.synthetic.prompt_tokens or len(prob.prompt_ids)] * group)
+        if n:
+            full = full_lengths(self.lengths, algo.seed, number, problems, group)
+            s.length[:] = np.minimum(full, algo.max_new_tokens)
+            s.length_of = s.length.tolist()
+            s.eos[:] = full <= algo.max_new_tokens
+            s.prompt_len[:] = prompt_len
+        s.queue.extend(range(n))
+        if self.policy.split:
+            pool = [e for e in self.fleet.alive if e.state in ("ready", "pulling") and not e.victim]
+            rates = [e.model.full_rate() for e in pool]
+            total_rate = sum(rates)
+            s.share = {e.idx: math.ceil(n * r / total_rate) for e, r in zip(pool, rates)}
+            s.given = dict.fromkeys(s.share, 0)
+        if self.first_step_t is None:
+            self.first_step_t = self.q.now
+        self.coordinator.begin_step(s, self.step_log[-1]["step_s"] if self.step_log else 0.0)
+
+    def _abandoned(self, s: StepState, groups: list[int]) -> None:
+        assert self.batcher is not None and s.tail_round is not None
+        self.batcher.close_round(s.tail_round, [s.problems[g] for g in groups])
+
+    # ---- training -------------------------------------------------------------------------------
+    def train_more(self, s: StepState) -> None:
+        """Overlapped training: once offloaded, the trainer trains finished groups one by one."""
+        now = self.q.now
+        if not may_train_group(self.overlap, s.offload_at, s.gen_end) or s.train_busy_until > now:
+            return
+        self._group_trained(s)  # one that ended at this very instant, before its event was handled
+        if not s.groups_done:
+            return
+        g = s.groups_done.popleft()
+        tokens = int(s.length[g * s.group_size : (g + 1) * s.group_size].sum())
+        rate = self.train_rate * self.cores.trainer_speed()
+        dt = tokens / rate
+        s.busy.append((now, now + dt))
+        s.groups_started += 1
+        s.group_training = (now, tokens, s.groups_started, rate)
+        s.train_busy_until = self.cores.trainer_busy_until = now + dt
+        self.q.push(s.train_busy_until, "trained", (s.number, s.groups_started))
+
+    def _group_trained(self, s: StepState) -> None:
+        if s.group_training is not None and s.train_busy_until <= self.q.now:
+            s.pretrained += s.group_training[1]
+            s.group_training = None
+
+    def on_trained(self, payload: tuple[int, int]) -> None:
+        number, gid = payload
+        s = self.coordinator.step
+        if s is None or s.number != number or s.gen_end is not None:
+            return
+        if s.group_training is not None and s.group_training[2] == gid:
+            self._group_trained(s)
+        self.train_more(s)
+
+    def generation_done(self, s: StepState) -> None:
+        """The last response is in: train what is left, then the step's overhead."""
+        now = self.q.now
+        s.gen_end = now
+        kept = ~s.dropped
+        total = int(s.length[kept].sum())
+        if s.group_training is not None:  # a group was mid-training (or just done): keep the part done
+            started, tokens, _, rate = s.group_training
+            s.pretrained += trained_part(tokens, started, now, rate)
+            s.group_training = None
+            a, b = s.busy[-1]
+            s.busy[-1] = (a, min(b, now))
+        left = left_to_train(total, s.pretrained, self.overlap)
+        t_train_end = now + left / (self.train_rate * self.cores.trainer_speed())
+        if self.policy.sync:  # old-logprob + ref forward passes before training (the KV-cache free is
+            # in simulate.step_overhead_s, as for rlboost's trainer, whose engine shares its GPUs too)
+            t_train_end += SYNC_COSTS.forward_s(total, self.train_rate)
+        s.busy.append((now, t_train_end))
+        self.cores.trainer_busy_until = t_train_end
+        self.q.push(t_train_end + self.sim.step_overhead_s, "step_end", (s.number, total))
+
+    def on_step_end(self, payload: tuple[int, int]) -> None:
+        number, total = payload
+        now = self.q.now
+        s = self.coordinator.step
+        assert s is not None and s.number == number and s.gen_end is not None
+        busy_tail = busy_between(s.busy, s.offload_at, s.gen_end)
+        outcome = StepOutcome.from_marks(
+            s.n_remote, s.t0, now, s.gen_end, s.offload_at, busy_tail, total, busy_total(s.busy)
+        )
+        self.coordinator.offload.end_step(outcome)
+        self.hooks.step_trained(s, outcome, total)
+        self.step_log.append(
+            {
+                "step": number,
+                "t0": round(s.t0, 3),
+                "step_s": round(outcome.step_s, 3),
+                "gen_s": round(outcome.gen_s, 3),
+                "box_s": None if outcome.box_s is None else round(outcome.box_s, 3),
+                "trainer_idle_s": round(outcome.trainer_idle_s, 3),
+                "remote_idle_s": round(outcome.remote_idle_s, 3),
+                "n_remote": s.n_remote,
+                "tokens": total,
+                "long": bool(s.tail_round.long) if s.tail_round is not None else False,
+            }
+        )
+        self.trained_tokens += total
+        self.steps_done += 1
+        self.last_step_end = now
+        self.coordinator.publish()
+        self.hooks.sample()
+        if self.steps_done >= self.max_steps:
+            # the controller sees `done` at its next poll and tears everything down
+            self.q.push(now + self.sim.poll_s / 2, "end")
+            return
+        self.start_step()

@@ -175,4 +175,4 @@ def test_launcher_prints_the_torchrun_command(monkeypatch, capsys) -> None:
     assert main(["--print", "--spec", "job.yaml", "--port", "8787"]) == 0
     out = capsys.readouterr().out
     assert "torch.distributed.run --nnodes=1 --node-rank=0 --nproc-per-node=4" in out
-    assert out.strip().endswith("-m trainer --spec job.yaml --port 8787")
+    assert out.strip().endswith("-m rlboost.trainer --spec job.yaml --port 8787")

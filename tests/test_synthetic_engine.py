@@ -54,7 +54,7 @@ def run(e: SyntheticEngine, reqs, abort=lambda rid: False, **kw):
 
 def test_implements_the_engine_protocol_without_torch():
     assert isinstance(engine(), Engine)
-    code = "import sys, worker.engines.synthetic; assert 'torch' not in sys.modules, 'torch imported'"
+    code = "import sys, rlboost.worker.engines.synthetic; assert 'torch' not in sys.modules, 'torch imported'"
     subprocess.run([sys.executable, "-c", code], check=True)
 
 

@@ -44,7 +44,7 @@ if TYPE_CHECKING:
     from rlboost.trainer.learner import Learner
     from rlboost.trainer.tasks import Task
 
-_WORKER_IMPORTS = "import torch, worker.agent, models.torch_engine"
+_WORKER_IMPORTS = "import torch, rlboost.worker.agent, rlboost.models.torch_engine"
 # responses generated for the lengths: the few that never stop set the padding of the steps they fall in
 # (examples/local.yaml: ~1.6 in 1,000, so a step of 512 has one about half the time); 2,048 held 1-7 of
 # them depending on the prompts drawn, too few to say how often (16,384 generated to check: 34)

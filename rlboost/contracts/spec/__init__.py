@@ -13,21 +13,19 @@ from __future__ import annotations
 from rlboost.contracts.spec.algorithm import LOSS_KNOBS, AlgorithmSpec
 from rlboost.contracts.spec.base import SEED_LIMIT, LaxPath, Strict
 from rlboost.contracts.spec.errors import SpecError, format_validation_error
-from rlboost.contracts.spec.job import PROVIDERS, JobSpec, env_name_problem
+from rlboost.contracts.spec.job import JobSpec, env_name_problem
 from rlboost.contracts.spec.loading import apply_overrides, load_spec, load_yaml, parse_spec, spec_to_yaml
 from rlboost.contracts.spec.local import LocalSpec
 from rlboost.contracts.spec.model import ModelSpec
 from rlboost.contracts.spec.paths import resolve_paths
-from rlboost.contracts.spec.rollout import CLOUDS, LengthSpec, RolloutSpec, SpotCandidate, SyntheticSpec
+from rlboost.contracts.spec.rollout import LengthSpec, RolloutSpec, SpotCandidate, SyntheticSpec
 from rlboost.contracts.spec.simulate import PerfSpec, SimulateSpec
 from rlboost.contracts.spec.sinks import LoggingSpec, WandbSpec, WeightsSpec
 from rlboost.contracts.spec.task import VERIFIER_NAMES, TaskSpec
 from rlboost.contracts.spec.trainer import TrainerSpec
 
 __all__ = [
-    "CLOUDS",
     "LOSS_KNOBS",
-    "PROVIDERS",
     "SEED_LIMIT",
     "VERIFIER_NAMES",
     "AlgorithmSpec",

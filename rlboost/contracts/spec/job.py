@@ -7,8 +7,9 @@ import re
 from typing import Annotated, Literal
 
 from pydantic import Field, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 
-from rlboost.contracts.provider_kinds import PROVIDER_KINDS, provider_kind
+from rlboost.contracts.provider_kinds import DEFAULT_PROVIDER, provider_kind, provider_names
 from rlboost.contracts.spec.algorithm import AlgorithmSpec
 from rlboost.contracts.spec.base import Hours, Strict
 from rlboost.contracts.spec.local import LocalSpec
@@ -19,10 +20,6 @@ from rlboost.contracts.spec.sinks import LoggingSpec, WeightsSpec
 from rlboost.contracts.spec.task import TaskSpec
 from rlboost.contracts.spec.trainer import TrainerSpec
 from rlboost.contracts.spec_hints import count_form, did_you_mean
-
-PROVIDERS = tuple(PROVIDER_KINDS)  # JobSpec.provider's values (tests/test_provider_registry.py keeps them equal)
-ENGINES = ("torch", "vllm", "synthetic")
-TASKS = ("reverse", "copy", "add", "sort", "jsonl")
 
 _NAME_RE = re.compile(r"^[a-z][a-z0-9-]{0,38}[a-z0-9]$")
 _ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -39,7 +36,8 @@ def env_name_problem(name: str) -> str | None:
 
 class JobSpec(Strict):
     name: str
-    provider: Literal["local", "skypilot", "aws", "gcp"] = "local"
+    # a registered provider (rlboost/contracts/provider_kinds.py), validated when the file is read
+    provider: str = DEFAULT_PROVIDER
     model: ModelSpec = ModelSpec()
     algorithm: AlgorithmSpec = AlgorithmSpec()
     task: TaskSpec = TaskSpec()
@@ -70,6 +68,16 @@ class JobSpec(Strict):
     # a local directory (relative to the job file) synced to every node and the processes' working
     # directory there; on SkyPilot it takes the place of rlboost's own source checkout
     workdir: str | None = None
+
+    @field_validator("provider", mode="before")
+    @classmethod
+    def _provider(cls, v: object) -> object:
+        names = provider_names()
+        if isinstance(v, str) and v in names:
+            return v
+        # worded as pydantic words a Literal's error, which errors.py phrases as "invalid value ..."
+        expected = " or ".join(filter(None, [", ".join(map(repr, names[:-1])), repr(names[-1])]))
+        raise PydanticCustomError("literal_error", "Input should be {expected}", {"expected": expected})
 
     @field_validator("envs")
     @classmethod
@@ -128,12 +136,13 @@ class JobSpec(Strict):
                 f"algorithm.max_new_tokens ({need}); raise model.block_size or lower max_new_tokens"
             )
         kind = provider_kind(self.provider)
-        if kind.runs_here:
+        if kind.runs_here:  # its candidates are processes here: on its own cloud, and no other
             for i, c in enumerate(self.rollout.candidates):
-                if c.clouds != ["local"]:
+                if c.clouds != list(kind.clouds):
+                    elsewhere = "/".join(n for n in provider_names() if not provider_kind(n).runs_here)
                     raise ValueError(
-                        f"rollout.candidates[{i}].clouds is {c.clouds} but provider is 'local' "
-                        "(use clouds: [local], or provider: skypilot/aws/gcp)"
+                        f"rollout.candidates[{i}].clouds is {c.clouds} but provider is {self.provider!r} "
+                        f"(use clouds: [{', '.join(kind.clouds)}], or provider: {elsewhere})"
                     )
         # the node finds the public address its workers dial from its cloud's metadata service
         node_clouds = kind.trainer_node_clouds
@@ -202,7 +211,7 @@ class JobSpec(Strict):
             for dest, source in self.file_mounts.items():
                 if source.startswith(("s3://", "gs://")):
                     raise ValueError(
-                        f"file_mounts.{dest}: the local provider copies local files only and cannot fetch "
+                        f"file_mounts.{dest}: the {self.provider} provider copies local files only and cannot fetch "
                         f"{source}; give a local path, or use provider: skypilot"
                     )
 

@@ -7,16 +7,15 @@ from typing import Annotated, Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from rlboost.contracts.cloud_kinds import DEFAULT_CLOUD, cloud_kind
 from rlboost.contracts.spec.base import LaxPath, Price, Seconds, Strict, check_accelerator
-
-CLOUDS = ("aws", "gcp", "azure", "lambda", "runpod", "local")
 
 
 class SpotCandidate(Strict):
     """One accelerator type to bid for, on any of the listed clouds/regions."""
 
     accelerator: str
-    clouds: list[str] = Field(default_factory=lambda: ["local"])
+    clouds: list[str] = Field(default_factory=lambda: [DEFAULT_CLOUD])
     regions: list[str] = Field(default_factory=list)
     # Relative generation throughput of one such node (1.0 = the reference accelerator).
     throughput: Annotated[float, Field(gt=0, le=1000)] = 1.0
@@ -28,9 +27,8 @@ class SpotCandidate(Strict):
     @field_validator("clouds")
     @classmethod
     def _clouds(cls, v: list[str]) -> list[str]:
-        bad = [c for c in v if c not in CLOUDS]
-        if bad:
-            raise ValueError(f"unknown cloud {bad[0]!r} (allowed: {', '.join(CLOUDS)})")
+        for c in v:
+            cloud_kind(c)  # UnknownCloudError (a ValueError) names the registered ones
         if not v:
             raise ValueError("list at least one cloud")
         return v

@@ -6,13 +6,14 @@ from typing import Annotated, Literal
 
 from pydantic import Field, field_validator
 
+from rlboost.contracts.cloud_kinds import DEFAULT_CLOUD
 from rlboost.contracts.spec.base import Price, Strict, check_accelerator
 
 
 class TrainerSpec(Strict):
     """The reserved, on-demand trainer cluster."""
 
-    cloud: str = "local"
+    cloud: str = DEFAULT_CLOUD
     region: str | None = None
     accelerators: str | None = None
     nodes: Annotated[int, Field(ge=1, le=1024)] = 1

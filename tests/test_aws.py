@@ -38,7 +38,7 @@ def test_worker_is_a_tagged_spot_instance_with_imdsv2_and_a_bootstrap(world):
     assert inst["MetadataOptions"]["HttpTokens"] == "required"  # IMDSv2: the notice watcher uses a token
     ud = world.session.client("ec2").describe_instance_attribute(InstanceId=inst["InstanceId"], Attribute="userData")
     script = base64.b64decode(ud["UserData"]["Value"]).decode()
-    assert "export RLBOOST_TRAINER_URL=http://t:1" in script and "export RLBOOST_NOTICE=aws" in script
+    assert "export RLBOOST_TRAINER_URL=http://t:1" in script and "export RLBOOST_NOTICE=ec2-imds" in script
     assert "export RLBOOST_WORKER_ID=demo-1-w001" in script and "python -m rlboost.worker" in script
     assert "AWS_SECRET" not in script and "AWS_ACCESS" not in script  # no credentials on the node
     sd = world.session.client("ec2").describe_instance_attribute(

@@ -35,7 +35,7 @@ def test_check_reports_every_provider_and_exits_0(tmp_path):
     assert list(rows) == ["local", "skypilot", "aws", "gcp"]
     assert rows["local"]["ready"] and rows["local"]["credentials"] == {}
     assert rows["aws"]["credentials"] == {"aws": None} and not rows["aws"]["ready"]
-    assert any("aws configure" in p for p in rows["aws"]["problems"])  # the fix, from CREDENTIAL_HINTS
+    assert any("aws configure" in p for p in rows["aws"]["problems"])  # the fix, its cloud record's credential_hint
     assert rows["skypilot"]["unchecked_clouds"] == ["azure", "lambda", "runpod"]
 
 

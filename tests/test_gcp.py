@@ -37,7 +37,8 @@ def test_worker_is_a_labelled_spot_vm_that_deletes_itself_on_preemption(world):
     }
     (item,) = body["metadata"]["items"]
     assert item["key"] == "startup-script"
-    assert "export RLBOOST_NOTICE=gcp" in item["value"] and "export RLBOOST_TRAINER_URL=http://t:1" in item["value"]
+    assert "export RLBOOST_NOTICE=gce-metadata" in item["value"]
+    assert "export RLBOOST_TRAINER_URL=http://t:1" in item["value"]
     assert "GOOGLE_APPLICATION_CREDENTIALS" not in item["value"]
     assert "serviceAccounts" not in body  # no cloud identity on worker nodes
 

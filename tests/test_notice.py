@@ -167,10 +167,31 @@ def test_an_unreachable_metadata_server_never_fakes_a_notice(kind):
 
 
 def test_watcher_from_env(tmp_path: Path):
-    w = watcher_from_env({"RLBOOST_NOTICE": "aws"})
+    """RLBOOST_NOTICE names a notice source (a cloud record's `notice`), never a cloud."""
+    w = watcher_from_env({"RLBOOST_NOTICE": "ec2-imds"})
     assert isinstance(w, AwsNotice) and w.base == "http://169.254.169.254"
-    w = watcher_from_env({"RLBOOST_NOTICE": "gcp", "RLBOOST_METADATA_URL": "http://127.0.0.1:1"})
+    w = watcher_from_env({"RLBOOST_NOTICE": "gce-metadata", "RLBOOST_METADATA_URL": "http://127.0.0.1:1"})
     assert isinstance(w, GcpNotice) and w.base == "http://127.0.0.1:1"
     w = watcher_from_env({"RLBOOST_NOTICE_FILE": str(tmp_path / "n")})  # the local provider's default
     assert isinstance(w, FileNotice)
+    w = watcher_from_env({"RLBOOST_NOTICE": "file", "RLBOOST_NOTICE_FILE": str(tmp_path / "n")})
+    assert isinstance(w, FileNotice) and watcher_from_env({"RLBOOST_NOTICE": "file"}) is None
     assert watcher_from_env({}) is None and watcher_from_env({"RLBOOST_NOTICE": "azure"}) is None
+    assert watcher_from_env({"RLBOOST_NOTICE": "aws"}) is None and watcher_from_env({"RLBOOST_NOTICE": "gcp"}) is None
+
+
+def test_each_cloud_gets_the_watcher_its_record_names(tmp_path: Path):
+    """A spot worker's boot environment names its cloud's notice source, and the worker watches it."""
+    from rlboost.contracts.cloud_kinds import cloud_kind, cloud_names
+    from rlboost.providers.base import InstanceKind, LaunchRequest, Owner, Role
+    from rlboost.providers.bootstrap import node_env
+
+    made = {"ec2-imds": AwsNotice, "gce-metadata": GcpNotice, "file": FileNotice, None: type(None)}
+    for cloud in cloud_names():
+        req = LaunchRequest("j-1-w001", Owner("j", 1, "u"), Role.WORKER, InstanceKind.SPOT, cloud, None, "A100", 1.0)
+        env = node_env(req, port=1, from_workdir=False)
+        w = watcher_from_env({**env, "RLBOOST_NOTICE_FILE": str(tmp_path / "n")} if cloud_kind(cloud).notice else env)
+        assert isinstance(w, made[cloud_kind(cloud).notice]), cloud
+    owner = Owner("j", 1, "u")
+    trainer = LaunchRequest("j-1-trainer", owner, Role.TRAINER, InstanceKind.ON_DEMAND, "aws", None, "A100", 1.0)
+    assert "RLBOOST_NOTICE" not in node_env(trainer, port=1, from_workdir=False)  # an on-demand trainer watches none

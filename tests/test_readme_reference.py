@@ -1,4 +1,4 @@
-"""README's job file reference lists every key the job file accepts (rlboost/contracts/spec.py's models).
+"""README's job file reference lists every key the job file accepts (rlboost/contracts/spec/'s models).
 
 A key counts as listed when a row of the reference table names it in its first column (`a.b.c`),
 or names it in backticks anywhere in a row about its parent (`rollout.candidates[]` lists

@@ -113,7 +113,7 @@ def test_worker_task_gets_bootstrap_env_but_no_credentials_and_a_secret_token(pr
     assert cfg["resources"]["use_spot"] is True and cfg["resources"]["region"] == "us-east-2"
     env = cfg["envs"]
     assert env["RLBOOST_TRAINER_URL"] == "http://1.2.3.4:8787" and env["RLBOOST_WORKER_ID"] == "demo-1-w001"
-    assert env["RLBOOST_NOTICE"] == "aws" and env["RLBOOST_ENGINE"] == "vllm"
+    assert env["RLBOOST_NOTICE"] == "ec2-imds" and env["RLBOOST_ENGINE"] == "vllm"
     assert env["RLBOOST_PIP_SPEC"].startswith(".[vllm]") or "rlboost" in env["RLBOOST_PIP_SPEC"]
     assert "RLBOOST_JOB_TOKEN" not in env and cfg["secrets"] == {"RLBOOST_JOB_TOKEN": "s3cret-token"}
     assert not any(k.startswith(("AWS_", "GOOGLE_")) for k in env)

@@ -128,9 +128,10 @@ def check(
     as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
 ) -> None:
     """Which providers this machine can launch with: do their libraries import, are credentials found."""
-    from rlboost.providers import PROVIDER_CLOUDS, provider_check
+    from rlboost.contracts.provider_kinds import provider_names
+    from rlboost.providers import provider_check
 
-    results = [provider_check(p) for p in PROVIDER_CLOUDS]
+    results = [provider_check(p) for p in provider_names()]
     if as_json:
         print(json.dumps(results, indent=2))
         return
@@ -698,13 +699,14 @@ def _print_plan(spec: JobSpec, t_offer, s_offers, prices=None) -> None:
         highlight=False,
     )
     if not provider_kind(spec.provider).runs_here:
-        from rlboost.providers import CREDENTIAL_HINTS, credentials, job_clouds
+        from rlboost.contracts.cloud_kinds import cloud_kind
+        from rlboost.providers import credentials, job_clouds
 
         for cloud, found in credentials(job_clouds(spec)).items():
             state = (
                 f"found ({escape(str(found))})"
                 if found
-                else (f"[red]missing[/]: {escape(CREDENTIAL_HINTS[cloud])}; launch will refuse")
+                else (f"[red]missing[/]: {escape(cloud_kind(cloud).credential_hint)}; launch will refuse")
             )
             console.print(f"credentials for {cloud}: {state}")
     if spec.budget_usd is not None:

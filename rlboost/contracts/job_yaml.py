@@ -1,4 +1,4 @@
-"""The job file's YAML reader (rlboost/contracts/spec.py's load_yaml): YAML 1.2's core schema, with limits
+"""The job file's YAML reader (rlboost/contracts/spec/loading.py's load_yaml): YAML 1.2's core schema, with limits
 checked before anything is built.
 
 A job file is small and shallow; YAML is neither by nature. A "billion laughs" file (1 KB of aliases

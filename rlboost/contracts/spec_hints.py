@@ -1,4 +1,4 @@
-"""Hints for job-file errors (rlboost/contracts/spec.py): the close match of a mistyped key or accelerator, the
+"""Hints for job-file errors (rlboost/contracts/spec/): the close match of a mistyped key or accelerator, the
 NAME:COUNT form of a count written another way, and a section's example mapping. Imports nothing of ours."""
 
 from __future__ import annotations

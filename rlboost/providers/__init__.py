@@ -8,40 +8,28 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import os
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
-from rlboost.contracts.provider_kinds import PROVIDER_KINDS, UnknownProviderError, provider_kind
+from rlboost.contracts.cloud_kinds import cloud_kind
+from rlboost.contracts.provider_kinds import UnknownProviderError, provider_kind
+from rlboost.providers.credentials import credentials, gcp_project
 
 if TYPE_CHECKING:
     from rlboost.contracts.spec import JobSpec
     from rlboost.providers.base import Owner, Provider, ProviderClass
 
-# The class of each provider (module:class, imported when a job uses it); its `kind` is the record of
-# the same name in rlboost/contracts/provider_kinds.py, which everything outside providers/ asks instead of
-# comparing names.
-PROVIDER_CLASSES: dict[str, str] = {
-    "local": "rlboost.providers.local:LocalProvider",
-    "skypilot": "rlboost.providers.skypilot:SkyPilotProvider",
-    "aws": "rlboost.providers.aws:AwsProvider",
-    "gcp": "rlboost.providers.gcp:GcpProvider",
-}
-# clouds each provider can launch on
-PROVIDER_CLOUDS = {name: kind.clouds for name, kind in PROVIDER_KINDS.items()}
-# the Python libraries each provider needs (imported lazily, when a job uses it)
-PROVIDER_MODULES = {
-    "local": ("torch",),
-    "skypilot": ("sky",),
-    "aws": ("boto3",),
-    "gcp": ("google.cloud.compute_v1",),
-}
-INSTALL_HINT = {
-    "local": "pip install 'rlboost[local]'",
-    "skypilot": "pip install 'rlboost[skypilot]'",
-    "aws": "pip install 'rlboost[aws]'",
-    "gcp": "pip install 'rlboost[gcp]'",
-}
+__all__ = [
+    "PreflightError",
+    "credentials",
+    "gcp_project",
+    "job_clouds",
+    "make_provider",
+    "preflight",
+    "price_lookup",
+    "provider_check",
+    "provider_class",
+]
 
 
 class PreflightError(Exception):
@@ -53,69 +41,6 @@ def job_clouds(spec: JobSpec) -> list[str]:
     for c in spec.rollout.candidates:
         clouds.extend(c.clouds)
     return sorted(set(clouds))
-
-
-# ---- credentials (checked from files and environment only: no network, no metadata server) ----
-def _aws_credentials(env: dict[str, str]) -> str | None:
-    if env.get("AWS_ACCESS_KEY_ID") and env.get("AWS_SECRET_ACCESS_KEY"):
-        return "environment (AWS_ACCESS_KEY_ID)"
-    for var in ("AWS_WEB_IDENTITY_TOKEN_FILE", "AWS_CONTAINER_CREDENTIALS_FULL_URI", "AWS_PROFILE"):
-        if env.get(var):
-            return f"environment ({var})"
-    home = Path(env.get("HOME") or Path.home())
-    for var, default in (("AWS_SHARED_CREDENTIALS_FILE", ".aws/credentials"), ("AWS_CONFIG_FILE", ".aws/config")):
-        path = Path(env[var]) if env.get(var) else home / default
-        if path.is_file() and any(
-            k in path.read_text(errors="replace")
-            for k in ("aws_access_key_id", "sso_", "credential_process", "role_arn")
-        ):
-            return str(path)
-    return None
-
-
-def _gcp_credentials(env: dict[str, str]) -> str | None:
-    if env.get("GOOGLE_APPLICATION_CREDENTIALS"):
-        p = Path(env["GOOGLE_APPLICATION_CREDENTIALS"])
-        return str(p) if p.is_file() else None
-    home = Path(env.get("HOME") or Path.home())
-    gcloud = Path(env["CLOUDSDK_CONFIG"]) if env.get("CLOUDSDK_CONFIG") else home / ".config" / "gcloud"
-    for name in ("application_default_credentials.json", "credentials.db"):
-        if (gcloud / name).is_file():
-            return str(gcloud / name)
-    return None
-
-
-def gcp_project(env: dict[str, str] | None = None) -> str | None:
-    """GOOGLE_CLOUD_PROJECT / CLOUDSDK_CORE_PROJECT, else gcloud's active configuration."""
-    env = dict(os.environ if env is None else env)
-    for var in ("GOOGLE_CLOUD_PROJECT", "CLOUDSDK_CORE_PROJECT", "GCLOUD_PROJECT"):
-        if env.get(var):
-            return env[var]
-    home = Path(env.get("HOME") or Path.home())
-    gcloud = Path(env["CLOUDSDK_CONFIG"]) if env.get("CLOUDSDK_CONFIG") else home / ".config" / "gcloud"
-    active = gcloud / "active_config"
-    name = active.read_text().strip() if active.is_file() else "default"
-    cfg = gcloud / "configurations" / f"config_{name}"
-    if cfg.is_file():
-        for line in cfg.read_text().splitlines():
-            key, _, value = line.partition("=")
-            if key.strip() == "project" and value.strip():
-                return value.strip()
-    return None
-
-
-CredentialCheck = Callable[[dict[str, str]], str | None]
-CREDENTIAL_CHECKS: dict[str, CredentialCheck] = {"aws": _aws_credentials, "gcp": _gcp_credentials}
-CREDENTIAL_HINTS = {
-    "aws": "run `aws configure` (or set AWS_PROFILE / AWS_ACCESS_KEY_ID)",
-    "gcp": "run `gcloud auth application-default login` (or set GOOGLE_APPLICATION_CREDENTIALS)",
-}
-
-
-def credentials(clouds: list[str], env: dict[str, str] | None = None) -> dict[str, str | None]:
-    """cloud -> where its credentials were found, or None. Clouds we cannot check are left out."""
-    env = dict(os.environ if env is None else env)
-    return {c: CREDENTIAL_CHECKS[c](env) for c in clouds if c in CREDENTIAL_CHECKS}
 
 
 # ---- preflight ------------------------------------------------------------------------------
@@ -147,15 +72,14 @@ def preflight(spec: JobSpec, *, check_credentials: bool = True) -> None:
         problems.append(f"trainer.region: provider {spec.provider!r} needs the trainer's region")
     if not spec.trainer.accelerators:
         problems.append("trainer.accelerators: name the trainer's GPUs (e.g. 'A100:8') for a real cloud")
-    module = PROVIDER_MODULES[spec.provider][0]
-    if not _installed(module):  # found without importing it (SkyPilot takes seconds to import)
-        problems.append(f"provider: {spec.provider!r} needs {module}; install it with {INSTALL_HINT[spec.provider]}")
+    for module in kind.libraries:
+        if not _installed(module):  # found without importing it (SkyPilot takes seconds to import)
+            problems.append(f"provider: {spec.provider!r} needs {module}; install it with {kind.install_hint}")
     if check_credentials:
         for cloud, found in credentials(job_clouds(spec)).items():
             if found is None:
-                problems.append(f"credentials: none found for {cloud}; {CREDENTIAL_HINTS[cloud]}")
-        if spec.provider == "gcp" and gcp_project() is None:
-            problems.append("credentials: no GCP project; set GOOGLE_CLOUD_PROJECT or `gcloud config set project`")
+                problems.append(f"credentials: none found for {cloud}; {cloud_kind(cloud).credential_hint}")
+        problems += provider_class(spec.provider).setup_problems()
     if problems:
         raise PreflightError("\n".join(problems))
 
@@ -172,11 +96,12 @@ def _imports(module: str) -> str | None:
 def provider_check(provider: str, env: dict[str, str] | None = None) -> dict[str, Any]:
     """`rlboost check` for one provider: do its libraries import, are its clouds' credentials found
     (files and environment only, as preflight). Clouds rlboost cannot check are listed as unchecked."""
-    libraries = {m: _imports(m) for m in PROVIDER_MODULES[provider]}
-    clouds = [c for c in PROVIDER_CLOUDS[provider] if c != "local"]
+    kind = provider_kind(provider)
+    libraries = {m: _imports(m) for m in kind.libraries}
+    clouds = [c for c in kind.clouds if not cloud_kind(c).shares_machine]
     found = credentials(clouds, env)
-    missing = [f"{m}: {why} ({INSTALL_HINT[provider]})" for m, why in libraries.items() if why]
-    creds = [f"{c}: no credentials; {CREDENTIAL_HINTS[c]}" for c, where in found.items() if where is None]
+    missing = [f"{m}: {why} ({kind.install_hint})" for m, why in libraries.items() if why]
+    creds = [f"{c}: no credentials; {cloud_kind(c).credential_hint}" for c, where in found.items() if where is None]
     return {
         "provider": provider,
         "libraries": {m: why is None for m, why in libraries.items()},
@@ -200,12 +125,14 @@ def price_lookup(spec: JobSpec) -> Any:
     """The price source for `providers.pricing` (None: the local provider's built-in table).
 
     It has a `sources` dict (cloud -> where its prices came from) for the plan."""
-    source = provider_kind(spec.provider).pricing_source
+    kind = provider_kind(spec.provider)
+    source = kind.pricing_source
     if source == "local-table":
         return None
     from rlboost.providers.prices import CloudPrices
 
-    if source == "aws-live" and credentials(["aws"])["aws"]:
+    # live prices need the cloud's credentials (its pricing API); without them, the shipped catalog
+    if source == "aws-live" and all(credentials(list(kind.clouds)).values()):
         from rlboost.providers.aws import AwsLivePrices
 
         return AwsLivePrices()
@@ -236,12 +163,14 @@ def make_provider(
 
 
 def provider_class(name: str) -> ProviderClass:
-    """The class of provider `name` (UnknownProviderError, naming the known ones, for any other)."""
-    provider_kind(name)
-    if name not in PROVIDER_CLASSES:
-        raise UnknownProviderError(f"provider: {name!r} has a kind but no class in providers.PROVIDER_CLASSES")
-    module, _, attr = PROVIDER_CLASSES[name].partition(":")
-    return cast("ProviderClass", getattr(importlib.import_module(module), attr))
+    """The class provider `name`'s record names, imported now (UnknownProviderError, naming the known
+    ones, for a name with no record)."""
+    kind = provider_kind(name)
+    module, _, attr = kind.provider_class.partition(":")
+    cls = cast("ProviderClass", getattr(importlib.import_module(module), attr))
+    if cls.kind is not kind:
+        raise UnknownProviderError(f"provider: {kind.provider_class}.kind is not the record of provider {name!r}")
+    return cls
 
 
 def _cloud_or_local(spec: JobSpec, run_dir: Path, owner: Owner, market: Any) -> Provider:

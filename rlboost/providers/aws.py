@@ -20,7 +20,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rlboost.contracts.provider_kinds import PROVIDER_KINDS
+from rlboost.contracts.provider_kinds import provider_kind
 from rlboost.providers.base import (
     INSTANCE_TAG,
     JOB_TAG,
@@ -59,7 +59,11 @@ LIVE = ["pending", "running", "stopping", "stopped", "shutting-down"]
 
 class AwsProvider:
     name = "aws"
-    kind = PROVIDER_KINDS["aws"]
+    kind = provider_kind("aws")
+
+    @classmethod
+    def setup_problems(cls) -> list[str]:
+        return []  # nothing beyond its clouds' credentials, which preflight checks
 
     @classmethod
     def for_job(cls, spec: JobSpec, run_dir: Path, *, owner: Owner, market: Any = None) -> AwsProvider:

@@ -203,6 +203,11 @@ class ProviderClass(Protocol):
 
     kind: ProviderKind
 
+    def setup_problems(self) -> list[str]:
+        """What the launching machine lacks for this provider beyond its clouds' credentials (which
+        preflight checks from the clouds' records), one line each with its fix (a classmethod)."""
+        ...
+
     def for_job(self, spec: JobSpec, run_dir: Path, *, owner: Owner, market: Any = None) -> Provider:
         """The provider for a job's run dir (`owner`: the job its instances are tagged with; `market`:
         the local provider's spot market). Raises PreflightError for what the job's setup lacks."""

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import yaml
 
+from rlboost.contracts.cloud_kinds import CLOUD_KINDS, NOTICE_ENV
 from rlboost.contracts.tls import SECRET_ENV
 from rlboost.contracts.worker_env import NAMES as WORKER_ENV
 from rlboost.contracts.worker_env import NOTICE_FILE
@@ -32,9 +33,6 @@ SOURCE_ROOT = Path(__file__).resolve().parents[2]
 # The pip extras a job's node needs besides its engine's, comma-separated (rlboost/cli/node_extras.py
 # decides them from the job file, which providers do not read): e.g. "hf,data".
 EXTRAS_ENV = "RLBOOST_EXTRAS"
-
-# Which metadata service a worker watches for preemption notices (rlboost/worker/notice.py).
-NOTICE_BY_CLOUD = {"aws": "aws", "gcp": "gcp"}
 
 
 def template(name: str) -> str:
@@ -87,9 +85,17 @@ def node_env(req: LaunchRequest, *, port: int, from_workdir: bool) -> dict[str, 
     # where the node is: a worker reports it so that weights are traded within its region
     env.setdefault(WORKER_ENV["cloud"], req.cloud)
     env.setdefault(WORKER_ENV["region"], req.region or "")
-    if req.role is Role.WORKER and req.cloud in NOTICE_BY_CLOUD:
-        env["RLBOOST_NOTICE"] = NOTICE_BY_CLOUD[req.cloud]
+    env.update(notice_env(req))
     return env
+
+
+def notice_env(req: LaunchRequest) -> dict[str, str]:
+    """Where a spot worker watches for its preemption notice (rlboost/worker/notice.py), as its cloud's
+    record says: RLBOOST_NOTICE names the source (a metadata service, or the provider's notice file)."""
+    cloud = CLOUD_KINDS.get(req.cloud)
+    if req.role is not Role.WORKER or cloud is None or cloud.notice is None:
+        return {}
+    return {NOTICE_ENV: cloud.notice}
 
 
 def cloud_spec_yaml(run_dir: Path) -> str:

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rlboost.contracts.provider_kinds import PROVIDER_KINDS
+from rlboost.contracts.provider_kinds import provider_kind
 from rlboost.providers.base import (
     INSTANCE_TAG,
     JOB_TAG,
@@ -37,6 +37,7 @@ from rlboost.providers.base import (
     Tagged,
 )
 from rlboost.providers.bootstrap import TRAINER_PORT, boot_script
+from rlboost.providers.credentials import gcp_project
 from rlboost.providers.prices import placements
 
 if TYPE_CHECKING:
@@ -47,6 +48,7 @@ log = logging.getLogger("rlboost.gcp")
 CAPACITY_CODES = ("ZONE_RESOURCE_POOL_EXHAUSTED", "RESOURCE_POOL_EXHAUSTED", "QUOTA_EXCEEDED", "STOCKOUT")
 IMAGE = "projects/deeplearning-platform-release/global/images/family/common-cu124-debian-11-py310"
 TRAINER_TAG = "rlboost-trainer"
+NO_PROJECT = "credentials: no GCP project; set GOOGLE_CLOUD_PROJECT or `gcloud config set project`"
 
 
 @dataclass(frozen=True)
@@ -62,16 +64,21 @@ class GcpOptions:
 
 class GcpProvider:
     name = "gcp"
-    kind = PROVIDER_KINDS["gcp"]
+    kind = provider_kind("gcp")
+
+    @classmethod
+    def setup_problems(cls) -> list[str]:
+        """Besides the credentials, a project to launch in."""
+        return [NO_PROJECT] if gcp_project() is None else []
 
     @classmethod
     def for_job(cls, spec: JobSpec, run_dir: Path, *, owner: Owner, market: Any = None) -> GcpProvider:
         """In the project gcloud (or GOOGLE_CLOUD_PROJECT) names; RLBOOST_GCP_IMAGE overrides the image."""
-        from rlboost.providers import PreflightError, gcp_project
+        from rlboost.providers import PreflightError
 
         project = gcp_project()
         if project is None:
-            raise PreflightError("credentials: no GCP project; set GOOGLE_CLOUD_PROJECT or `gcloud config set project`")
+            raise PreflightError(NO_PROJECT)
         return cls(run_dir, owner, project, options=GcpOptions(image=os.environ.get("RLBOOST_GCP_IMAGE", IMAGE)))
 
     def __init__(

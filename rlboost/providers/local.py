@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING, Any
 
 from rlboost.contracts.heartbeat import last_beat
 from rlboost.contracts.mounts import MOUNT_ROOT_ENV, copy_mounts
-from rlboost.contracts.provider_kinds import PROVIDER_KINDS
+from rlboost.contracts.provider_kinds import provider_kind
+from rlboost.contracts.worker_env import NOTICE_FILE
 from rlboost.providers.base import (
     CapacityError,
     InstanceEvent,
@@ -31,6 +32,7 @@ from rlboost.providers.base import (
     Tagged,
     instance_name_re,
 )
+from rlboost.providers.bootstrap import notice_env
 from rlboost.providers.spot_market import SpotMarket
 
 if TYPE_CHECKING:
@@ -39,7 +41,11 @@ if TYPE_CHECKING:
 
 class LocalProvider:
     name = "local"
-    kind = PROVIDER_KINDS["local"]
+    kind = provider_kind("local")
+
+    @classmethod
+    def setup_problems(cls) -> list[str]:
+        return []  # nothing beyond its clouds' credentials, which preflight checks
 
     @classmethod
     def for_job(cls, spec: JobSpec, run_dir: Path, *, owner: Owner, market: Any = None) -> LocalProvider:
@@ -110,8 +116,9 @@ class LocalProvider:
             "RLBOOST_RUN_DIR": str(idir),
             MOUNT_ROOT_ENV: str(idir),
         }
-        if req.kind is InstanceKind.SPOT:
-            env["RLBOOST_NOTICE_FILE"] = str(idir / "notice")
+        if req.kind is InstanceKind.SPOT:  # the spot market writes it; the cloud's record names the source
+            env[NOTICE_FILE] = str(idir / "notice")
+            env.update(notice_env(req))
         with open(idir / "log", "ab") as out:
             proc = subprocess.Popen(
                 req.command,

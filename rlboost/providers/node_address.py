@@ -8,20 +8,18 @@ notices. `RLBOOST_PUBLIC_HOST` overrides it (a proxy or a load balancer in front
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 
 import httpx
 
-AWS_METADATA = "http://169.254.169.254"
-GCP_METADATA = "http://metadata.google.internal"
-# clouds whose metadata service rlboost reads; elsewhere RLBOOST_PUBLIC_HOST must be set
-METADATA_CLOUDS = ("aws", "gcp")
+from rlboost.contracts.cloud_kinds import CLOUD_KINDS, METADATA_URL_ENV, METADATA_URLS
 
 
 class NoPublicAddress(Exception):
     """The node's public address could not be found; the message says how to give it."""
 
 
-def _aws(base: str, timeout: float) -> str:
+def _ec2_imds(base: str, timeout: float) -> str:
     token = httpx.put(
         f"{base}/latest/api/token", headers={"X-aws-ec2-metadata-token-ttl-seconds": "60"}, timeout=timeout
     )
@@ -33,7 +31,7 @@ def _aws(base: str, timeout: float) -> str:
     return r.text
 
 
-def _gcp(base: str, timeout: float) -> str:
+def _gce_metadata(base: str, timeout: float) -> str:
     r = httpx.get(
         f"{base}/computeMetadata/v1/instance/network-interfaces/0/access-configs/0/external-ip",
         headers={"Metadata-Flavor": "Google"},
@@ -43,17 +41,22 @@ def _gcp(base: str, timeout: float) -> str:
     return r.text
 
 
+# address source (a cloud record's `address`) -> how it is read, given the service's base URL
+READERS: dict[str, Callable[[str, float], str]] = {"ec2-imds": _ec2_imds, "gce-metadata": _gce_metadata}
+
+
 def public_host(cloud: str, env: dict[str, str] | None = None, timeout: float = 5.0) -> str:
-    """RLBOOST_PUBLIC_HOST, else the cloud's metadata answer (RLBOOST_METADATA_URL: its base URL)."""
+    """RLBOOST_PUBLIC_HOST, else the answer of the address source the cloud's record names
+    (RLBOOST_METADATA_URL: its base URL)."""
     env = dict(os.environ if env is None else env)
     if env.get("RLBOOST_PUBLIC_HOST"):
         return env["RLBOOST_PUBLIC_HOST"]
-    read = {"aws": (_aws, AWS_METADATA), "gcp": (_gcp, GCP_METADATA)}.get(cloud)
-    if read is None:
+    kind = CLOUD_KINDS.get(cloud)
+    source = kind.address if kind is not None else None
+    if source is None:
         raise NoPublicAddress(f"cannot find this {cloud} node's public address; set RLBOOST_PUBLIC_HOST")
-    fn, base = read
     try:
-        host = fn(env.get("RLBOOST_METADATA_URL", base).rstrip("/"), timeout).strip()
+        host = READERS[source](env.get(METADATA_URL_ENV, METADATA_URLS[source]).rstrip("/"), timeout).strip()
     except httpx.HTTPError as e:
         raise NoPublicAddress(
             f"{cloud} metadata service gave no public IP for this node ({e}); the trainer node needs one "

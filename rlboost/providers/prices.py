@@ -15,14 +15,15 @@ from functools import cache
 from pathlib import Path
 
 from rlboost.contracts.bundled_data import bundled_path
+from rlboost.contracts.cloud_kinds import CLOUD_KINDS
 from rlboost.providers.catalog import Catalog, Offer, load_catalog, parse_accelerator
-
-BUNDLED = {"aws": "aws_vms.csv", "gcp": "gcp_vms.csv"}
 
 
 @cache
 def bundled_catalog(cloud: str) -> Catalog | None:
-    name = BUNDLED.get(cloud)
+    """The price snapshot shipped for `cloud` (its record's `catalog`), if any."""
+    kind = CLOUD_KINDS.get(cloud)
+    name = kind.catalog if kind is not None else None
     if name is None:
         return None
     return load_catalog(bundled_path(name), cloud=cloud)

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from rlboost.contracts.cloud_kinds import CLOUD_KINDS
 from rlboost.contracts.spec import JobSpec, SpotCandidate
 
 # A real cloud's price source: (accelerator, cloud, region or None = any, spot) -> $/h or None.
@@ -65,6 +66,13 @@ def default_price(acc: str | None, spot: bool) -> float | None:
     return count * (entry.spot if spot else entry.on_demand)
 
 
+def _catalog_cloud(cloud: str | None) -> str | None:
+    """The cloud whose rows of `local.catalog` price a placement: a cloud of this machine (the local
+    provider's) is priced by any cloud's rows."""
+    kind = CLOUD_KINDS.get(cloud or "")
+    return None if kind is not None and kind.shares_machine else cloud
+
+
 def _catalog_price(spec: JobSpec, acc: str | None, cloud: str | None, region: str | None, spot: bool) -> float | None:
     if spec.local.catalog is None:
         return None
@@ -72,7 +80,7 @@ def _catalog_price(spec: JobSpec, acc: str | None, cloud: str | None, region: st
 
     name, count = _split(acc)
     cat = load_catalog(spec.local.catalog)
-    return cat.price(name, count, cloud=None if cloud == "local" else cloud, region=region, spot=spot)
+    return cat.price(name, count, cloud=_catalog_cloud(cloud), region=region, spot=spot)
 
 
 def _catalog_pair(spec: JobSpec, acc: str | None, cloud: str, region: str | None) -> Pair | None:
@@ -83,7 +91,7 @@ def _catalog_pair(spec: JobSpec, acc: str | None, cloud: str, region: str | None
 
     name, count = _split(acc)
     cat = load_catalog(spec.local.catalog)
-    return cat.spot_pair(name, count, cloud=None if cloud == "local" else cloud, region=region)
+    return cat.spot_pair(name, count, cloud=_catalog_cloud(cloud), region=region)
 
 
 def _lookup_pair(prices: PriceLookup, acc: str | None, cloud: str, region: str | None) -> Pair | None:

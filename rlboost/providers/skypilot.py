@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from rlboost.contracts.provider_kinds import PROVIDER_KINDS
+from rlboost.contracts.provider_kinds import provider_kind
 from rlboost.contracts.tls import SECRET_ENV
 from rlboost.providers.base import (
     INSTANCE_TAG,
@@ -108,7 +108,11 @@ def _field(x: Any, name: str) -> Any:
 
 class SkyPilotProvider:
     name = "skypilot"
-    kind = PROVIDER_KINDS["skypilot"]
+    kind = provider_kind("skypilot")
+
+    @classmethod
+    def setup_problems(cls) -> list[str]:
+        return []  # nothing beyond its clouds' credentials, which preflight checks
 
     @classmethod
     def for_job(cls, spec: JobSpec, run_dir: Path, *, owner: Owner, market: Any = None) -> SkyPilotProvider:

@@ -3,7 +3,7 @@
 rlboost/contracts/worker_env.py's WorkerEnv (RLBOOST_TRAINER_URL, RLBOOST_JOB_TOKEN or RLBOOST_ENROL (a spot
 worker's single-use enrolment credential, traded for the token), RLBOOST_WORKER_ID,
 RLBOOST_WORKER_KIND spot | reserved, RLBOOST_ENGINE, RLBOOST_ACCELERATOR, RLBOOST_CLOUD, RLBOOST_REGION),
-RLBOOST_NOTICE (aws | gcp | file: where preemption notices come from),
+RLBOOST_NOTICE (ec2-imds | gce-metadata | file: the source of preemption notices its cloud's record names),
 RLBOOST_NOTICE_FILE (the local provider's notice file), RLBOOST_METADATA_URL (metadata server override),
 RLBOOST_TLS_FINGERPRINT (sha256 of the trainer's certificate; required when the trainer URL is https).
 """

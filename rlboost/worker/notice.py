@@ -1,9 +1,12 @@
 """Preemption-notice watchers: each resolves when the node is about to be taken away.
 
-- FileNotice: the local provider writes a file (its stand-in for a cloud's metadata service).
-- AwsNotice: EC2 instance metadata, `/latest/meta-data/spot/instance-action` with an IMDSv2 session
+One watcher per notice source (rlboost/contracts/cloud_kinds.py NoticeSource), chosen by the source
+the node's provider names in RLBOOST_NOTICE from its cloud's record, never by the cloud's name:
+
+- FileNotice (`file`): the local provider writes a file (its stand-in for a cloud's metadata service).
+- AwsNotice (`ec2-imds`): EC2 instance metadata, `/latest/meta-data/spot/instance-action` with an IMDSv2 session
   token; 404 until AWS schedules the interruption (about two minutes ahead), then JSON.
-- GcpNotice: GCE metadata, `/computeMetadata/v1/instance/preempted` with `wait_for_change`, a
+- GcpNotice (`gce-metadata`): GCE metadata, `/computeMetadata/v1/instance/preempted` with `wait_for_change`, a
   hanging GET that returns as soon as the value flips to TRUE (about 30 seconds ahead).
 
 A watcher never raises and never returns without a notice: an unreachable metadata server is
@@ -16,17 +19,20 @@ import asyncio
 import json
 import logging
 import os
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Protocol
 
 import aiohttp
 
+from rlboost.contracts.cloud_kinds import METADATA_URL_ENV, METADATA_URLS, NOTICE_ENV
 from rlboost.contracts.retry import Backoff
+from rlboost.contracts.worker_env import NOTICE_FILE
 
 log = logging.getLogger("rlboost.notice")
 
-AWS_METADATA = "http://169.254.169.254"
-GCP_METADATA = "http://metadata.google.internal"
+AWS_METADATA = METADATA_URLS["ec2-imds"]
+GCP_METADATA = METADATA_URLS["gce-metadata"]
 METADATA_CAP_S = 30.0  # an unreachable metadata server is asked again at least this often
 
 
@@ -130,18 +136,32 @@ class GcpNotice:
                 await asyncio.sleep(backoff.delay(fails))
 
 
+def _metadata_url(env: Mapping[str, str], source: str) -> str:
+    return env.get(METADATA_URL_ENV) or METADATA_URLS[source]
+
+
+def _file_notice(env: Mapping[str, str]) -> NoticeWatcher | None:
+    return FileNotice(Path(env[NOTICE_FILE])) if env.get(NOTICE_FILE) else None
+
+
+# notice source -> its watcher, from the worker's environment (None: nothing to watch)
+WATCHERS: dict[str, Callable[[Mapping[str, str]], NoticeWatcher | None]] = {
+    "ec2-imds": lambda env: AwsNotice(_metadata_url(env, "ec2-imds")),
+    "gce-metadata": lambda env: GcpNotice(_metadata_url(env, "gce-metadata")),
+    "file": _file_notice,
+}
+
+
 def watcher_from_env(env: dict[str, str] | None = None) -> NoticeWatcher | None:
-    """RLBOOST_NOTICE=aws|gcp|file (file: RLBOOST_NOTICE_FILE); RLBOOST_METADATA_URL overrides the
-    metadata server's address. Without RLBOOST_NOTICE, a notice file alone selects `file`."""
+    """The watcher of the notice source RLBOOST_NOTICE names (ec2-imds | gce-metadata | file; file reads
+    RLBOOST_NOTICE_FILE); RLBOOST_METADATA_URL overrides a metadata server's address. Without
+    RLBOOST_NOTICE, a notice file alone selects `file`."""
     env = dict(os.environ if env is None else env)
-    kind = env.get("RLBOOST_NOTICE") or ("file" if env.get("RLBOOST_NOTICE_FILE") else "")
-    base = env.get("RLBOOST_METADATA_URL")
-    if kind == "aws":
-        return AwsNotice(base or AWS_METADATA)
-    if kind == "gcp":
-        return GcpNotice(base or GCP_METADATA)
-    if kind == "file" and env.get("RLBOOST_NOTICE_FILE"):
-        return FileNotice(Path(env["RLBOOST_NOTICE_FILE"]))
-    if kind:
-        log.warning("RLBOOST_NOTICE=%r is not aws, gcp or file; not watching for notices", kind)
+    source = env.get(NOTICE_ENV) or ("file" if env.get(NOTICE_FILE) else "")
+    make = WATCHERS.get(source)
+    if make is not None:
+        return make(env)
+    if source:
+        known = ", ".join(WATCHERS)
+        log.warning("%s=%r is not a notice source (%s); not watching for notices", NOTICE_ENV, source, known)
     return None

@@ -1,0 +1,70 @@
+"""The job file's `algorithm:` section: GRPO and its loss."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import Field, model_validator
+
+from rlboost.contracts.spec.base import SEED_LIMIT, Strict
+
+
+class AlgorithmSpec(Strict):
+    @model_validator(mode="before")
+    @classmethod
+    def _moved(cls, data: object) -> object:
+        # algorithm.checkpoint_every was never read (the trainer checkpoints by trainer.checkpoint_every)
+        if isinstance(data, dict) and "checkpoint_every" in data:
+            raise ValueError(
+                "checkpoint_every moved to trainer.checkpoint_every (algorithm.checkpoint_every was never used); "
+                "move the line under trainer:"
+            )
+        return data
+
+    name: Literal["grpo"] = "grpo"
+    prompts_per_step: Annotated[int, Field(ge=1, le=100_000)] = 32
+    group_size: Annotated[int, Field(ge=2, le=1024)] = 8
+    max_new_tokens: Annotated[int, Field(ge=1, le=1_000_000)] = 12
+    learning_rate: Annotated[float, Field(gt=0, le=1.0)] = 3e-3
+    steps: Annotated[int, Field(ge=1, le=10_000_000)] = 30
+    seed: Annotated[int, Field(ge=0, lt=SEED_LIMIT)] = 0
+    temperature: Annotated[float, Field(gt=0, le=10)] = 1.0
+    # Supervised steps on task demonstrations before RL starts ("brief warm start").
+    warm_start_steps: Annotated[int, Field(ge=0, le=1_000_000)] = 100
+    # Sequences per forward/backward pass (gradients accumulate); None = the whole step's share at once.
+    micro_batch_size: Annotated[int, Field(ge=1, le=100_000)] | None = None
+    # ---- the GRPO loss (rlboost/trainer/grpo.py); names and defaults as veRL's actor config ----
+    # KL penalty against a frozen copy of the weights GRPO starts from (held only when > 0: one more copy
+    # of the weights in memory, one more forward per micro-batch). 0 as TRL's GRPO default (beta).
+    kl_coef: Annotated[float, Field(ge=0, le=100)] = 0.0
+    # per-token KL estimate: low_var_kl (k3), kl (k1), mse (k2)
+    kl_estimator: Literal["low_var_kl", "kl", "mse"] = "low_var_kl"
+    # PPO ratio clip [1 - low, 1 + high]; DAPO's clip-higher: clip_ratio_high 0.28
+    clip_ratio_low: Annotated[float, Field(ge=0, lt=1)] = 0.2
+    clip_ratio_high: Annotated[float, Field(ge=0, le=100)] = 0.2
+    # entropy bonus: the loss gets -entropy_coeff * (entropy of the sampling distribution)
+    entropy_coeff: Annotated[float, Field(ge=0, le=100)] = 0.0
+    # token-mean: every token of the step weighs the same; seq-mean-token-mean: each response's token
+    # mean, averaged over responses (the GRPO paper); seq-mean-token-sum: each response's token sum, averaged
+    loss_agg_mode: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"] = "token-mean"
+    # several optimizer updates per step (veRL's ppo_mini_batch_size, in prompts, and ppo_epochs); the
+    # default, None and 1, is one update per step, strictly on-policy
+    ppo_mini_batch_size: Annotated[int, Field(ge=1, le=100_000)] | None = None
+    ppo_epochs: Annotated[int, Field(ge=1, le=100)] = 1
+
+    def loss_knobs_set(self) -> list[str]:
+        """The loss fields that differ from their defaults."""
+        fields = type(self).model_fields
+        return [k for k in LOSS_KNOBS if getattr(self, k) != fields[k].default]
+
+
+LOSS_KNOBS = (
+    "kl_coef",
+    "kl_estimator",
+    "clip_ratio_low",
+    "clip_ratio_high",
+    "entropy_coeff",
+    "loss_agg_mode",
+    "ppo_mini_batch_size",
+    "ppo_epochs",
+)

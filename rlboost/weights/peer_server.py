@@ -37,7 +37,8 @@ from aiohttp import web
 from rlboost.contracts.tls import ENV_FINGERPRINT
 from rlboost.weights.broadcast import BroadcastError
 from rlboost.weights.broadcast_receiver import receive_to_store
-from rlboost.weights.pull import PullOptions, PullStats, WeightPullError, get_manifest, pull_weights
+from rlboost.weights.pull import PullOptions, PullStats, pull_weights
+from rlboost.weights.pull_control import WeightPullError, get_manifest
 from rlboost.weights.region_fanout import region_key
 from rlboost.weights.serving import RateLimit, ServeCounters, add_chunk_routes
 from rlboost.weights.store import WeightStore

@@ -20,7 +20,7 @@ import aiohttp
 from rlboost.contracts import enrolment, tls, token_frames
 from rlboost.contracts import protocol as P
 from rlboost.weights.peer_server import WeightNode
-from rlboost.weights.pull import WeightPullError
+from rlboost.weights.pull_control import WeightPullError
 from rlboost.worker.engines import Engine, GenRequest, make_engine
 from rlboost.worker.notice import NoticeWatcher
 

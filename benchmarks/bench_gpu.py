@@ -64,7 +64,7 @@ def make_model(out: Path, small: bool) -> Path:
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from tests.hf_fixtures import make_tokenizer
+    from testkit.hf_fixtures import make_tokenizer
 
     tok = make_tokenizer()
     cfg = Qwen2Config(

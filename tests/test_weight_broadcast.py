@@ -1,6 +1,6 @@
 """The torch.distributed weight broadcast (rlboost/weights/broadcast.py, rlboost/weights/broadcast_receiver.py):
 the trainer side in this process, each member a real process (tests/broadcast_member.py), gloo over
-loopback, the HTTP fallback against a real publisher server."""
+loopback, the HTTP fallback against a real publisher server (testkit/weight_origin.py)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from aiohttp import web
 from pydantic import ValidationError
 
 from rlboost.weights.broadcast import (
@@ -33,13 +32,12 @@ from rlboost.weights.broadcast import (
 )
 from rlboost.weights.broadcast_sender import BroadcastSender, Receiver
 from rlboost.weights.buffers import HostBuffer
-from rlboost.weights.publisher import PublishOptions, WeightPublisher, add_routes
 from rlboost.weights.pull import PullStats
+from testkit.weight_origin import CHUNK, Origin
 from tests.test_weights import assert_same
 from tests.torch_threads import one_thread  # noqa: F401 - fixture
 
 ROOT = Path(__file__).resolve().parents[1]
-CHUNK = 16 * 1024
 
 
 def big_model(seed: int = 0) -> dict[str, torch.Tensor]:
@@ -51,42 +49,6 @@ def big_model(seed: int = 0) -> dict[str, torch.Tensor]:
         "layer.0.b": torch.randn(128, generator=g, dtype=torch.float64),
         "steps": torch.tensor([seed, 7, -3], dtype=torch.int64),
     }
-
-
-class Origin:
-    """A real publisher serving the version over HTTP (the fallback) on a thread of its own."""
-
-    def __init__(self, tensors: dict[str, torch.Tensor], version: int = 5, chunk_bytes: int = CHUNK) -> None:
-        self.pub = WeightPublisher(PublishOptions(chunk_bytes=chunk_bytes))
-        self.manifest = self.pub.publish(version, tensors)
-        self.loop = asyncio.new_event_loop()
-        ready = threading.Event()
-        self.url = ""
-
-        async def start() -> None:
-            app = web.Application()
-            add_routes(app, self.pub)
-            self.runner = web.AppRunner(app)
-            await self.runner.setup()
-            await web.TCPSite(self.runner, "127.0.0.1", 0).start()
-            host, port = self.runner.addresses[0][:2]
-            self.url = f"http://{host}:{port}"
-            ready.set()
-
-        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self.thread.start()
-        asyncio.run_coroutine_threadsafe(start(), self.loop)
-        assert ready.wait(30)
-
-    def buffer(self) -> HostBuffer:
-        got = self.pub.chunk_buffer(self.manifest.version, 0)
-        assert got is not None
-        return got[1]
-
-    def close(self) -> None:
-        asyncio.run_coroutine_threadsafe(self.runner.cleanup(), self.loop).result(30)
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(30)
 
 
 @pytest.fixture

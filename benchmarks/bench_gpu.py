@@ -16,7 +16,7 @@ here (nothing is downloaded); `--small` swaps in a 2-layer model so the script c
 - a weight version into GPU memory: the learner's published bf16 tensors (host) -> engine.load_weights,
   and the same bytes through safetensors (what a pull hands the engine);
 - NCCL between two processes: on one GPU both ranks share the device, which NCCL refuses (the reason
-  weights.broadcast.backend_for picks gloo for the local provider); this records what happens.
+  weights.transports.torch_broadcast.backend_for picks gloo for the local provider); this records what happens.
 
 `--profile FILE` adds a torch.profiler table of 16 decode steps at batch 256 (FILE) and a cProfile
 table of the same (FILE with .py.txt); `--skip-nccl` leaves out the NCCL check.
@@ -64,7 +64,7 @@ def make_model(out: Path, small: bool) -> Path:
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from tests.hf_fixtures import make_tokenizer
+    from testkit.hf_fixtures import make_tokenizer
 
     tok = make_tokenizer()
     cfg = Qwen2Config(

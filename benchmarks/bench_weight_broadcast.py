@@ -110,7 +110,7 @@ def main() -> int:
 
     from benchmarks.bench_weights import synthetic_model
     from rlboost.weights.broadcast import BroadcastOptions
-    from tests.test_weight_broadcast import Origin
+    from testkit.weight_origin import Origin
 
     torch.set_num_threads(1)
     origin = Origin(synthetic_model(args.mib * MiB), chunk_bytes=4 * MiB)  # the publisher's default

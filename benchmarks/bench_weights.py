@@ -120,7 +120,7 @@ def hf_model_dir(out: Path, layers: int) -> Path:
     import torch
     from transformers import AutoModelForCausalLM, Qwen2Config
 
-    from tests.hf_fixtures import make_tokenizer
+    from testkit.hf_fixtures import make_tokenizer
 
     tok = make_tokenizer()
     config = Qwen2Config(
@@ -145,7 +145,7 @@ def hf_learner_versions(pub: object, layers: int, steps: int, lr: float, tmp: Pa
     from rlboost.contracts.spec import AlgorithmSpec, ModelSpec, TaskSpec
     from rlboost.trainer.grpo import Sample
     from rlboost.trainer.learner import Learner
-    from tests.hf_fixtures import write_math_jsonl
+    from testkit.hf_fixtures import write_math_jsonl
 
     model_dir = hf_model_dir(tmp / "model", layers)
     learner = Learner(

@@ -1,10 +1,11 @@
-"""One broadcast member as its own process, for tests/test_weight_broadcast.py and the benchmark:
+"""One broadcast member as its own process, for tests/test_weight_broadcast.py:
 
     python -m tests.broadcast_member PLAN.json MEMBER BASE_URL OUT.pt [--stall-after BUCKET MARKER]
 
-receives the version the plan names (falling back to HTTP at BASE_URL), saves the tensors and how
-they came to OUT.pt. `--stall-after` is the test's hook for a kill mid-broadcast: once bucket BUCKET
-is in, it touches MARKER and waits to be killed (it never falls back)."""
+receives the version the plan names the way a worker does (WeightNode.pull with the trainer's offer,
+falling back to HTTP at BASE_URL), saves the tensors and how they came to OUT.pt. `--stall-after` is
+the test's hook for a kill mid-broadcast: once bucket BUCKET is in, it touches MARKER and waits to
+be killed (it never falls back)."""
 
 from __future__ import annotations
 
@@ -14,11 +15,24 @@ import sys
 import threading
 from pathlib import Path
 
+import aiohttp
 import torch
 
+from rlboost.contracts.protocol import Offer
 from rlboost.weights.broadcast import BroadcastPlan, receive
-from rlboost.weights.broadcast_receiver import BroadcastStats, receive_or_pull
 from rlboost.weights.buffers import HostBuffer
+from rlboost.weights.peer_server import WeightNode
+from rlboost.weights.pull import PullOptions
+
+
+async def get(plan: BroadcastPlan, member: str, base_url: str) -> tuple[dict[str, torch.Tensor], str, str]:
+    """The version's tensors (copied out of the node's store), "broadcast" or "http", and why it fell back."""
+    node = WeightNode(PullOptions(token="tok", peer_id=member, swarm=False), serve=None)  # the origin checks no token
+    async with aiohttp.ClientSession() as session, node:
+        offer = Offer(transport="torch", plan=plan.model_dump(mode="json"))
+        tensors = await node.pull(base_url, plan.version, session, offer=offer)
+        mode = "broadcast" if node.offers_taken else "http"
+        return {k: v.clone() for k, v in tensors.items()}, mode, node.last_fallback
 
 
 def main() -> int:
@@ -41,11 +55,8 @@ def main() -> int:
 
         receive(plan, args.member, HostBuffer(plan.manifest.total_bytes, shareable=False), on_bucket=stall)
         return 1  # not reached when the test kills it
-    st = BroadcastStats()
-    tensors = asyncio.run(receive_or_pull(plan, args.member, args.base_url, stats=st))
-    torch.save(
-        {"mode": st.mode, "reason": st.fallback_reason, "tensors": {k: v.clone() for k, v in tensors.items()}}, args.out
-    )
+    tensors, mode, reason = asyncio.run(get(plan, args.member, args.base_url))
+    torch.save({"mode": mode, "reason": reason, "tensors": tensors}, args.out)
     return 0
 
 

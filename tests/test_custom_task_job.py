@@ -114,7 +114,7 @@ def score(prompt, response, row):
 
 
 def test_hf_job_with_a_custom_reward_on_rows_without_answers(tmp_path):
-    from tests.hf_fixtures import make_tiny_model
+    from testkit.hf_fixtures import make_tiny_model
 
     make_tiny_model(tmp_path / "model")
     (tmp_path / "pkg").mkdir()

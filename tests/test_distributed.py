@@ -125,7 +125,7 @@ def two_rank_results(tmp_path_factory) -> dict[str, tuple[dict[str, torch.Tensor
     try:
         import transformers  # noqa: F401
 
-        from tests.hf_fixtures import make_tiny_model, write_math_jsonl
+        from testkit.hf_fixtures import make_tiny_model, write_math_jsonl
 
         hf = ModelSpec(kind="hf", path=str(make_tiny_model(tmp / "m", layers=1)), dtype="float32")
         cases["fsdp-hf"] = (hf, TaskSpec(name="jsonl", path=write_math_jsonl(tmp / "d.jsonl"), reward="math_boxed"))

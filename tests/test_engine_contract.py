@@ -66,7 +66,7 @@ def hf_assets(tmp_path_factory) -> tuple[ModelSpec, dict[str, dict], list[list[i
     from safetensors.torch import load_file
 
     from rlboost.trainer.tasks import make_task
-    from tests.hf_fixtures import make_tiny_model, warm_started_weights, write_math_jsonl
+    from testkit.hf_fixtures import make_tiny_model, warm_started_weights, write_math_jsonl
 
     tmp = tmp_path_factory.mktemp("hf")
     model_dir = make_tiny_model(tmp / "model")
@@ -220,7 +220,7 @@ def test_fixture_model_is_tiny(tmp_path: Path) -> None:
     pytest.importorskip("transformers")
     from transformers import AutoConfig
 
-    from tests.hf_fixtures import make_tiny_model
+    from testkit.hf_fixtures import make_tiny_model
 
     cfg = AutoConfig.from_pretrained(make_tiny_model(tmp_path / "m"))
     assert cfg.hidden_size // cfg.num_attention_heads >= 64 and cfg.num_hidden_layers == 2

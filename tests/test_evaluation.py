@@ -73,7 +73,7 @@ def test_eval_path_and_fraction_exclude_each_other_and_paths_resolve(tmp_path: P
 
 
 def test_jsonl_split_holds_out_a_fixed_share_never_trained_on(tmp_path: Path) -> None:
-    from tests.hf_fixtures import make_tiny_model
+    from testkit.hf_fixtures import make_tiny_model
 
     model = ModelSpec(kind="hf", path=str(make_tiny_model(tmp_path / "m")), dtype="float32")
     data = tmp_path / "d.jsonl"
@@ -127,7 +127,7 @@ def test_evaluator_scores_greedy_responses_of_the_given_weights() -> None:
 
 
 def test_evaluator_runs_an_hf_model_on_its_held_out_records(tmp_path: Path) -> None:
-    from tests.hf_fixtures import make_tiny_model, write_math_jsonl
+    from testkit.hf_fixtures import make_tiny_model, write_math_jsonl
 
     torch.set_num_threads(1)
     model = ModelSpec(kind="hf", path=str(make_tiny_model(tmp_path / "m")), dtype="float32")

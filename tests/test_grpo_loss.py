@@ -218,7 +218,7 @@ def test_clip_is_a_no_op_on_policy_whatever_its_width() -> None:
 
 def test_hf_model_takes_kl_and_entropy_terms(tmp_path) -> None:
     pytest.importorskip("transformers")
-    from tests.hf_fixtures import make_tiny_model, write_math_jsonl
+    from testkit.hf_fixtures import make_tiny_model, write_math_jsonl
 
     model = ModelSpec(kind="hf", path=str(make_tiny_model(tmp_path / "m", layers=1)), dtype="float32")
     task = TaskSpec(name="jsonl", path=write_math_jsonl(tmp_path / "d.jsonl"), reward="math_boxed")

@@ -19,7 +19,7 @@ from rlboost.trainer.grpo import Sample
 from rlboost.trainer.learner import Learner
 from rlboost.trainer.tasks import JsonlTask, make_task
 from rlboost.worker.engines import make_engine
-from tests.hf_fixtures import make_tiny_model, write_math_jsonl
+from testkit.hf_fixtures import make_tiny_model, write_math_jsonl
 from tests.torch_threads import one_thread  # noqa: F401  (autouse: single-threaded torch)
 
 
@@ -175,7 +175,7 @@ def test_paths_resolve_next_to_the_job_file(files, tmp_path: Path) -> None:
 def test_chat_template_auto_on_off(files) -> None:
     """auto/on render `[{"role": "user", ...}]` with the generation prompt; off (or auto on a tokenizer
     without a template) encodes the plain text; on without a template is an error naming the field."""
-    from tests.hf_fixtures import make_tokenizer
+    from testkit.hf_fixtures import make_tokenizer
 
     _, task_spec = specs(files[0], files[2])
     task_spec = task_spec.model_copy(update={"instruction": None})
@@ -220,7 +220,7 @@ def test_the_reward_sees_the_raw_prompt_and_engines_get_the_templated_ids(files)
 
 @pytest.mark.parametrize("fmt", ["parquet", "datasets-dir"])
 def test_a_task_reads_parquet_and_datasets_directories_as_it_reads_jsonl(files, tmp_path: Path, fmt: str) -> None:
-    from tests.hf_fixtures import MATH_ROWS
+    from testkit.hf_fixtures import MATH_ROWS
     from tests.test_datasets import save_dataset, write_parquet
 
     rows = [r for r in MATH_ROWS if "question" in r]  # one schema: the same row dicts in every format

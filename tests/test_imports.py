@@ -122,7 +122,8 @@ def test_one_top_level_package() -> None:
 
     found = find_packages(str(ROOT), include=["rlboost", "rlboost.*"])
     assert {p.split(".")[0] for p in found} == {NS} and {p.split(".")[1] for p in found if "." in p} == set(ALLOWED)
-    stray = [p.name for p in ROOT.iterdir() if (p / "__init__.py").is_file() and p.name not in (NS, "tests")]
+    # tests/ and testkit/ (helpers the tests and benchmarks share) stay in the repository, never installed
+    stray = [p.name for p in ROOT.iterdir() if (p / "__init__.py").is_file() and p.name not in (NS, "tests", "testkit")]
     assert stray == [], f"a package outside {NS}/: {stray}"
 
 
@@ -174,3 +175,15 @@ def test_checker_catches_an_upward_import(tmp_path: Path, code: str) -> None:
     (tmp_path / NS / "worker" / "bad.py").write_text("import json\nfrom rlboost.contracts import spec\n" + code)
     found = [x.split(" imports ")[0].split(":")[0] for x in forbidden(tmp_path, ALLOWED)]
     assert found == ["rlboost/worker/bad.py"]
+
+
+def test_benchmarks_and_testkit_import_nothing_from_tests() -> None:
+    """What benchmarks and tests share lives in testkit/: tests/ is pytest's, not a library."""
+    bad = [
+        f"{f.relative_to(ROOT)}:{line} imports {name}"
+        for d in ("benchmarks", "testkit")
+        for f in sorted((ROOT / d).rglob("*.py"))
+        for name, line in imported_names(ast.parse(f.read_text(), str(f)))
+        if name == "tests" or name.startswith("tests.")
+    ]
+    assert not bad, "\n".join(bad)

@@ -220,7 +220,7 @@ def test_eval_path_may_live_in_a_mount(tmp_path, monkeypatch):
 def test_a_local_hf_job_reads_its_model_from_a_mount_on_every_node(tmp_path, monkeypatch):
     """model.path as a node path in file_mounts: the trainer and a spot worker each load their own
     instance's copy of the mount (the local provider copies it into each instance directory)."""
-    from tests.hf_fixtures import make_tiny_model
+    from testkit.hf_fixtures import make_tiny_model
 
     make_tiny_model(tmp_path / "my-model")
     (tmp_path / "trace.json").write_text(json.dumps({"metadata": {"gap_seconds": 1}, "data": [3] * 900}))

@@ -121,7 +121,7 @@ def test_jsonl_task_gives_the_whole_row_and_needs_no_answer_field(tmp_path: Path
     import importlib
 
     from rlboost.contracts.spec import ModelSpec
-    from tests.hf_fixtures import make_tiny_model
+    from testkit.hf_fixtures import make_tiny_model
 
     model = make_tiny_model(tmp_path / "m")
     data = tmp_path / "d.jsonl"

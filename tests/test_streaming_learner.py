@@ -87,7 +87,7 @@ def test_tiny_gpt_streamed_update_equals_whole_batch_float32() -> None:
 @pytest.fixture(scope="module")
 def tiny_hf(tmp_path_factory) -> tuple[ModelSpec, TaskSpec]:
     pytest.importorskip("transformers")
-    from tests.hf_fixtures import make_tiny_model, write_math_jsonl
+    from testkit.hf_fixtures import make_tiny_model, write_math_jsonl
 
     tmp = tmp_path_factory.mktemp("hf")
     model = ModelSpec(kind="hf", path=str(make_tiny_model(tmp / "m", layers=2)), dtype="float32")

@@ -26,7 +26,7 @@ STEPS = 2
 @pytest.fixture(scope="module")
 def assets(tmp_path_factory) -> Iterator[tuple[Path, Path, ModelSpec]]:
     pytest.importorskip("vllm")
-    from tests.hf_fixtures import make_tiny_model, write_math_jsonl
+    from testkit.hf_fixtures import make_tiny_model, write_math_jsonl
 
     torch.set_num_threads(1)
     tmp = tmp_path_factory.mktemp("vllm")

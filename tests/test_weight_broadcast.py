@@ -1,6 +1,7 @@
-"""The torch.distributed weight broadcast (rlboost/weights/broadcast.py, rlboost/weights/broadcast_receiver.py):
-the trainer side in this process, each member a real process (tests/broadcast_member.py), gloo over
-loopback, the HTTP fallback against a real publisher server."""
+"""The torch.distributed weight broadcast (rlboost/weights/broadcast.py, the `torch` transport
+rlboost/weights/transports/torch_broadcast.py): the trainer side in this process, each member a real
+process (tests/broadcast_member.py), gloo over loopback, the HTTP fallback against a real publisher
+server (testkit/weight_origin.py)."""
 
 from __future__ import annotations
 
@@ -16,30 +17,28 @@ from pathlib import Path
 
 import pytest
 import torch
-from aiohttp import web
 from pydantic import ValidationError
 
+from rlboost.contracts.protocol import Offer
 from rlboost.weights.broadcast import (
     BroadcastError,
     BroadcastOptions,
     BroadcastPlan,
     BroadcastResult,
-    Site,
     Transfer,
-    backend_for,
     buckets,
-    choose_transport,
     receive,
 )
-from rlboost.weights.broadcast_sender import BroadcastSender, Receiver
 from rlboost.weights.buffers import HostBuffer
-from rlboost.weights.publisher import PublishOptions, WeightPublisher, add_routes
+from rlboost.weights.publisher import WeightPublisher
 from rlboost.weights.pull import PullStats
+from rlboost.weights.transports import Receiver, Site, TrainerEnd, trainer_transport
+from rlboost.weights.transports.torch_broadcast import TorchBroadcast, backend_for, suits
+from testkit.weight_origin import CHUNK, Origin
 from tests.test_weights import assert_same
 from tests.torch_threads import one_thread  # noqa: F401 - fixture
 
 ROOT = Path(__file__).resolve().parents[1]
-CHUNK = 16 * 1024
 
 
 def big_model(seed: int = 0) -> dict[str, torch.Tensor]:
@@ -51,42 +50,6 @@ def big_model(seed: int = 0) -> dict[str, torch.Tensor]:
         "layer.0.b": torch.randn(128, generator=g, dtype=torch.float64),
         "steps": torch.tensor([seed, 7, -3], dtype=torch.int64),
     }
-
-
-class Origin:
-    """A real publisher serving the version over HTTP (the fallback) on a thread of its own."""
-
-    def __init__(self, tensors: dict[str, torch.Tensor], version: int = 5, chunk_bytes: int = CHUNK) -> None:
-        self.pub = WeightPublisher(PublishOptions(chunk_bytes=chunk_bytes))
-        self.manifest = self.pub.publish(version, tensors)
-        self.loop = asyncio.new_event_loop()
-        ready = threading.Event()
-        self.url = ""
-
-        async def start() -> None:
-            app = web.Application()
-            add_routes(app, self.pub)
-            self.runner = web.AppRunner(app)
-            await self.runner.setup()
-            await web.TCPSite(self.runner, "127.0.0.1", 0).start()
-            host, port = self.runner.addresses[0][:2]
-            self.url = f"http://{host}:{port}"
-            ready.set()
-
-        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self.thread.start()
-        asyncio.run_coroutine_threadsafe(start(), self.loop)
-        assert ready.wait(30)
-
-    def buffer(self) -> HostBuffer:
-        got = self.pub.chunk_buffer(self.manifest.version, 0)
-        assert got is not None
-        return got[1]
-
-    def close(self) -> None:
-        asyncio.run_coroutine_threadsafe(self.runner.cleanup(), self.loop).result(30)
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(30)
 
 
 @pytest.fixture
@@ -243,42 +206,51 @@ def test_buckets_are_whole_chunks_covering_the_buffer(origin: Origin) -> None:
 
 def test_auto_transport_only_for_gpu_members_in_the_trainers_network() -> None:
     gpu = Site("aws", "us-east-1", cuda=True)
-    assert choose_transport("auto", gpu, [gpu, gpu]) == "torch"
-    assert choose_transport("auto", gpu, [gpu, Site("aws", "us-west-2", cuda=True)]) == "http"
-    assert choose_transport("auto", gpu, [gpu, Site("gcp", "us-east-1", cuda=True)]) == "http"
-    assert choose_transport("auto", gpu, [gpu, Site("aws", "us-east-1", cuda=False)]) == "http"
-    assert choose_transport("auto", gpu, []) == "http"
+    assert suits(gpu, [gpu, gpu], one_host=False)
+    assert not suits(gpu, [gpu, Site("aws", "us-west-2", cuda=True)], one_host=False)
+    assert not suits(gpu, [gpu, Site("gcp", "us-east-1", cuda=True)], one_host=False)
+    assert not suits(gpu, [gpu, Site("aws", "us-east-1", cuda=False)], one_host=False)
+    assert not suits(gpu, [], one_host=False)
     local_cpu = Site("local", None, cuda=False)
-    assert choose_transport("auto", local_cpu, [local_cpu]) == "http"  # CPU CI stays on HTTP
+    assert not suits(local_cpu, [local_cpu], one_host=True)  # CPU CI stays on HTTP
     local_gpu = Site("local", None, cuda=True)
-    assert choose_transport("auto", local_gpu, [local_gpu]) == "torch"
-    assert choose_transport("torch", local_cpu, [local_cpu]) == "torch"
-    assert choose_transport("http", gpu, [gpu]) == "http"
-    assert backend_for(gpu, [gpu]) == "nccl"
-    assert backend_for(local_cpu, [local_cpu]) == "gloo"
-    assert backend_for(local_gpu, [local_gpu]) == "gloo"  # one machine: ranks would share a GPU
-    assert backend_for(gpu, [gpu, Site("aws", "us-east-1", cuda=False)]) == "gloo"
+    assert suits(local_gpu, [local_gpu], one_host=True)
+    # on one host the members are in the trainer's network whatever they report
+    assert suits(local_gpu, [Site(None, None, cuda=True)], one_host=True)
+    assert not suits(local_gpu, [Site(None, None, cuda=True)], one_host=False)
+    assert backend_for(gpu, [gpu], one_host=False) == "nccl"
+    assert backend_for(local_cpu, [local_cpu], one_host=True) == "gloo"
+    assert backend_for(local_gpu, [local_gpu], one_host=True) == "gloo"  # one machine: ranks would share a GPU
+    assert backend_for(gpu, [gpu, Site("aws", "us-east-1", cuda=False)], one_host=False) == "gloo"
 
 
 def test_the_trainer_broadcasts_to_remote_engines_only_where_auto_allows() -> None:
+    pub = WeightPublisher()
+
+    def transport(setting: str, site: Site, one_host: bool = False) -> TorchBroadcast | None:
+        """The trainer's transport for `setting`: the broadcast, or None for the pull."""
+        t = trainer_transport(TrainerEnd(setting=setting, publisher=pub, site=site, one_host=one_host))
+        return t if isinstance(t, TorchBroadcast) else None
+
     gpu_trainer = Site("aws", "us-east-1", cuda=True)
     east = Receiver("w1", "spot", cuda=True, cloud="aws", region="us-east-1")
     reserved = Receiver("r", "reserved", cuda=True, cloud="aws", region="us-east-1")
     west = Receiver("w2", "spot", cuda=True, cloud="aws", region="us-west-2")
     unknown = Receiver("w3", "spot", cuda=True)  # a worker that did not say where it runs
-    auto = BroadcastSender("auto", gpu_trainer, local=False, opts=BroadcastOptions())
+    auto = transport("auto", gpu_trainer)
+    assert auto is not None
     assert auto.decide([east, reserved]) == ([east], "nccl")  # the reserved engine maps memory instead
     assert auto.decide([east, west]) is None
     assert auto.decide([east, unknown]) is None
     assert auto.decide([reserved]) is None
-    forced = BroadcastSender("torch", gpu_trainer, local=False, opts=BroadcastOptions())
-    assert forced.decide([east, unknown]) == ([east, unknown], "nccl")
-    assert BroadcastSender("http", gpu_trainer, local=False, opts=BroadcastOptions()).decide([east]) is None
+    forced = transport("torch", gpu_trainer)
+    assert forced is not None and forced.decide([east, unknown]) == ([east, unknown], "nccl")
+    assert transport("http", gpu_trainer) is None  # the pull: nothing is broadcast
     # the local provider: its workers share the trainer's machine, whatever they report; gloo
-    local = BroadcastSender("auto", Site("local", None, cuda=True), local=True, opts=BroadcastOptions())
-    assert local.decide([unknown]) == ([unknown], "gloo")
-    cpu_local = BroadcastSender("auto", Site("local", None, cuda=False), local=True, opts=BroadcastOptions())
-    assert cpu_local.decide([Receiver("w", "spot", cuda=False)]) is None
+    local = transport("auto", Site("local", None, cuda=True), one_host=True)
+    assert local is not None and local.decide([unknown]) == ([unknown], "gloo")
+    cpu_local = transport("auto", Site("local", None, cuda=False), one_host=True)
+    assert cpu_local is not None and cpu_local.decide([Receiver("w", "spot", cuda=False)]) is None
 
 
 def test_a_worker_receives_into_its_store_and_pulls_when_the_broadcast_fails(origin: Origin) -> None:
@@ -292,14 +264,15 @@ def test_a_worker_receives_into_its_store_and_pulls_when_the_broadcast_fails(ori
     v = origin.manifest.version
     transfer = Transfer(origin.manifest, ["w1"], fast())
     plan = transfer.plan.model_dump(mode="json")
+    offer = Offer(transport="torch", plan=plan)
     sender, box = send_in_thread(transfer, origin.buffer())
 
     async def by_broadcast() -> tuple[dict, PullStats]:
         async with aiohttp.ClientSession() as s:
             node = WeightNode(PullOptions(token="tok", peer_id="w1"), serve=None)
-            got = await node.pull(origin.url, v, s, broadcast=plan)
+            got = await node.pull(origin.url, v, s, offer=offer)
             held = node.store.latest_complete()
-            assert held is not None and held.manifest.version == v and node.broadcasts == 1
+            assert held is not None and held.manifest.version == v and node.offers_taken == 1
             assert node.last is not None
             await node.close()
             return {k: t.clone() for k, t in got.items()}, node.last
@@ -311,14 +284,14 @@ def test_a_worker_receives_into_its_store_and_pulls_when_the_broadcast_fails(ori
     assert st.mode == "broadcast"
     assert box[0].delivered == ["w1"] and origin.pub.counters.full_bytes == 0
 
-    dead = {**plan, "timeout_s": 1.0}  # the same plan, its store closed: no rendezvous
+    dead = Offer(transport="torch", plan={**plan, "timeout_s": 1.0})  # the same plan, its store closed: no rendezvous
 
     async def fallback() -> tuple[dict, int]:
         async with aiohttp.ClientSession() as s:
             node = WeightNode(PullOptions(token="tok", peer_id="w1"), serve=None)
-            got = await node.pull(origin.url, v, s, broadcast=dead)
+            got = await node.pull(origin.url, v, s, offer=dead)
             await node.close()
-            return {k: t.clone() for k, t in got.items()}, node.broadcast_fallbacks
+            return {k: t.clone() for k, t in got.items()}, node.offers_failed
 
     got, fallbacks = asyncio.run(asyncio.wait_for(fallback(), 60))
     assert_same(got, big_model())

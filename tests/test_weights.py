@@ -16,7 +16,8 @@ from aiohttp import web
 from rlboost.contracts.weight_manifest import Manifest
 from rlboost.weights.buffers import tensor_views
 from rlboost.weights.publisher import PublishOptions, WeightPublisher, add_routes
-from rlboost.weights.pull import PullOptions, PullStats, WeightPullError, latest_version, pull_weights
+from rlboost.weights.pull import PullOptions, PullStats, pull_weights
+from rlboost.weights.pull_control import WeightPullError, latest_version
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 

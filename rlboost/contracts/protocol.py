@@ -144,12 +144,19 @@ class Abort(Msg):
     rids: list[Rid]
 
 
+class Offer(Msg):
+    """Get a version by a transport other than the pull: the transport's name (its registration in
+    rlboost/weights/transports/) and its plan for this worker, which that transport validates (this
+    module imports nothing of ours); for `torch`, a BroadcastPlan's JSON."""
+
+    transport: Annotated[str, Field(min_length=1, max_length=32, pattern=r"^[a-z][a-z0-9_-]*$")]
+    plan: Annotated[dict[str, Any], Field(max_length=32)] = Field(default_factory=dict)
+
+
 class NewVersion(Msg):
     type: Literal["version"] = "version"
     version: int
-    # receive it over the trainer's torch.distributed broadcast: a BroadcastPlan's JSON, validated by
-    # the worker with rlboost/weights/broadcast.py (this module imports nothing of ours); None: pull it
-    broadcast: Annotated[dict[str, Any], Field(max_length=32)] | None = None
+    offer: Offer | None = None  # None: pull it over HTTP (a worker whose offered transport fails pulls too)
 
 
 class Shutdown(Msg):

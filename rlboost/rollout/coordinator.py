@@ -218,15 +218,15 @@ class Coordinator:
         """The engines a new version goes to now."""
         return [c for c in self.engines.values() if c.state in ("ready", "pulling")]
 
-    async def publish(self, version: int, broadcast: dict[str, dict] | None = None) -> None:
+    async def publish(self, version: int, offers: dict[str, P.Offer] | None = None) -> None:
         """A new weight version exists: every connected engine pulls it before more work; those in
-        `broadcast` (worker id -> plan) receive it over the trainer's torch.distributed broadcast."""
+        `offers` (worker id -> offer) get it by the transport offered (e.g. the trainer's broadcast)."""
         self.version = version
         plain = P.NewVersion(version=version).model_dump_json()
         for conn in self.receivers():
             conn.state = "pulling"
-            plan = (broadcast or {}).get(conn.id)
-            self._post(conn, plain if plan is None else P.NewVersion(version=version, broadcast=plan).model_dump_json())
+            offer = (offers or {}).get(conn.id)
+            self._post(conn, plain if offer is None else P.NewVersion(version=version, offer=offer).model_dump_json())
 
     # ---- a step ------------------------------------------------------------------------
     async def run_step(

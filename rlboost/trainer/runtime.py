@@ -41,9 +41,8 @@ from rlboost.trainer.server import build_app
 from rlboost.trainer.streaming import GroupFeeder
 from rlboost.trainer.synthetic_learner import SyntheticLearner
 from rlboost.trainer.tasks import make_task
-from rlboost.weights.broadcast import BroadcastOptions, Site
-from rlboost.weights.broadcast_sender import BroadcastSender, Receiver
 from rlboost.weights.publisher import PublishOptions, WeightPublisher
+from rlboost.weights.transports import Receiver, Site, TrainerEnd, trainer_transport
 
 log = logging.getLogger("rlboost.trainer")
 
@@ -101,12 +100,15 @@ class TrainerRuntime:
         ro = spec.rollout
         self.batcher = TailBatcher(spec.algorithm.prompts_per_step, ro.tail_over_launch) if ro.tail_batching else None
         self.publisher = WeightPublisher(PublishOptions(delta_history_bytes=spec.trainer.delta_history_mib << 20))
-        # weights.transport: torch / auto on GPUs: remote workers get each version by broadcast
-        self.broadcaster = BroadcastSender(
-            spec.weights.transport,
-            Site(spec.trainer.cloud, spec.trainer.region, torch.cuda.is_available()),
-            local=provider_kind(spec.provider).runs_here,
-            opts=BroadcastOptions(bind_host="0.0.0.0"),
+        # weights.transport: how workers get each version besides the pull (torch / auto on GPUs: by broadcast)
+        self.transport = trainer_transport(
+            TrainerEnd(
+                setting=spec.weights.transport,
+                publisher=self.publisher,
+                site=Site(spec.trainer.cloud, spec.trainer.region, torch.cuda.is_available()),
+                one_host=provider_kind(spec.provider).runs_here,
+                bind_host="0.0.0.0",
+            )
         )
         # validation on held-out problems (task.eval_every), beside the steps (rlboost/trainer/evaluation.py)
         self.evaluator = Evaluator(spec, self.task) if spec.task.eval_every else None
@@ -145,7 +147,7 @@ class TrainerRuntime:
             "offloads": c.offloads if c else 0,
             "tail_migrations": c.tail_migrations if c else 0,
             "workers": c.workers_snapshot() if c else [],
-            "weights": {**self.publisher.stats(), "broadcast": self.broadcaster.stats()},
+            "weights": {**self.publisher.stats(), "broadcast": self.transport.stats()},
             "history": self.history[since:],
             "history_from": min(since, len(self.history)),
             "evals": self.evals[evals_since:],
@@ -219,8 +221,8 @@ class TrainerRuntime:
         await asyncio.to_thread(self.publisher.stage, version, tensors)
         assert self.coord is not None
         receivers = [Receiver(c.id, c.kind, c.cuda, c.cloud, c.region) for c in self.coord.receivers()]
-        plans = await self.broadcaster.start(self.publisher, version, receivers)
-        await self.coord.publish(version, plans)
+        offers = await self.transport.publish(version, receivers)
+        await self.coord.publish(version, offers)
         await self._maybe_evaluate(version, tensors)
 
     async def _maybe_evaluate(self, version: int, tensors: dict) -> None:
@@ -402,7 +404,7 @@ class TrainerRuntime:
             await self.publish(step + 1)
             rec = self._step_record(step, responses, samples, metrics, migrated0, t0, t_gen, feeder)
             rec["publish_s"] = round(time.monotonic() - t_pub, 3)  # the weight sync's share on the trainer
-            rec["broadcast"] = self.broadcaster.last  # the last finished broadcast (weights.transport)
+            rec["broadcast"] = self.transport.last  # the last version weights.transport carried
             self.history.append(rec)
             recorder.write(responses)
             self.step = step + 1
@@ -474,6 +476,7 @@ class TrainerRuntime:
             self._eval_running.cancel()
         if self.coord:
             await self.coord.close()
+        await self.transport.close()  # bounded: the workers just told to shut down leave its broadcast
         if self.engine_proc and self.engine_proc.poll() is None:
             self.engine_proc.terminate()
             try:

@@ -1,5 +1,6 @@
-"""Weight broadcast over torch.distributed: the optional transport for workers in the trainer's own
-network (`weights.transport`), beside the HTTP pull (rlboost/weights/publisher.py, rlboost/weights/pull.py).
+"""Weight broadcast over torch.distributed: the mechanism of the `torch` transport for workers in the
+trainer's own network (rlboost/weights/transports/torch_broadcast.py says who gets it and drives both
+ends), beside the HTTP pull (rlboost/weights/publisher.py, rlboost/weights/pull.py).
 
 Per transfer the trainer opens a fresh TCPStore (its own rendezvous address) and announces a
 `BroadcastPlan` to the members that asked for the version: the version's manifest (the same one the
@@ -15,7 +16,7 @@ A member that dies mid-broadcast breaks the collective for everyone. The survivo
 the same store: each reports how many buckets it holds, the trainer waits `regroup_s` for the
 reports (the dead never report), and a new group of those who did resumes from the first bucket
 they all lack. After `max_rounds` failed rounds, or when a member is left out, the member falls
-back to the HTTP pull (rlboost/weights/broadcast_receiver.py). Every wait is bounded, so neither side hangs.
+back to the HTTP pull (the worker's WeightNode does). Every wait is bounded, so neither side hangs.
 
 Store keys (one prefix per round `r<n>/`):
     r<n>/alive/<member>  member -> trainer: buckets held (rounds after the first)
@@ -43,7 +44,6 @@ if TYPE_CHECKING:
     import torch.distributed as dist
 
 Backend = Literal["gloo", "nccl"]
-Transport = Literal["auto", "http", "torch"]
 DEFAULT_BUCKET_BYTES = 64 * 1024 * 1024  # few collectives per version; a bucket is whole chunks
 _POLL_S = 0.05
 
@@ -104,42 +104,6 @@ def buckets(m: Manifest, bucket_bytes: int) -> list[Bucket]:
 
 def _bucket(index: int, group: list[ChunkInfo]) -> Bucket:
     return Bucket(index, group[0].offset, sum(c.size for c in group), tuple(group))
-
-
-# ---- choosing the transport ---------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Site:
-    """Where a node runs, as far as the transport cares."""
-
-    cloud: str
-    region: str | None
-    cuda: bool
-
-
-def choose_transport(setting: Transport, trainer: Site, members: list[Site]) -> Literal["http", "torch"]:
-    """`auto`: torch only when every member is on a GPU in the trainer's network (the same cloud and
-    region, or all local), since a broadcast waits on its slowest member and NCCL needs direct
-    routes; `torch` forces it (gloo without GPUs); `http` never."""
-    if setting != "auto":
-        return setting
-    if not members or not trainer.cuda:
-        return "http"
-    for m in members:
-        if not m.cuda or m.cloud != trainer.cloud:
-            return "http"
-        if trainer.cloud != "local" and (m.region is None or m.region != trainer.region):
-            return "http"
-    return "torch"
-
-
-def backend_for(trainer: Site, members: list[Site]) -> Backend:
-    """NCCL between GPUs on different machines; gloo otherwise, and on one machine (the local
-    provider), where the members would share GPUs and NCCL refuses two ranks on one device."""
-    if trainer.cloud == "local" or not trainer.cuda or not all(m.cuda for m in members):
-        return "gloo"
-    return "nccl"
 
 
 # ---- process groups -----------------------------------------------------------------------------

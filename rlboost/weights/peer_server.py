@@ -4,8 +4,9 @@ The `WeightStore` (rlboost/weights/store.py) holds the version being pulled (its
 served as they land, so a swarm of newcomers trades chunks before any of them is complete) and the
 last complete version (the base for a delta, and what newcomers fetch from this worker).
 `PeerServer` serves the store with the same routes as the trainer, behind the same job token, as
-`ServeOptions` say. `WeightNode` is what the agent uses: it starts the server, pulls through the
-store (rlboost/weights/pull.py, with the node's `PullOptions`), and keeps announcing what it holds.
+`ServeOptions` say. `WeightNode` is what the agent uses: it starts the server, gets each version
+into the store (by the transport the trainer offered, rlboost/weights/transports/, else by the pull,
+rlboost/weights/pull.py, with the node's `PullOptions`), and keeps announcing what it holds.
 
 Reachability: a worker advertises http://RLBOOST_PEER_HOST:port (bind host, default 127.0.0.1;
 RLBOOST_PEER_URL overrides what is advertised); in a TLS job it serves https with its own self-signed
@@ -34,14 +35,22 @@ from typing import TYPE_CHECKING
 import aiohttp
 from aiohttp import web
 
+from rlboost.contracts.protocol import Offer
 from rlboost.contracts.tls import ENV_FINGERPRINT
-from rlboost.weights.broadcast import BroadcastError
-from rlboost.weights.broadcast_receiver import receive_to_store
-from rlboost.weights.pull import PullOptions, PullStats, WeightPullError, get_manifest, pull_weights
+from rlboost.weights.pull import PullOptions, PullStats
+from rlboost.weights.pull_control import WeightPullError, get_manifest
 from rlboost.weights.region_fanout import region_key
 from rlboost.weights.serving import RateLimit, ServeCounters, add_chunk_routes
 from rlboost.weights.store import WeightStore
 from rlboost.weights.tracker import encode_bits
+from rlboost.weights.transports import (
+    PULL,
+    Fetch,
+    TransportError,
+    UnknownTransportError,
+    WeightTransport,
+    worker_transport,
+)
 
 if TYPE_CHECKING:
     import torch
@@ -135,8 +144,11 @@ class WeightNode:
         self._seeder: asyncio.Task | None = None
         self._reserving: asyncio.Future | None = None
         self._preparing: asyncio.Future | None = None
-        self.broadcasts = 0  # versions received over the trainer's torch.distributed broadcast
-        self.broadcast_fallbacks = 0  # broadcasts that failed here (then pulled over HTTP)
+        self.pull_via = worker_transport(PULL)  # every version the trainer offered no other way, and the fallback
+        self._transports: dict[str, WeightTransport] = {}  # the worker ends of the transports offered so far
+        self.offers_taken = 0  # versions received by the transport the trainer offered (e.g. its broadcast)
+        self.offers_failed = 0  # offers that failed here (then pulled over HTTP)
+        self.last_fallback = ""  # why the last one failed
 
     @classmethod
     def from_env(cls, token: str, peer_id: str, kind: str) -> WeightNode:
@@ -185,6 +197,8 @@ class WeightNode:
             self._seeder.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._seeder
+        for t in self._transports.values():
+            await t.close()
         if self.server is not None:
             await self.server.close()
 
@@ -215,12 +229,12 @@ class WeightNode:
         version: int,
         session: aiohttp.ClientSession,
         as_tensors: bool = True,
-        broadcast: dict | None = None,
+        offer: Offer | None = None,
     ) -> dict[str, torch.Tensor]:
-        """Pull `version`; the tensors are views into the store's buffer, valid until the pull after
-        next reuses it (the engine copies them at once). `broadcast`: the trainer's plan for a
-        torch.distributed broadcast of it (rlboost/weights/broadcast.py), tried first; when it fails
-        the version is pulled as usual."""
+        """Get `version`; the tensors are views into the store's buffer, valid until the pull after
+        next reuses it (the engine copies them at once). `offer`: the trainer's offer of another
+        transport for it (e.g. its torch.distributed broadcast), tried first; when it fails the
+        version is pulled as usual."""
         if self._preparing is not None:
             with contextlib.suppress(Exception):
                 await self._preparing
@@ -231,26 +245,28 @@ class WeightNode:
             self._reserving = None
         await self.start()
         self._base_url = base_url
-        stats = PullStats()
-        got = await self._receive(broadcast, base_url, version, stats) if broadcast is not None else None
-        bar = _ProgressBar(version) if sys.stderr.isatty() and got is None else None
-        try:
-            if got is not None:
-                tensors = got
-            else:
-                tensors = await pull_weights(
-                    base_url,
-                    version,
-                    replace(self.opts, peer_url=self.peer_url, as_tensors=as_tensors),
-                    session=session,
-                    stats=stats,
-                    store=self.store,
-                    on_progress=bar.update if bar else None,
-                )
-        finally:
-            if bar:
-                bar.close()
-        self.last = stats
+        job = Fetch(
+            version=version,
+            base_url=base_url,
+            member=self.peer_id,
+            store=self.store,
+            session=session,
+            pull=replace(self.opts, peer_url=self.peer_url, as_tensors=as_tensors),
+            stats=PullStats(version=version),
+        )
+        got = await self._by_offer(offer, job) if offer is not None and offer.transport != PULL else None
+        if got is not None:
+            tensors = got
+        else:
+            job.stats = PullStats()  # a failed offer's counts are not the pull's
+            bar = _ProgressBar(version) if sys.stderr.isatty() else None
+            job.on_progress = bar.update if bar else None
+            try:
+                tensors = await self.pull_via.fetch(job, {})
+            finally:
+                if bar:
+                    bar.close()
+        stats = self.last = job.stats
         log.info("pulled weights %s", stats.summary())
         if stats.mode != "local" and not self.store.has_spare(stats.total_bytes):
             # The next pull needs a second buffer (this one stays the delta base and is served to
@@ -262,21 +278,21 @@ class WeightNode:
                 self._seeder = asyncio.create_task(self._seed(session))
         return tensors
 
-    async def _receive(
-        self, plan: dict, base_url: str, version: int, stats: PullStats
-    ) -> dict[str, torch.Tensor] | None:
-        """`version` over the trainer's broadcast, or None (then pull it) when that fails."""
+    async def _by_offer(self, offer: Offer, job: Fetch) -> dict[str, torch.Tensor] | None:
+        """`job.version` by the transport the trainer offered, or None (then pull it) when that fails."""
         t0 = time.monotonic()
         try:
-            tensors = await receive_to_store(plan, self.peer_id, self.store, base_url, version)
-        except BroadcastError as e:
-            self.broadcast_fallbacks += 1
-            log.warning("weights v%d: broadcast failed (%s); pulling over HTTP", version, e)
+            via = self._transports.get(offer.transport)
+            if via is None:
+                via = self._transports[offer.transport] = worker_transport(offer.transport)
+            tensors = await via.fetch(job, offer.plan)
+        except (TransportError, UnknownTransportError) as e:
+            self.offers_failed += 1
+            self.last_fallback = str(e)
+            log.warning("weights v%d: %s transport failed (%s); pulling over HTTP", job.version, offer.transport, e)
             return None
-        self.broadcasts += 1
-        held = self.store.latest_complete()
-        stats.version, stats.mode, stats.seconds = version, "broadcast", time.monotonic() - t0
-        stats.total_bytes = stats.bytes_received = held.manifest.total_bytes if held else 0
+        self.offers_taken += 1
+        job.stats.seconds = time.monotonic() - t0
         return tensors
 
     async def _announce(self, session: aiohttp.ClientSession) -> None:
@@ -313,8 +329,8 @@ class WeightNode:
         return {
             "peer_url": self.peer_url,
             "served_bytes": self.server.counters.total if self.server else 0,
-            "broadcasts": self.broadcasts,
-            "broadcast_fallbacks": self.broadcast_fallbacks,
+            "offers_taken": self.offers_taken,
+            "offers_failed": self.offers_failed,
             "last_pull": None if s is None else {k: getattr(s, k) for k in s.__dataclass_fields__},
         }
 

@@ -19,6 +19,10 @@ Failures: a broken body resumes with a `Range` request for the rest (from any so
 bytes are fixed by their hash); a dead peer, or one that serves wrong bytes, is dropped and
 reported, and its chunks are fetched elsewhere; origin failures are retried with backoff, `retries`
 times per chunk. Every request has a deadline, so a pull either finishes or raises WeightPullError.
+
+Beside this module: the control plane (manifest, latest version, errors and retries:
+rlboost/weights/pull_control.py) and the fetch threads' shared schedule of chunks and sources
+(rlboost/weights/pull_schedule.py).
 """
 
 from __future__ import annotations
@@ -29,7 +33,6 @@ import contextlib
 import random
 import threading
 import time
-from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -38,11 +41,13 @@ import aiohttp
 from pydantic import ValidationError
 
 from rlboost.contracts import digest
-from rlboost.contracts.retry import Backoff, aretry, retry
-from rlboost.contracts.weight_manifest import DeltaManifest, Manifest, itemsize, root_of
+from rlboost.contracts.retry import retry
+from rlboost.contracts.weight_manifest import DeltaManifest, Manifest
 from rlboost.weights.buffers import HostBuffer, tensor_views
 from rlboost.weights.chunk_http import HttpConn, Partial, SourceError
 from rlboost.weights.delta_codec import decode_chunk
+from rlboost.weights.pull_control import PULL_BACKOFF, ControlClient, WeightPullError, fetch_manifest, retryable
+from rlboost.weights.pull_schedule import ORIGIN, ChunkSchedule
 from rlboost.weights.serving import RateLimit
 from rlboost.weights.tracker import decode_bits, encode_bits
 
@@ -50,12 +55,6 @@ if TYPE_CHECKING:
     import torch
 
     from rlboost.weights.store import Held, WeightStore
-
-ORIGIN = "origin"
-
-
-class WeightPullError(RuntimeError):
-    """A weight pull failed for good (after retries, or on an answer retrying cannot fix)."""
 
 
 @dataclass(frozen=True)
@@ -116,18 +115,6 @@ class _Corrupt(Exception):
     pass
 
 
-# origin and control-plane retries: 50 ms doubling to 2 s, x0.5-1.5 jitter
-PULL_BACKOFF = Backoff(base_s=0.05, cap_s=2.0)
-
-
-class _RetryableStatus(RuntimeError):
-    """A control-plane answer worth asking again (5xx, 408, 429)."""
-
-
-def _retryable(status: int) -> bool:
-    return status >= 500 or status in (408, 429)
-
-
 # ---- one chunk over one connection (runs on a fetch thread) ------------------------------------
 
 
@@ -159,7 +146,7 @@ def fetch_into(
             raise SourceError(f"unexpected Content-Range {h.get('content-range')!r}")
     else:
         detail = conn.read_text(h, 200)
-        raise SourceError(f"HTTP {status}: {detail}", retryable=_retryable(status), status=status)
+        raise SourceError(f"HTTP {status}: {detail}", retryable=retryable(status), status=status)
     length = h.get("content-length")
     if length is None or not length.isdigit() or int(length) != size - part.got:
         conn.close()
@@ -171,128 +158,6 @@ def fetch_into(
         part.reset()
         raise _Corrupt(f"{part.alg} mismatch")
     return n
-
-
-# ---- which chunk next, from where (shared by the fetch threads) --------------------------------
-
-
-class _Plan:
-    """Thread-safe schedule of the chunks still to fetch, and of the sources to fetch them from."""
-
-    def __init__(self, label: str, chunks: list[int], retries: int, seed: int, on_need: Callable[[], None]) -> None:
-        self.label = label
-        self.cv = threading.Condition()
-        self.todo = set(chunks)
-        self.order = list(chunks)
-        random.Random(seed).shuffle(self.order)  # pullers start at different chunks: more to trade
-        self.busy: set[int] = set()
-        self.grants: set[int] = set()
-        self.grant_all = False
-        self.holders: dict[int, set[str]] = {}
-        self.peer_have: dict[str, set[int]] = {}
-        self.bad: set[str] = set()
-        self.new_bad: set[str] = set()
-        self.load: Counter[str] = Counter()
-        self.fails: Counter[int] = Counter()
-        self.partials: dict[int, Partial] = {}
-        self.retries = retries
-        self.error: BaseException | None = None
-        self.stopped = False
-        self.idle = 0
-        self.low_water = 4
-        self.on_need = on_need
-
-    # called from the event loop with the tracker's answer
-    def update(self, peers: dict[str, set[int]] | None, grants: set[int] | None, grant_all: bool = False) -> None:
-        with self.cv:
-            if peers is not None:
-                self.peer_have = {u: h for u, h in peers.items() if u not in self.bad}
-                self.holders = {}
-                for u, have in self.peer_have.items():
-                    for c in have:
-                        self.holders.setdefault(c, set()).add(u)
-            if grants is not None:
-                self.grants = set(grants)
-            self.grant_all = self.grant_all or grant_all
-            self.cv.notify_all()
-
-    def take(self) -> tuple[int, str] | None:
-        """The next (chunk, source), waiting while everything left is busy or not yet sourced."""
-        with self.cv:
-            while True:
-                if self.error is not None or self.stopped or not self.todo:
-                    return None
-                pick = self._pick()
-                if pick is not None:
-                    c, src = pick
-                    self.busy.add(c)
-                    self.load[src] += 1
-                    if src == ORIGIN and not self.grant_all and len(self.grants - self.busy) < self.low_water:
-                        self.on_need()  # ask for more grants before the threads run dry
-                    return pick
-                self.idle += 1
-                self.on_need()  # ask the tracker now rather than at the next tick
-                self.cv.wait(0.2)
-                self.idle -= 1
-
-    def _pick(self) -> tuple[int, str] | None:
-        free = [c for c in self.order if c in self.todo and c not in self.busy]
-        for c in free:  # origin grants first: others may be waiting for exactly these
-            if c in self.grants or (self.grant_all and not self.holders.get(c)):
-                return c, ORIGIN
-        for c in free:
-            good = [u for u in self.holders.get(c, ()) if u not in self.bad]
-            if good:
-                least = min(self.load[u] for u in good)
-                return c, random.choice([u for u in good if self.load[u] == least])
-        if self.grant_all:  # only chunks whose holders all went bad are left
-            return (free[0], ORIGIN) if free else None
-        return None
-
-    def done(self, c: int, src: str) -> None:
-        with self.cv:
-            self.todo.discard(c)
-            self.busy.discard(c)
-            self.load[src] -= 1
-            self.grants.discard(c)
-            self.partials.pop(c, None)
-            self.cv.notify_all()
-
-    def failed(self, c: int, src: str, err: BaseException, *, drop: set[str], forget: str | None) -> int:
-        """Record a failed try; returns how many origin failures chunk c has had.
-
-        `drop`: peers to stop using (dead or lying; reported to the tracker). `forget`: a peer that
-        answered 404, i.e. no longer holds this version: not bad, just not a holder."""
-        with self.cv:
-            self.busy.discard(c)
-            self.load[src] -= 1
-            for u in drop:
-                if u not in self.bad:
-                    self.bad.add(u)
-                    self.new_bad.add(u)
-            for u in [*drop, *([forget] if forget else [])]:
-                self.peer_have.pop(u, None)
-                for h in self.holders.values():
-                    h.discard(u)
-            n = 0
-            if src == ORIGIN:
-                self.fails[c] += 1
-                n = self.fails[c]
-                if n > self.retries:
-                    self.error = WeightPullError(f"{self.label} chunk {c}: failed after {n} attempts: {err!r}")
-            self.cv.notify_all()
-            return n
-
-    def fail(self, err: BaseException) -> None:
-        with self.cv:
-            self.error = self.error or err
-            self.stopped = True
-            self.cv.notify_all()
-
-    def stop(self) -> None:
-        with self.cv:
-            self.stopped = True
-            self.cv.notify_all()
 
 
 # ---- the pull --------------------------------------------------------------------------------
@@ -333,7 +198,7 @@ class _Ctx:
     base: str  # origin base URL
     version: int
     opts: PullOptions
-    cl: _Client
+    cl: ControlClient
     m: Manifest
     buf: HostBuffer
     mark: Callable[[int], None]  # chunk i is verified in `buf` (a store serves it to peers from then on)
@@ -377,7 +242,7 @@ class _Ctx:
                 setattr(self.stats, k, getattr(self.stats, k) + v)
 
 
-def _full_loop(ctx: _Ctx, plan: _Plan) -> None:
+def _full_loop(ctx: _Ctx, plan: ChunkSchedule) -> None:
     """One fetch thread: take a chunk, fetch it from its source, verify, repeat."""
     m, buf = ctx.m, ctx.buf
     pool: dict[str, HttpConn] = {}
@@ -503,125 +368,6 @@ def _delta_loop(ctx: _Ctx, job: _DeltaJob) -> None:
         conn.close()
 
 
-def _check_manifest(m: Manifest, version: int) -> None:
-    """Chunks must tile [0, total) exactly and tensors must lie inside it, or writes could overlap."""
-    if m.version != version:
-        raise WeightPullError(f"asked for weight version {version}, manifest says {m.version}")
-    offset = 0
-    for i, c in enumerate(m.chunks):
-        if c.index != i or c.offset != offset or c.size > m.chunk_bytes:
-            raise WeightPullError(f"weight version {version}: manifest chunk {i} is out of place")
-        offset += c.size
-    if offset != m.total_bytes:
-        raise WeightPullError(f"weight version {version}: chunks cover {offset} of {m.total_bytes} bytes")
-    if root_of(m.chunks, m.digest) != m.root:
-        raise WeightPullError(f"weight version {version}: manifest root hash does not match its chunks")
-    for t in m.tensors:
-        try:
-            size = itemsize(t.dtype)
-        except ValueError as e:
-            raise WeightPullError(f"weight version {version}: {e}") from e
-        numel = 1
-        for s in t.shape:
-            if s < 0:
-                raise WeightPullError(f"weight version {version}: {t.name} has a negative dimension")
-            numel *= s
-        if numel * size != t.nbytes or t.offset + t.nbytes > m.total_bytes or t.offset % size:
-            raise WeightPullError(f"weight version {version}: tensor {t.name} does not fit the buffer")
-
-
-@dataclass
-class _Client:
-    """The control-plane requests (manifest, tracker) over the agent's aiohttp session."""
-
-    session: aiohttp.ClientSession
-    token: str | None
-    timeout_s: float
-    retries: int
-    stats: PullStats
-
-    def headers(self) -> dict[str, str]:
-        return {"Authorization": f"Bearer {self.token}"} if self.token else {}
-
-    async def get_json(self, url: str, what: str, *, missing_ok: bool = False) -> Any:
-        async def once() -> Any:
-            timeout = aiohttp.ClientTimeout(total=self.timeout_s)
-            async with self.session.get(url, headers=self.headers(), timeout=timeout) as resp:
-                if resp.status == 200:
-                    return await resp.json()
-                if resp.status == 404 and missing_ok:
-                    return None
-                detail = (await resp.text())[:200]
-                if not _retryable(resp.status):
-                    raise WeightPullError(f"{what}: HTTP {resp.status} from {url}: {detail}")
-                raise _RetryableStatus(f"HTTP {resp.status}: {detail}")
-
-        def counted(_attempt: int, _err: BaseException) -> None:
-            self.stats.retries += 1
-
-        transient = (aiohttp.ClientError, asyncio.TimeoutError, ValueError, _RetryableStatus)
-        try:
-            return await aretry(once, tries=self.retries + 1, backoff=PULL_BACKOFF, on=transient, on_retry=counted)
-        except transient as err:
-            raise WeightPullError(f"{what}: failed after {self.retries + 1} attempts: {err!r}") from err
-
-    async def post_json(self, url: str, body: dict) -> tuple[int, Any]:
-        timeout = aiohttp.ClientTimeout(total=min(self.timeout_s, 5.0))
-        async with self.session.post(url, json=body, headers=self.headers(), timeout=timeout) as resp:
-            return resp.status, (await resp.json() if resp.status == 200 else None)
-
-
-async def latest_version(
-    base_url: str,
-    *,
-    token: str | None = None,
-    session: aiohttp.ClientSession | None = None,
-    timeout_s: float = 10.0,
-    retries: int = 2,
-) -> int | None:
-    """The newest version the publisher holds, or None before the first publish."""
-    own = session is None
-    cl = _Client(session or aiohttp.ClientSession(), token, timeout_s, retries, PullStats())
-    try:
-        body = await cl.get_json(f"{base_url.rstrip('/')}/v1/weights/latest", "latest weight version")
-    finally:
-        if own:
-            await cl.session.close()
-    v = body.get("version") if isinstance(body, dict) else None
-    if v is not None and (type(v) is not int or v < 0):
-        raise WeightPullError(f"latest weight version: bad answer {body!r}")
-    return v
-
-
-async def _manifest(cl: _Client, base: str, version: int) -> Manifest:
-    try:
-        raw = await cl.get_json(f"{base}/v1/weights/{version}/manifest", f"weight version {version}")
-        m = Manifest.model_validate(raw)
-    except ValidationError as e:
-        raise WeightPullError(f"weight version {version}: invalid manifest: {e}") from e
-    _check_manifest(m, version)
-    return m
-
-
-async def get_manifest(
-    base_url: str,
-    version: int,
-    *,
-    token: str | None = None,
-    session: aiohttp.ClientSession | None = None,
-    timeout_s: float = 10.0,
-    retries: int = 2,
-) -> Manifest:
-    """Version `version`'s manifest, checked like a pull checks it (WeightPullError if it is bad)."""
-    own = session is None
-    cl = _Client(session or aiohttp.ClientSession(), token, timeout_s, retries, PullStats())
-    try:
-        return await _manifest(cl, base_url.rstrip("/"), version)
-    finally:
-        if own:
-            await cl.session.close()
-
-
 async def pull_weights(
     base_url: str,
     version: int,
@@ -643,9 +389,9 @@ async def pull_weights(
     st = stats if stats is not None else PullStats()
     st.version, t0 = version, time.monotonic()
     own = session is None
-    cl = _Client(session or aiohttp.ClientSession(), o.token, o.timeout_s, o.retries, st)
+    cl = ControlClient(session or aiohttp.ClientSession(), o.token, o.timeout_s, o.retries, st)
     try:
-        m = await _manifest(cl, base, version)
+        m = await fetch_manifest(cl, base, version)
         st.total_bytes, st.chunks = m.total_bytes, len(m.chunks)
         if o.local and m.local_path:
             from rlboost.weights.local import open_local
@@ -729,7 +475,7 @@ async def _full_phase(ctx: _Ctx, todo: list[int], on_progress: Callable[[int, in
         with contextlib.suppress(RuntimeError):  # the loop is closing
             loop.call_soon_threadsafe(need.set)
 
-    plan = _Plan(f"weight version {version}", todo, o.retries, seed, on_need)
+    plan = ChunkSchedule(f"weight version {version}", todo, o.retries, seed, on_need)
     have = set(range(len(m.chunks))) - set(todo)
     if not o.swarm:
         plan.update(None, None, grant_all=True)

@@ -3,7 +3,7 @@
 `WeightStore` holds the version being pulled (its verified chunks are served to peers as they land,
 so a swarm of newcomers trades chunks before any of them is complete) and the last complete version
 (the base for a delta, and what newcomers fetch from this worker). The pull (rlboost/weights/pull.py)
-and the broadcast receiver (rlboost/weights/broadcast_receiver.py) write into it; the peer server
+and the other transports (rlboost/weights/transports/) write into it; the peer server
 (rlboost/weights/peer_server.py) serves it. It imports none of them.
 """
 

@@ -20,7 +20,7 @@ import aiohttp
 from rlboost.contracts import enrolment, tls, token_frames
 from rlboost.contracts import protocol as P
 from rlboost.weights.peer_server import WeightNode
-from rlboost.weights.pull import WeightPullError
+from rlboost.weights.pull_control import WeightPullError
 from rlboost.worker.engines import Engine, GenRequest, make_engine
 from rlboost.worker.notice import NoticeWatcher
 
@@ -75,7 +75,7 @@ class WorkerAgent:
         self.idle.set()
         self.draining = False
         self.want_version: int | None = None
-        self.want_plan: dict | None = None  # the trainer's broadcast plan for want_version, if any
+        self.want_offer: P.Offer | None = None  # the trainer's offer of another transport for want_version
         self._cuda: bool | None = None
         self.version_event = asyncio.Event()
         self.tokens_window: deque[tuple[float, int]] = deque()
@@ -258,7 +258,7 @@ class WorkerAgent:
             elif isinstance(msg, P.Abort):
                 self.aborted.update(msg.rids)
             elif isinstance(msg, P.NewVersion):
-                self._request_version(msg.version, msg.broadcast)
+                self._request_version(msg.version, msg.offer)
             elif isinstance(msg, P.Shutdown):
                 log.info("shutdown: %s", msg.reason)
                 self.exit_reason = "shutdown"
@@ -268,8 +268,8 @@ class WorkerAgent:
         raise Disconnected(f"connection closed ({ws.close_code})")
 
     # ---- weights -----------------------------------------------------------------------
-    def _request_version(self, version: int, plan: dict | None = None) -> None:
-        self.want_version, self.want_plan = version, plan
+    def _request_version(self, version: int, offer: P.Offer | None = None) -> None:
+        self.want_version, self.want_offer = version, offer
         self.version_event.set()
 
     async def _has_cuda(self) -> bool:
@@ -291,14 +291,14 @@ class WorkerAgent:
         while True:
             await self.version_event.wait()
             self.version_event.clear()
-            v, plan = self.want_version, self.want_plan
-            self.want_plan = None  # a retry pulls over HTTP: the broadcast is over by then
+            v, offer = self.want_version, self.want_offer
+            self.want_offer = None  # a retry pulls over HTTP: the offered transfer is over by then
             assert self.engine is not None and self.welcome is not None and v is not None
             if self.engine.version != v:
                 await self.idle.wait()  # never swap weights under a running batch
                 t0 = time.monotonic()
                 try:
-                    tensors = await self.weights.pull(self._weights_base(), v, self.session, broadcast=plan)
+                    tensors = await self.weights.pull(self._weights_base(), v, self.session, offer=offer)
                 except WeightPullError as e:  # e.g. the trainer restarting: try again, don't hang
                     log.warning("weight pull of version %d failed: %s; retrying", v, e)
                     await asyncio.sleep(1.0)

@@ -1,0 +1,3 @@
+"""Helpers the tests and the benchmarks share (never installed: the wheel holds only rlboost/):
+hf_fixtures.py makes tiny Hugging Face models, tokenizers and data files on the spot; weight_origin.py
+is a real weight publisher serving a version over HTTP on a thread of its own."""

@@ -113,10 +113,7 @@ def test_the_job_file_rules_follow_the_records() -> None:
 NAMED = ("provider", "provider_name", "cloud", "clouds", "cloud_name")
 # files that still compare a name, each with who removes the comparisons; an entry whose file is clean
 # fails the test, so that it is removed with them
-KNOWN: dict[str, str] = {
-    # choose_transport / backend_for: `trainer.cloud == "local"`; cloud_kind(cloud).shares_machine says it
-    "rlboost/weights/broadcast.py": "the weight-transport change of issue 37",
-}
+KNOWN: dict[str, str] = {}
 
 
 def _is_provider(node: ast.expr) -> bool:

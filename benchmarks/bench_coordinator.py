@@ -230,7 +230,7 @@ def cpu_s() -> float:
 
 def bench_config(args, **over):
     """The coordinator's config in both modes: a synthetic fleet, `args`' batch size and budget."""
-    from rlboost.rollout.coordinator import CoordinatorConfig
+    from rlboost.rollout.live import CoordinatorConfig
 
     return CoordinatorConfig(
         job_seed=0,
@@ -249,7 +249,7 @@ def bench_config(args, **over):
 async def coordinator_main(args, port_q, result_q) -> None:
     from aiohttp import web
 
-    from rlboost.rollout.coordinator import Coordinator, RolloutRequest
+    from rlboost.rollout.live import LiveCoordinator, RolloutRequest
 
     cfg = bench_config(
         args,
@@ -257,7 +257,7 @@ async def coordinator_main(args, port_q, result_q) -> None:
         flush_s=args.flush_s,
         migration=None if args.no_migration else MigrationConfig(),
     )
-    coord = Coordinator(cfg)
+    coord = LiveCoordinator(cfg)
     freed: dict[str, float] = {}
     refill: list[float] = []
     orig_on_message = coord._on_message
@@ -429,11 +429,12 @@ def inproc(args) -> dict:
     full dispatch round of a step, token ingest, and the migration of `--migrate` partial responses
     (engines drain at once -> everything they held is dispatched again with its prefix)."""
     from rlboost.rollout.book import Response
-    from rlboost.rollout.coordinator import Coordinator, EngineConn
+    from rlboost.rollout.live import LiveCoordinator
+    from rlboost.rollout.live_pool import EngineConn
 
     async def run() -> dict:
         cfg = bench_config(args, model={})
-        coord = Coordinator(cfg)
+        coord = LiveCoordinator(cfg)
         for i in range(args.engines):
             c = EngineConn(f"e{i:05d}", "spot", "synthetic", args.capacity, None, state="ready", version=0)
             coord.engines[c.id] = c

@@ -14,7 +14,7 @@ from aiohttp import web
 
 from rlboost.contracts.lengths import LengthModel
 from rlboost.contracts.sampling import request_seed
-from rlboost.rollout.coordinator import Coordinator, CoordinatorConfig, RolloutRequest
+from rlboost.rollout.live import CoordinatorConfig, LiveCoordinator, RolloutRequest
 from rlboost.trainer.enrolment import WorkerEnrolment
 from rlboost.trainer.server import build_app
 from rlboost.weights.publisher import WeightPublisher
@@ -77,7 +77,7 @@ class LiveTrainer:
             eos_id=EOS,
             max_new_tokens=MAX_NEW,
         )
-        self.coord = Coordinator(cfg)
+        self.coord = LiveCoordinator(cfg)
         self.pub = WeightPublisher()
 
         def on_shutdown() -> None:

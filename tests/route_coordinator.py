@@ -3,11 +3,11 @@ the token check) put behind `build_app`."""
 
 from __future__ import annotations
 
-from rlboost.rollout.coordinator import Coordinator, CoordinatorConfig
+from rlboost.rollout.live import CoordinatorConfig, LiveCoordinator
 
 
-def idle_coordinator() -> Coordinator:
-    return Coordinator(
+def idle_coordinator() -> LiveCoordinator:
+    return LiveCoordinator(
         CoordinatorConfig(
             job_seed=0, temperature=1.0, chunk_tokens=4, heartbeat_s=0.5, heartbeat_timeout_s=3,
             weights_url="", model={}, engine_dtype="float32", engine_batch=4, eos_id=2,

@@ -32,10 +32,11 @@ def test_the_runtime_serves_the_model(served: dict) -> None:
 def test_every_engine_the_coordinator_knows_fits_the_model() -> None:
     """An engine as it connects (no weights yet, nothing measured) and one at work."""
     from rlboost.rollout import scheduling
-    from rlboost.rollout.coordinator import Coordinator, EngineConn
+    from rlboost.rollout.live import LiveCoordinator
+    from rlboost.rollout.live_pool import EngineConn
 
     spec = JobSpec(name="st", rollout={"max_workers": 0})
-    coord = Coordinator(scheduling.coordinator_config(spec, eos_id=2))
+    coord = LiveCoordinator(scheduling.coordinator_config(spec, eos_id=2))
     coord.engines["new"] = EngineConn("new", "spot", "torch", 8, ws=None)  # type: ignore[arg-type]
     coord.engines["busy"] = EngineConn("busy", "reserved", "torch", 8, None, "ready", 3, tokens=40)  # type: ignore[arg-type]
     snap = coord.workers_snapshot()

@@ -168,7 +168,7 @@ def test_token_frames_round_trip_and_reject_malformed():
 def test_workers_with_synthetic_engines_complete_a_step_through_binary_frames(tmp_path):
     """Coordinator + weight publisher on loopback, two real WorkerAgents with synthetic engines."""
     torch = pytest.importorskip("torch")
-    from rlboost.rollout.coordinator import Coordinator, CoordinatorConfig, RolloutRequest
+    from rlboost.rollout.live import CoordinatorConfig, LiveCoordinator, RolloutRequest
     from rlboost.trainer.server import build_app
     from rlboost.weights.publisher import WeightPublisher
     from rlboost.worker.agent import WorkerAgent, WorkerConfig
@@ -192,7 +192,7 @@ def test_workers_with_synthetic_engines_complete_a_step_through_binary_frames(tm
             eos_id=EOS,
             max_new_tokens=64,
         )
-        coord = Coordinator(cfg)
+        coord = LiveCoordinator(cfg)
         pub = WeightPublisher()
         app = build_app("tok", coord, pub, lambda *_: {})
         runner = web.AppRunner(app, handle_signals=False)

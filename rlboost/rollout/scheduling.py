@@ -19,13 +19,15 @@ from rlboost.contracts.protocol import MOUNTED_PATH_KEY
 from rlboost.contracts.provider_kinds import provider_kind
 from rlboost.contracts.spec import JobSpec
 from rlboost.rollout.policies.fleet import FleetDecision, FleetGoal, FleetPolicy, Objective, StepSample
+from rlboost.rollout.policies.lengths import LengthStats
 from rlboost.rollout.policies.migration import MigrationConfig
 from rlboost.rollout.policies.offload import OffloadPolicy, make_offload
 from rlboost.rollout.policies.placement import OfferLike, PlacementTracker
 from rlboost.rollout.policies.tick import TickCadence
 
 if TYPE_CHECKING:
-    from rlboost.rollout.coordinator import CoordinatorConfig
+    from rlboost.rollout.coordinator import CoordinatorRules
+    from rlboost.rollout.live import CoordinatorConfig
 
 
 def perf_table(spec: JobSpec) -> dict[str, AcceleratorPerf]:
@@ -65,11 +67,13 @@ def engine_model_for(spec: JobSpec, accelerator: str | None, speed: float = 1.0)
     return engine_model(accelerator, perf_table(spec), spec.rollout.engine_batch, speed=speed)
 
 
-def offload_policy(spec: JobSpec) -> OffloadPolicy:
+def offload_policy(spec: JobSpec, name: str | None = None, *, overlap: bool = True) -> OffloadPolicy:
+    """The job's offload policy (or the one `name`d); `overlap` False: a synchronous step, which
+    trains only after its last response."""
     return make_offload(
-        spec.rollout.offload_policy,
+        spec.rollout.offload_policy if name is None else name,
         train_tokens_per_s=trainer_tokens_per_s(spec),
-        overlap=trains_while_generating(spec),
+        overlap=trains_while_generating(spec) and overlap,
         min_box_s=spec.rollout.offload_min_box_s,
     )
 
@@ -85,9 +89,31 @@ def tick_cadence(spec: JobSpec) -> TickCadence:
     return TickCadence()
 
 
+def coordinator_rules(
+    spec: JobSpec,
+    *,
+    offload: str | None = None,
+    migrate: bool | None = None,
+    dispatch: str | None = None,
+    overlap: bool = True,
+) -> CoordinatorRules:
+    """The scheduling core this job's coordinator runs (rollout/coordinator.py). A replay of another
+    policy (simulator/presets.py) names its own offload policy, migration and dispatch instead of the
+    job's; `overlap` False: a synchronous step trains only after its last response."""
+    from rlboost.rollout.coordinator import CoordinatorRules
+
+    migrate = spec.rollout.migration if migrate is None else migrate
+    migration = migration_config(spec) if migrate else None
+    if migrate and migration is None:
+        migration = MigrationConfig()
+    stats = LengthStats(spec.algorithm.max_new_tokens)
+    mode = spec.rollout.dispatch_policy if dispatch is None else dispatch
+    return CoordinatorRules(offload_policy(spec, offload, overlap=overlap), tick_cadence(spec), migration, stats, mode)
+
+
 def coordinator_config(spec: JobSpec, eos_id: int) -> CoordinatorConfig:
-    """This job's CoordinatorConfig (rlboost/rollout/coordinator.py); weights_url is set once the server is up."""
-    from rlboost.rollout.coordinator import CoordinatorConfig  # aiohttp and the rest: only where a coordinator runs
+    """This job's CoordinatorConfig (rlboost/rollout/live.py); weights_url is set once the server is up."""
+    from rlboost.rollout.live import CoordinatorConfig  # aiohttp and the rest: only where a coordinator runs
 
     return CoordinatorConfig(
         job_seed=spec.algorithm.seed,

@@ -48,7 +48,7 @@ class ControllerReplay:
         self.spec, self.policy, self.market, self.scale = spec, policy, market, scale
         self.trace: AvailabilityTrace = market.trace
         self.trainer = trainer
-        self.q, self.cores, self.coordinator = trainer.q, trainer.cores, trainer.coordinator
+        self.q, self.cores, self.pool = trainer.q, trainer.cores, trainer.pool
         self.fleet = trainer.fleet
         self.sim = spec.simulate
         self.trainer_offer = offers.trainer
@@ -103,7 +103,7 @@ class ControllerReplay:
             if e.kind == "spot" and e.state != "gone" and e.killed_at == INF and e.kill_at <= t:
                 e.killed_at = t
                 if e.state != "draining":
-                    self.coordinator.lose(e, drained=False)
+                    self.pool.lose(e, drained=False)
         running = [e for e in alive if e.kind == "spot" and not e.victim]
         for iid, notice in self.market.choose_victims(T, [e.id for e in running]):
             e = next(x for x in running if x.id == iid)
@@ -116,7 +116,7 @@ class ControllerReplay:
                 self.q.push(t + 0.05, "drain", e.idx)  # the worker sees the notice file and drains
             else:
                 e.kill_at = e.killed_at = t
-                self.coordinator.lose(e, drained=False)
+                self.pool.lose(e, drained=False)
         if self.trainer.up_at <= t and self.policy.spot:
             self._reconcile(t, T)
         self.sample()
@@ -174,17 +174,17 @@ class ControllerReplay:
     def _dialled_in(self, e: ModelledEngine) -> None:
         if e.state != "gone":
             self.placement.joined(e.id, self.clock())
-        self.coordinator.connect(e)
+        self.pool.connect(e)
 
     def on_drain(self, idx: int) -> None:
         e = self.fleet.engines[idx]
         if e.state != "gone":
-            self.coordinator.lose(e, drained=True)
+            self.pool.lose(e, drained=True)
 
     def gone(self, e: ModelledEngine, preempted: bool) -> None:
         """Terminated (released, or reaped after a preemption): billing ends now."""
         if e.state not in ("draining", "gone"):
-            self.coordinator.lose(e, drained=False)
+            self.pool.lose(e, drained=False)
         e.state = "gone"
         self.fleet.alive.remove(e)
         self.bill.append((e.started, self.clock(), e.offer.hourly_price if e.offer else 0.0, True))
@@ -197,7 +197,7 @@ class ControllerReplay:
         if self.sizer is None:
             return
         clock = self.clock()
-        sample = StepSample(s.n_remote, outcome.step_s, outcome.gen_s, outcome.train_busy_s, tokens)
+        sample = StepSample(outcome.n_remote, outcome.step_s, outcome.gen_s, outcome.train_busy_s, tokens)
         at = FleetClock(self.trainer.steps_done + 1, clock, self.spent())
         d = self.sizer.decide(sample, at, clock, self.fleet_target)
         self.fleet_target = d.workers

@@ -1,9 +1,11 @@
 """Discrete-event replay of one job under one policy, on a virtual clock.
 
-A replay is four parts on one event queue (rlboost/simulator/events.py), each the stand-in for a live process
-and each calling the same scheduling core (rollout/) as that process:
+A replay runs the live Coordinator (rlboost/rollout/coordinator.py: dispatch, ticks, offload, tail
+migration, tail batching) on a virtual clock, and around it four parts on one event queue
+(rlboost/simulator/events.py), each the stand-in for what the coordinator talks to and each calling
+the same scheduling core (rlboost/rollout/) as the live process:
 
-    CoordinatorReplay (coordinator_replay.py)  dispatch, offload, migration, losses: the coordinator
+    ModelledPool      (modelled_pool.py)       the engines the coordinator schedules, and their losses
     TrainerReplay     (trainer_replay.py)      steps, training while the tail generates, publishing
     ControllerReplay  (controller_replay.py)   polls, the spot market, reconcile, fleet size, the bill
     CoreShare         (cores.py)               a local job's processes sharing this machine's cores
@@ -29,33 +31,23 @@ from rlboost.contracts.spec import JobSpec
 from rlboost.providers.pricing import Offer
 from rlboost.providers.spot_market import AvailabilityTrace, SpotMarket
 from rlboost.rollout import scheduling
-from rlboost.rollout.policies.lengths import LengthStats
-from rlboost.rollout.policies.migration import MigrationConfig
-from rlboost.rollout.policies.offload import make_offload
+from rlboost.rollout.coordinator import Coordinator, CoordinatorRules
 from rlboost.simulator.controller_replay import ControllerReplay, Offers
-from rlboost.simulator.coordinator_replay import CoordinatorReplay, CoordinatorRules
 from rlboost.simulator.cores import CoreShare
 from rlboost.simulator.engines import Fleet
 from rlboost.simulator.events import INF, EventQueue
+from rlboost.simulator.modelled_pool import ModelledPool
 from rlboost.simulator.presets import SimPolicy
 from rlboost.simulator.result import SimResult
 from rlboost.simulator.trainer_replay import TrainerReplay
 
 
 def coordinator_rules(spec: JobSpec, policy: SimPolicy) -> CoordinatorRules:
-    """The job's scheduling core (rlboost/rollout/scheduling.py), with the policy's choices in place of the job's."""
-    migration = scheduling.migration_config(spec) if policy.migration else None
-    if policy.migration and migration is None:
-        migration = MigrationConfig()
-    offload = make_offload(
-        policy.offload,
-        train_tokens_per_s=scheduling.trainer_tokens_per_s(spec),
-        # a synchronous step trains only after its last response
-        overlap=scheduling.trains_while_generating(spec) and not policy.sync,
-        min_box_s=spec.rollout.offload_min_box_s,
+    """The job's scheduling core (rlboost/rollout/scheduling.py), with the policy's choices in place of the
+    job's (a synchronous step trains only after its last response)."""
+    return scheduling.coordinator_rules(
+        spec, offload=policy.offload, migrate=policy.migration, dispatch=policy.dispatch, overlap=not policy.sync
     )
-    stats = LengthStats(spec.algorithm.max_new_tokens)
-    return CoordinatorRules(offload, scheduling.tick_cadence(spec), migration, stats)
 
 
 PROGRESS_REPORTS = 200  # progress reports over the horizon (or, replaying to the job's last step, the trace)
@@ -88,8 +80,9 @@ class Simulation:
         self.q = EventQueue()
         self.fleet = Fleet(spec.rollout.engine in STATIC_BATCH_ENGINES)
         self.cores = CoreShare(self.sim.cpu_cores, self.q, self.fleet)
-        rules = coordinator_rules(spec, policy)
-        self.coordinator = CoordinatorReplay(spec, policy, self.q, self.fleet, self.cores, rules)
+        self.pool = ModelledPool(spec, policy, self.q, self.fleet, self.cores)
+        self.coordinator = Coordinator(self.pool, coordinator_rules(spec, policy))
+        self.pool.coord = self.coordinator
         self.trainer = TrainerReplay(
             spec,
             policy,
@@ -164,8 +157,8 @@ class Simulation:
             spot_dollars=spot,
             trainer_dollars=trainer,
             preemptions=self.controller.preemptions,
-            migrations=self.coordinator.migrations,
-            restarted_tokens=self.coordinator.restarted_tokens,
+            migrations=self.pool.migrations,
+            restarted_tokens=self.pool.restarted_tokens,
             time_scale=self.scale,
             timeline=self.controller.timeline,
             step_log=tr.step_log,

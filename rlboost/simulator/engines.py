@@ -10,6 +10,8 @@ decodes at the batch's size until its last response ends.
 
 from __future__ import annotations
 
+from typing import Any
+
 from rlboost.contracts.perf import EngineModel
 from rlboost.providers.pricing import Offer
 from rlboost.rollout.policies.views import EngineView
@@ -89,7 +91,7 @@ class ModelledEngine:
         self.noticed = False
         self.kill_at = INF  # when the market kills it (notice lead over)
         self.killed_at = INF  # the poll that killed it; the next poll reaps it and billing ends
-        self.views: dict[tuple[int, bool], tuple] = {}  # (load, accepting) -> CoordinatorReplay.view_info
+        self.views: dict[tuple[int, bool], Any] = {}  # (load, accepting) -> ModelledPool.view_info
 
     def advance(self, t: float) -> None:
         start = max(self.last, self.stall)
@@ -128,11 +130,14 @@ class Fleet:
         self.static = static  # the job's engine batches statically (torch)
         self.engines: list[ModelledEngine] = []
         self.alive: list[ModelledEngine] = []
+        self.by_id: dict[str, ModelledEngine] = {}  # the coordinator names engines by id
 
     def add(self, eid: str, kind: str, model: EngineModel, offer: Offer | None, t: float) -> ModelledEngine:
+        assert eid not in self.by_id, f"two engines named {eid}"
         e = ModelledEngine(len(self.engines), eid, kind, model, offer, t, self.static)
         self.engines.append(e)
         self.alive.append(e)
+        self.by_id[eid] = e
         return e
 
     def busy(self) -> int:

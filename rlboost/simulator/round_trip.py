@@ -41,7 +41,7 @@ from rlboost.contracts.sampling import request_id
 from rlboost.contracts.spec import JobSpec
 from rlboost.contracts.worker_env import WorkerEnv
 from rlboost.rollout import scheduling
-from rlboost.rollout.coordinator import Coordinator, RolloutRequest
+from rlboost.rollout.live import LiveCoordinator, RolloutRequest
 from rlboost.trainer.runtime import child_dies_with_parent
 from rlboost.trainer.server import build_app
 from rlboost.weights.publisher import WeightPublisher
@@ -70,7 +70,7 @@ class _Harness:
         # the job's own config; a long heartbeat timeout (the engine thread holds the GIL in bursts
         # here) and no migration (one engine)
         cfg = replace(scheduling.coordinator_config(spec, eos_id), heartbeat_timeout_s=60.0, migration=None)
-        self.coord = Coordinator(cfg)
+        self.coord = LiveCoordinator(cfg)
         self.publisher = WeightPublisher()
 
     async def __aenter__(self) -> _Harness:

@@ -1,5 +1,6 @@
 """One step's responses as arrays (index i = prompt i // group_size, sample i % group_size), and their
-full lengths.
+full lengths. (The step's schedule - its start, offload, end of generation, complete groups - is the
+coordinator's: rlboost/rollout/coordinator.py StepMarks.)
 
 A response's length is decided up front (the synthetic workload's LengthModel, keyed by its prompt and
 request seed, as the live synthetic engine decides it); the replay tracks where each response is
@@ -62,20 +63,8 @@ class StepState:
         self.left_from: dict[int, str] = {}  # migrated away from this engine: not dispatched back to it
         self.queue: deque[int] = deque()
         self.open = n
-        self.group_left = [group_size] * (n // group_size)
-        self.groups_done: deque[int] = deque()  # complete groups not yet trained
-        self.completed_groups = 0
-        self.offload_at: float | None = None
-        self.gen_end: float | None = None
-        self.n_remote = 0
-        self.tick = 0.1
-        self.ticks = 0
-        self.prev_step_s = 0.0
-        self.changed = False  # a slot freed up or an engine joined since the last migration round
-        self.next_offload_check = 0.0
+        self.groups = n // group_size
         self.busy: list[tuple[float, float]] = []  # the trainer's training intervals
-        self.share: dict[int, int] | None = None  # `split` baseline: responses per engine this step
-        self.given: dict[int, int] = {}
         self.pretrained = 0  # tokens trained during generation (whole groups, and the cut-short part)
         # (start, tokens, id, tokens/s) of the group in training
         self.group_training: tuple[float, int, int, float] | None = None

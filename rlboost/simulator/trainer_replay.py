@@ -20,13 +20,14 @@ from rlboost.contracts.lengths import LengthModel
 from rlboost.contracts.perf import SYNC_COSTS
 from rlboost.contracts.spec import JobSpec
 from rlboost.rollout import scheduling
+from rlboost.rollout.coordinator import Coordinator
 from rlboost.rollout.policies.offload import StepOutcome
 from rlboost.rollout.policies.overlap import busy_between, busy_total, left_to_train, may_train_group, trained_part
 from rlboost.rollout.policies.tail_batching import TailBatcher
-from rlboost.simulator.coordinator_replay import CoordinatorReplay, StepHooks
 from rlboost.simulator.cores import CoreShare
 from rlboost.simulator.engines import Fleet
 from rlboost.simulator.events import INF, EventQueue
+from rlboost.simulator.modelled_pool import ModelledPool, StepHooks
 from rlboost.simulator.presets import SimPolicy
 from rlboost.simulator.step_state import StepState, full_lengths
 from rlboost.simulator.workload import replay_task
@@ -47,12 +48,13 @@ class TrainerReplay:
         policy: SimPolicy,
         q: EventQueue,
         cores: CoreShare,
-        coordinator: CoordinatorReplay,
+        coordinator: Coordinator,
         lengths: LengthModel,
         max_steps: int,
     ) -> None:
         self.spec, self.policy, self.q, self.cores, self.coordinator = spec, policy, q, cores, coordinator
-        self.fleet: Fleet = coordinator.fleet
+        self.pool: ModelledPool = coordinator.pool  # type: ignore[assignment]
+        self.fleet: Fleet = self.pool.fleet
         self.sim = spec.simulate
         self.lengths = lengths
         self.max_steps = max_steps
@@ -73,21 +75,24 @@ class TrainerReplay:
         self.first_step_t: float | None = None
         self.last_step_end = 0.0
         self.step_log: list[dict] = []
-        coordinator.hooks = StepHooks(self.train_more, self.generation_done, self._abandoned)
+        self.pool.hooks = StepHooks(self.generation_done, self._abandoned)
+        self.pool.trainer_may_train = self.train_more
+        coordinator.on_group_done = lambda: self.train_more(self.pool.step)  # type: ignore[arg-type]
+        coordinator.on_offload = self.pool.after_offload
         q.on("trainer_up", self.on_up)
         q.on("trained", self.on_trained)
         q.on("step_end", self.on_step_end)
 
     def on_up(self, _) -> None:
         self.up_at = self.q.now
-        self.coordinator.version = 0
+        self.pool.version = 0
         if self.spec.rollout.trainer_engine:
             acc = scheduling.reserved_accelerator(self.spec)
             model = scheduling.engine_model_for(self.spec, acc)
             e = self.fleet.add("reserved", "reserved", model, None, self.q.now)
             rb = self.sim.reserved_boot_s
             self.cores.start_work(
-                ("boot", e.idx), self.sim.boot_s if rb is None else rb, lambda: self.coordinator.connect(e)
+                ("boot", e.idx), self.sim.boot_s if rb is None else rb, lambda: self.pool.connect(e)
             )
         if self.sim.warm_start_s > 0:  # billed and taking workers, but no step before the warm start
             self.cores.start_work(("warm",), self.sim.warm_start_s, self.start_step)
@@ -118,15 +123,15 @@ class TrainerReplay:
             s.eos[:] = full <= algo.max_new_tokens
             s.prompt_len[:] = prompt_len
         s.queue.extend(range(n))
+        share = None
         if self.policy.split:
             pool = [e for e in self.fleet.alive if e.state in ("ready", "pulling") and not e.victim]
             rates = [e.model.full_rate() for e in pool]
             total_rate = sum(rates)
-            s.share = {e.idx: math.ceil(n * r / total_rate) for e, r in zip(pool, rates)}
-            s.given = dict.fromkeys(s.share, 0)
+            share = {e.id: math.ceil(n * r / total_rate) for e, r in zip(pool, rates)}
         if self.first_step_t is None:
             self.first_step_t = self.q.now
-        self.coordinator.begin_step(s, self.step_log[-1]["step_s"] if self.step_log else 0.0)
+        self.pool.begin_step(s, need_groups=rnd.need_groups if rnd is not None else None, share=share)
 
     def _abandoned(self, s: StepState, groups: list[int]) -> None:
         assert self.batcher is not None and s.tail_round is not None
@@ -136,12 +141,15 @@ class TrainerReplay:
     def train_more(self, s: StepState) -> None:
         """Overlapped training: once offloaded, the trainer trains finished groups one by one."""
         now = self.q.now
-        if not may_train_group(self.overlap, s.offload_at, s.gen_end) or s.train_busy_until > now:
+        m = self.coordinator.marks
+        assert m is not None
+        if not may_train_group(self.overlap, m.offload_at, m.gen_end) or s.train_busy_until > now:
             return
         self._group_trained(s)  # one that ended at this very instant, before its event was handled
-        if not s.groups_done:
+        groups_done = self.coordinator.groups_done
+        if not groups_done:
             return
-        g = s.groups_done.popleft()
+        g = groups_done.popleft()
         tokens = int(s.length[g * s.group_size : (g + 1) * s.group_size].sum())
         rate = self.train_rate * self.cores.trainer_speed()
         dt = tokens / rate
@@ -158,8 +166,8 @@ class TrainerReplay:
 
     def on_trained(self, payload: tuple[int, int]) -> None:
         number, gid = payload
-        s = self.coordinator.step
-        if s is None or s.number != number or s.gen_end is not None:
+        s, m = self.pool.step, self.coordinator.marks
+        if s is None or s.number != number or m is None or m.gen_end is not None:
             return
         if s.group_training is not None and s.group_training[2] == gid:
             self._group_trained(s)
@@ -168,7 +176,7 @@ class TrainerReplay:
     def generation_done(self, s: StepState) -> None:
         """The last response is in: train what is left, then the step's overhead."""
         now = self.q.now
-        s.gen_end = now
+        self.coordinator.generation_done(now)
         kept = ~s.dropped
         total = int(s.length[kept].sum())
         if s.group_training is not None:  # a group was mid-training (or just done): keep the part done
@@ -189,32 +197,22 @@ class TrainerReplay:
     def on_step_end(self, payload: tuple[int, int]) -> None:
         number, total = payload
         now = self.q.now
-        s = self.coordinator.step
-        assert s is not None and s.number == number and s.gen_end is not None
-        busy_tail = busy_between(s.busy, s.offload_at, s.gen_end)
-        outcome = StepOutcome.from_marks(
-            s.n_remote, s.t0, now, s.gen_end, s.offload_at, busy_tail, total, busy_total(s.busy)
+        s, m = self.pool.step, self.coordinator.marks
+        assert s is not None and s.number == number and m is not None and m.gen_end is not None
+        t0 = m.t0
+        outcome, rec = self.coordinator.end_step(
+            now,
+            train_busy_s=busy_total(s.busy),
+            train_tokens=total,
+            busy_during_tail_s=busy_between(s.busy, m.offload_at, m.gen_end),
         )
-        self.coordinator.offload.end_step(outcome)
         self.hooks.step_trained(s, outcome, total)
-        self.step_log.append(
-            {
-                "step": number,
-                "t0": round(s.t0, 3),
-                "step_s": round(outcome.step_s, 3),
-                "gen_s": round(outcome.gen_s, 3),
-                "box_s": None if outcome.box_s is None else round(outcome.box_s, 3),
-                "trainer_idle_s": round(outcome.trainer_idle_s, 3),
-                "remote_idle_s": round(outcome.remote_idle_s, 3),
-                "n_remote": s.n_remote,
-                "tokens": total,
-                "long": bool(s.tail_round.long) if s.tail_round is not None else False,
-            }
-        )
+        long = bool(s.tail_round.long) if s.tail_round is not None else False
+        self.step_log.append({**rec, "t0": round(t0, 3), "tokens": total, "long": long})
         self.trained_tokens += total
         self.steps_done += 1
         self.last_step_end = now
-        self.coordinator.publish()
+        self.pool.publish()
         self.hooks.sample()
         if self.steps_done >= self.max_steps:
             # the controller sees `done` at its next poll and tears everything down

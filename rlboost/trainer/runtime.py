@@ -31,7 +31,7 @@ from rlboost.contracts.spec import JobSpec
 from rlboost.contracts.status import TrainerStatus
 from rlboost.contracts.worker_env import NOTICE_FILE, WorkerEnv
 from rlboost.rollout import scheduling
-from rlboost.rollout.coordinator import Coordinator, RolloutRequest
+from rlboost.rollout.live import LiveCoordinator, RolloutRequest
 from rlboost.rollout.policies.tail_batching import TailBatcher
 from rlboost.trainer import checkpoint, distributed
 from rlboost.trainer.enrolment import WorkerEnrolment, job_secret_env
@@ -117,7 +117,7 @@ class TrainerRuntime:
         self.phase = "starting"
         self.step = 0
         self.history: list[dict] = []
-        self.coord: Coordinator | None = None
+        self.coord: LiveCoordinator | None = None
         self.engine_proc: subprocess.Popen | None = None
         self.shutdown_requested = asyncio.Event()
 
@@ -160,7 +160,7 @@ class TrainerRuntime:
     async def serve(self, host: str, sock: socket.socket) -> tuple[web.AppRunner, str]:
         """Serve on `sock` (bound to `host` by the caller: enrolment may have served on it first)."""
         spec = self.spec
-        self.coord = Coordinator(
+        self.coord = LiveCoordinator(
             scheduling.coordinator_config(spec, self.task.eos_id), offload=scheduling.offload_policy(spec)
         )
         # spot workers enrol here for the token and the job's secret variables, with credentials

@@ -10,7 +10,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from aiohttp import web
 
 from rlboost.contracts.enrolment import WORKER_ROUTE
-from rlboost.rollout.coordinator import Coordinator
+from rlboost.rollout.live import LiveCoordinator
 from rlboost.trainer.enrolment import WorkerEnrolment
 from rlboost.trainer.prometheus import CONTENT_TYPE, exposition
 from rlboost.weights.publisher import WeightPublisher, add_routes
@@ -56,7 +56,7 @@ def _count(query: Mapping[str, str], key: str) -> int:
 
 def build_app(
     token: str,
-    coordinator: Coordinator,
+    coordinator: LiveCoordinator,
     publisher: WeightPublisher,
     status: Callable[[int, int], dict],  # (records the caller has, evaluations it has) -> the document
     on_shutdown_request: Callable[[], None] | None = None,

@@ -1,73 +1,51 @@
-"""The coordinator's side of a replay: engines joining, dispatch, offload, migration and losses, decided
-by the same scheduling core as the live coordinator (rlboost/rollout/coordinator.py) on modelled engines.
+"""The engines of a replay as the coordinator sees them: an EnginePool (rlboost/rollout/pool.py) over
+modelled engines on the virtual clock, driving the live Coordinator (rlboost/rollout/coordinator.py).
 
-Decisions come from rlboost/rollout/policies: `offload_tick` and `step_progress` (offload), `TickCadence`
-(when offload and migration are reconsidered), `plan_dispatch`, `plan_migrations` (after the
-`worth_a_look` / `may_gain` pre-filters, which pass every response plan_migrations could move). This
-module only builds the views those functions read, from the modelled engines, and carries out what
-they decide.
+Everything a step decides - dispatch, ticks (offload, migration), tail batching - is the live
+coordinator's, called here from the replay's events as the live engine hub calls it from engines'
+messages. This module only models what the engines do: they join and load weights, take responses,
+decode them (one event per engine: its next response's end, simulator/engines.py), give them back
+(offload, migration, losses) with the tokens they hold, and measure themselves by their performance
+model, where a live engine is measured by the tokens it streams.
 """
 
 from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from rlboost.contracts.perf import SYNC_COSTS
 from rlboost.contracts.spec import JobSpec
-from rlboost.rollout.policies.dispatch import plan_dispatch
-from rlboost.rollout.policies.lengths import LengthStats
-from rlboost.rollout.policies.migration import MigrationConfig, may_gain, plan_migrations, worth_a_look
-from rlboost.rollout.policies.offload import OffloadPolicy, StepProgress, offload_tick, step_progress
-from rlboost.rollout.policies.tick import TickCadence
+from rlboost.rollout.coordinator import Coordinator
 from rlboost.rollout.policies.views import EngineView, ReqView
+from rlboost.rollout.pool import EngineInfo, Held, ProgressInputs
 from rlboost.simulator.cores import CoreShare
 from rlboost.simulator.engines import Fleet, MemoView, ModelledEngine
 from rlboost.simulator.events import INF, EventQueue
 from rlboost.simulator.presets import SimPolicy
 from rlboost.simulator.step_state import StepState
 
-_NONE = np.zeros(0)
 _any = np.logical_or.reduce  # ndarray.any() without its Python-level wrapper (small arrays, often)
-
-
-@dataclass(frozen=True)
-class CoordinatorRules:
-    """The scheduling core a replay's coordinator runs (built from the job by rlboost/rollout/scheduling.py)."""
-
-    offload: OffloadPolicy
-    cadence: TickCadence
-    migration: MigrationConfig | None
-    stats: LengthStats
 
 
 @dataclass
 class StepHooks:
-    """What the coordinator tells the trainer's side of the replay (the live coordinator's GroupFeeder
-    and step results)."""
+    """What the engines tell the trainer's side of the replay (the live trainer's step results)."""
 
-    train_more: Callable[[StepState], None]  # a group completed, or the box ended: the trainer may train
     generation_done: Callable[[StepState], None]  # the step's last response is in
     abandoned: Callable[[StepState, list[int]], None]  # tail batching dropped these groups' responses
 
 
-class CoordinatorReplay:
-    def __init__(
-        self, spec: JobSpec, policy: SimPolicy, q: EventQueue, fleet: Fleet, cores: CoreShare, rules: CoordinatorRules
-    ) -> None:
+class ModelledPool:
+    def __init__(self, spec: JobSpec, policy: SimPolicy, q: EventQueue, fleet: Fleet, cores: CoreShare) -> None:
         self.spec, self.policy, self.q, self.fleet, self.cores = spec, policy, q, fleet, cores
         self.sim = spec.simulate
-        self.offload, self.cadence, self.migration, self.stats = (
-            rules.offload,
-            rules.cadence,
-            rules.migration,
-            rules.stats,
-        )
         self.max_new = spec.algorithm.max_new_tokens
+        self.coord: Coordinator  # set by the replay: the coordinator this pool serves
         self.hooks: StepHooks  # set by the replay once the trainer's side exists
         self.step: StepState | None = None
         self.version = -1  # the weights version the trainer published; engines must hold it to take work
@@ -79,6 +57,10 @@ class CoordinatorReplay:
         q.on("ready", self.on_ready)
         q.on("tick", self.on_tick)
         q.on("engine", self.on_engine)
+
+    def _gen_ended(self) -> bool:
+        m = self.coord.marks
+        return m is None or m.gen_end is not None
 
     # ---- engines join and load weights ----------------------------------------------------
     def connect(self, e: ModelledEngine) -> None:
@@ -100,9 +82,8 @@ class CoordinatorReplay:
             return
         e.state, e.version = "ready", v
         if self.step is not None:
-            self.step.changed = True
-            self.step.next_offload_check = self.q.now  # the pool changed
-        self.dispatch()
+            self.coord.pool_changed(self.q.now)
+        self.coord.dispatch(self.q.now)
 
     def publish(self) -> None:
         """The trainer published the next version: every engine serving or pulling pulls it."""
@@ -114,129 +95,122 @@ class CoordinatorReplay:
                 self.pull(e)
 
     # ---- a step -----------------------------------------------------------------------------
-    def begin_step(self, s: StepState, prev_step_s: float) -> None:
-        """The trainer handed over the step's requests (queued in s.queue)."""
-        s.n_remote = sum(1 for e in self.fleet.alive if e.kind != "reserved" and e.state in ("ready", "pulling"))
-        self.offload.start_step(s.n_remote)
+    def begin_step(self, s: StepState, *, need_groups: int | None, share: dict[str, int] | None) -> None:
+        """The trainer handed over the step's requests (queued in s.queue): the coordinator starts it."""
+        groups = dict.fromkeys(range(s.groups), s.group_size)
+        self.coord.begin_step(s.number, self.q.now, groups, need_groups=need_groups, share=share)
         for e in self.fleet.engines:  # indices are per step: nothing of the previous step may stay live
             assert not e.live, f"engine {e.id} still holds {sorted(e.live)[:5]} at step {s.number}"
             e.heap.clear()
         self.step = s
-        s.prev_step_s = prev_step_s
-        s.tick = self.cadence.period(s.prev_step_s, 0.0)
         self.q.push(self.q.now, "tick", s.number)
-        self.dispatch()
+        self.coord.dispatch(self.q.now)
 
     def on_tick(self, number: int) -> None:
         s = self.step
-        if s is None or s.number != number or s.gen_end is not None:
+        if s is None or s.number != number or self._gen_ended():
             return
         now = self.q.now
-        reserved = [e for e in self.fleet.alive if e.kind == "reserved"]
-        d = offload_tick(  # the coordinator's decision, on this clock
-            self.offload,
-            now,
-            offload_at=s.offload_at,
-            next_check=s.next_offload_check,
-            has_reserved=bool(reserved),
-            remote_ready=any(e.kind != "reserved" and e.state == "ready" for e in self.fleet.alive),
-            progress=lambda: self.progress(s, reserved),
-        )
-        s.next_offload_check = d.next_check
-        if d.action == "offload":
-            self.offload_now(s, reserved)
-        elif d.action == "resume":
-            for e in self.fleet.engines:
-                e.offloaded = False  # every remote engine is gone: the trainer's engine generates again
-        s.ticks += 1
-        s.tick = self.cadence.period(s.prev_step_s, now - s.t0)
-        if self.migration is not None and self.cadence.migrate_now(
-            queue_empty=not s.queue, changed=s.changed, tick=s.ticks
-        ):
-            s.changed = False
-            self.migrate(s)
-        self.dispatch()
-        self.q.push(now + s.tick, "tick", number)
+        period = self.coord.tick(now)
+        self.coord.dispatch(now)
+        self.q.push(now + period, "tick", number)
 
-    # ---- dispatch -----------------------------------------------------------------------------
+    # ---- EnginePool: engines ------------------------------------------------------------------
+    def n_remote(self) -> int:
+        return sum(1 for e in self.fleet.alive if e.kind != "reserved" and e.state in ("ready", "pulling"))
+
+    def reserved(self) -> list[str]:
+        return [e.id for e in self.fleet.alive if e.kind == "reserved"]
+
+    def remote_ready(self) -> bool:
+        return any(e.kind != "reserved" and e.state == "ready" for e in self.fleet.alive)
+
+    def serving(self, engine: str) -> bool:
+        return self.fleet.by_id[engine].state in ("ready", "pulling")
+
+    def clear_offloaded(self) -> None:
+        for e in self.fleet.engines:
+            e.offloaded = False
+
+    def queue_len(self) -> int:
+        s = self.step
+        return len(s.queue) if s is not None else 0
+
+    # ---- EnginePool: dispatch -------------------------------------------------------------------
     def accepting(self, e: ModelledEngine) -> bool:
         return e.state == "ready" and e.version == self.version and not e.offloaded and not (e.static and e.live)
 
-    def dispatch(self) -> None:
-        s = self.step
-        if s is None or not s.queue or s.gen_end is not None:
-            return
+    def open_engines(self, now: float) -> list[EngineView]:
         v = self.version  # self.accepting(e), inlined: this scan runs on every refill
-        open_e = [
-            e
+        return [
+            self.view_info(e).view
             for e in self.fleet.alive
             if e.state == "ready"
             and e.version == v
             and not e.offloaded
             and len(e.live) < (1 if e.static else e.capacity)
         ]
-        if not open_e:
-            return
-        if s.share is not None and self._dispatch_shares(s, open_e):
-            return
-        free = sum(e.capacity - len(e.live) for e in open_e)
+
+    def queue_head(self, n: int) -> list[int]:
+        s = self.step
+        assert s is not None
         head: list[int] = []
         seen: set[int] = set()  # a response requeued twice sits in the queue twice: place it once
-        while s.queue and len(head) < free:
+        while s.queue and len(head) < n:
             i = s.queue.popleft()
             if not s.done[i] and s.engine_of[i] < 0 and i not in seen:
                 head.append(i)
                 seen.add(i)
-        if not head:
-            return
-        if len(head) == free and all(s.held[i] == 0 for i in head):
-            # every free slot fills and the requests are alike: any policy gives the same placement
-            plan, it = [], iter(head)
-            for e in open_e:
-                plan.extend((i, e) for _, i in zip(range(e.capacity - len(e.live)), it))
-        else:
-            views = [self.view(e) for e in open_e]
-            by_id = {e.id: e for e in open_e}
-            reqs = self.req_views(s, head)
-            avoid = {str(i): {s.left_from[i]} for i in head if s.left_from.get(i)}
-            got = plan_dispatch(reqs, views, self.policy.dispatch, avoid=avoid)
-            plan = [(int(rid), by_id[eid]) for rid, eid in got]
-            placed = {i for i, _ in plan}
-            s.queue.extendleft(reversed([i for i in head if i not in placed]))
-        by_engine: dict[int, list[int]] = {}
-        for i, e in plan:
-            by_engine.setdefault(e.idx, []).append(i)
-        for idx, items in by_engine.items():
-            self.admit(self.fleet.engines[idx], s, items)
+        return head
 
-    def _dispatch_shares(self, s: StepState, open_e: list[ModelledEngine]) -> bool:
-        """`split` baseline: each engine takes up to its share of the step; True when handled (the
-        queue waits for an engine still pulling the step's weights). Once every live engine has had
-        its share, what is left (responses restarted after a loss) goes to any open engine."""
-        assert s.share is not None
-        room = {e.idx: min(e.capacity - len(e.live), s.share.get(e.idx, 0) - s.given.get(e.idx, 0)) for e in open_e}
-        if not any(v > 0 for v in room.values()):
-            engines = self.fleet.engines
-            return any(s.given[i] < s.share[i] and engines[i].state in ("ready", "pulling") for i in s.share)
-        by_engine: dict[int, list[int]] = {}
-        targets = [e for e in open_e if room[e.idx] > 0]
-        seen: set[int] = set()
-        while s.queue and targets:
-            i = s.queue.popleft()
-            if s.done[i] or s.engine_of[i] >= 0 or i in seen:
-                continue
-            seen.add(i)
-            e = targets[0]
-            by_engine.setdefault(e.idx, []).append(i)
-            room[e.idx] -= 1
-            s.given[e.idx] = s.given.get(e.idx, 0) + 1
-            if room[e.idx] <= 0:
-                targets.pop(0)
-        for idx, items in by_engine.items():
-            self.admit(self.fleet.engines[idx], s, items)
-        return True
+    def fresh(self, items: Sequence[int]) -> bool:
+        s = self.step
+        assert s is not None
+        return all(s.held[i] == 0 for i in items)
 
-    def admit(self, e: ModelledEngine, s: StepState, items: list[int]) -> None:
+    def req_views(self, items: Sequence[int], now: float) -> list[ReqView]:
+        s = self.step
+        assert s is not None
+        idx = np.asarray(items, dtype=np.int64)
+        gen = self.generated(s, idx)
+        left = self.max_new - gen
+        exp = self.coord.stats.expected_remaining(gen, left)
+        cols = (
+            gen.astype(np.int64).tolist(),
+            left.astype(np.int64).tolist(),
+            s.prompt_len[idx].tolist(),
+            exp.tolist(),
+            (now - s.admit_t[idx]).tolist(),
+        )
+        return [ReqView(str(i), g, b, p, x, None, d) for i, g, b, p, x, d in zip(idx.tolist(), *cols)]
+
+    def avoid(self, items: Sequence[int]) -> dict[str, set[str]]:
+        s = self.step
+        assert s is not None
+        return {str(i): {s.left_from[i]} for i in items if s.left_from.get(i)}
+
+    def put_back(self, items: Sequence[int]) -> None:
+        s = self.step
+        assert s is not None
+        s.queue.extendleft(reversed(items))
+
+    def item(self, rid: str) -> int:
+        return int(rid)
+
+    def rids(self, items: np.ndarray) -> list[str]:
+        return [str(i) for i in items.tolist()]
+
+    def admit(self, plan: Sequence[tuple[int, str]], now: float) -> None:
+        s = self.step
+        assert s is not None
+        by_engine: dict[str, list[int]] = {}
+        for i, eid in plan:
+            by_engine.setdefault(eid, []).append(i)
+        by_id = self.fleet.by_id
+        for eid, items in by_engine.items():
+            self._admit(by_id[eid], s, items)
+
+    def _admit(self, e: ModelledEngine, s: StepState, items: list[int]) -> None:
         """The engine takes these responses: each ends when the engine has decoded what it still needs."""
         now = self.q.now
         if not e.live:
@@ -288,6 +262,7 @@ class CoordinatorReplay:
         e.set_load()
         self.schedule(e)
 
+    # ---- the engines decode ----------------------------------------------------------------------
     def schedule(self, e: ModelledEngine) -> None:
         """The engine's next event: when its first response ends at the load it has now."""
         e.epoch += 1
@@ -333,7 +308,7 @@ class CoordinatorReplay:
         for i in finished:
             self.complete(s, i)
         if finished:
-            s.changed = True
+            self.coord.slots_changed()
         n = e.batch_n if e.static and live else len(live)  # e.set_load(), inlined: once per engine event
         e.step_s = e.model.step_time(max(1, n)) / e.speed
         self.schedule(e)
@@ -347,22 +322,15 @@ class CoordinatorReplay:
         s.engine_of[i] = -1
         s.held[i] = end
         s.open -= 1
-        self.stats.add((end,))
-        g = i // s.group_size
-        s.group_left[g] -= 1
-        if s.group_left[g] == 0:
-            s.groups_done.append(g)
-            s.completed_groups += 1
-            self.hooks.train_more(s)
+        self.coord.response_done(i // s.group_size, end)
 
     def _after_completions(self, s: StepState) -> None:
-        need = s.tail_round.need_groups if s.tail_round is not None else None
-        if need is not None and s.completed_groups >= need and s.open > 0:
-            self._abandon(s)
+        if self.coord.abandon_due(s.open):
+            self.hooks.abandoned(s, self.coord.abandon(self.q.now))
         if s.open == 0:
             self.hooks.generation_done(s)
         else:
-            self.dispatch()
+            self.coord.dispatch(self.q.now)
 
     # ---- offload, migration, losses: requeue with the tokens held ------------------------------
     def requeue(self, s: StepState, i: int, keep_tokens: bool = True) -> None:
@@ -397,92 +365,73 @@ class CoordinatorReplay:
                 self.requeue(s, i, keep_tokens=keep)
             e.live.clear()
             e.set_load()
-            if s.open == 0 and s.gen_end is None:
+            if s.open == 0 and not self._gen_ended():
                 self.hooks.generation_done(s)
         e.state = "draining"
         e.epoch += 1
-        self.dispatch()
+        self.coord.dispatch(self.q.now)
 
-    def offload_now(self, s: StepState, reserved: list[ModelledEngine]) -> None:
-        """The offload policy's box is over: the trainer's engines hand their responses to the rest."""
-        s.offload_at = self.q.now
-        for e in reserved:
+    def hand_over(self, engines: Sequence[str], now: float) -> int:
+        s = self.step
+        assert s is not None
+        moved = 0
+        for eid in engines:
+            e = self.fleet.by_id[eid]
             e.offloaded = True
             for i in sorted(e.live):
                 self.requeue(s, i)
+                moved += 1
             e.set_load()
             self.schedule(e)
-        self.hooks.train_more(s)
+        return moved
+
+    def after_offload(self) -> None:
+        """The reserved engines handed over (Coordinator.on_offload): the trainer may train, and a step
+        whose every response was already in ends."""
+        s = self.step
+        assert s is not None
+        self.trainer_may_train(s)
         if s.open == 0:
             self.hooks.generation_done(s)
 
-    def migrate(self, s: StepState) -> None:
-        # one pass over the fleet: every view, and the fastest target's seq_time and prefill
-        alive = self.fleet.alive
-        infos = [self.view_info(e) for e in alive]
-        views: list[EngineView] = [x[0] for x in infos]
-        best = min_prefill = INF
-        has_target = False
-        for _, target, st_next, prefill1, _ in infos:
-            if target:
-                has_target = True
-                best = min(best, st_next)
-                min_prefill = min(min_prefill, prefill1)  # seconds per token, the fastest target
-        if not has_target:
-            return
-        cfg = self.migration
-        assert cfg is not None
-        now, max_new = self.q.now, self.max_new
-        asked = False
-        sources = []  # (view, seq_time, responses, seconds on the engine, generated, budget left)
-        for (v, _, _, _, seq_s), e in zip(infos, alive):
-            if v.active == 0 or seq_s <= best * (1 + cfg.min_gain_frac):
-                continue
-            asked = True
-            live = np.fromiter(e.live, np.int64, len(e.live))
-            on_engine_s = now - s.admit_t[live]
-            # worth_a_look passes none that has not settled (min_on_engine_s): predict only the others
-            settled = on_engine_s >= cfg.min_on_engine_s
-            if not _any(settled):
-                continue
-            live, on_engine_s = live[settled], on_engine_s[settled]
-            gen = self.generated(s, live)
-            sources.append((v, seq_s, live, on_engine_s, gen, max_new - gen))
-        if not sources:
-            if asked:  # still ask, with nothing: when LengthStats re-sorts its window depends on when it is asked
-                self.stats.expected_remaining(_NONE, _NONE)
-            return
-        # one prediction for every source's responses (elementwise: the same numbers as one per source)
-        if len(sources) == 1:
-            exps = [self.stats.expected_remaining(sources[0][4], sources[0][5])]
-        else:
-            cuts = np.cumsum([len(x[2]) for x in sources])[:-1]
-            exp_all = self.stats.expected_remaining(
-                np.concatenate([x[4] for x in sources]), np.concatenate([x[5] for x in sources])
-            )
-            exps = np.split(exp_all, cuts)
-        running: dict[str, list[ReqView]] = {}
-        for (v, seq_s, live, on_engine_s, gen, left), exp in zip(sources, exps):
-            keep = worth_a_look(exp, seq_s, on_engine_s, cfg) & may_gain(
-                exp, s.prompt_len[live] + gen, seq_s, best, min_prefill, cfg
-            )
-            if _any(keep):  # the kept ones' views from the same (elementwise) numbers
-                running[v.id] = self._req_views_of(s, live[keep], gen[keep], left[keep], exp[keep])
-        if not running:
-            return
-        moves = plan_migrations(views, running, len(s.queue), cfg)
-        by_id = {e.id: e for e in alive}
-        for rid, src in moves:
-            i = int(rid)
+    trainer_may_train: Callable[[StepState], None]  # set by the replay: the trainer's side trains what it can
+
+    def engine_infos(self, now: float) -> list[EngineInfo]:
+        return [self.view_info(e) for e in self.fleet.alive]
+
+    def held(self, engine: str, now: float, min_on_engine_s: float) -> Held | None:
+        s = self.step
+        assert s is not None
+        e = self.fleet.by_id[engine]
+        live = np.fromiter(e.live, np.int64, len(e.live))
+        on_engine_s = now - s.admit_t[live]
+        # worth_a_look passes none that has not settled (min_on_engine_s): predict only the others
+        settled = on_engine_s >= min_on_engine_s
+        if not _any(settled):
+            return None
+        live, on_engine_s = live[settled], on_engine_s[settled]
+        gen = self.generated(s, live)
+        return Held(live, on_engine_s, gen, self.max_new - gen, s.prompt_len[live])
+
+    def take_back(self, moves: Sequence[tuple[int, str]], now: float) -> int:
+        s = self.step
+        assert s is not None
+        by_id = self.fleet.by_id
+        moved = 0
+        for i, src in moves:
             if s.engine_of[i] == by_id[src].idx:
                 self.requeue(s, i)
                 s.left_from[i] = src
+                moved += 1
         for src in {src for _, src in moves}:
             by_id[src].set_load()
             self.schedule(by_id[src])
+        return moved
 
-    def _abandon(self, s: StepState) -> None:
+    def drop_unfinished(self, keep: set[Hashable], now: float) -> list[Hashable]:
         """Tail batching: the round has its groups; drop everything else."""
+        s = self.step
+        assert s is not None
         unfinished_groups = set()
         engines = self.fleet.engines
         for i in np.nonzero(~s.done)[0].tolist():
@@ -502,27 +451,18 @@ class CoordinatorReplay:
         for e in engines:
             e.set_load()
             self.schedule(e)
-        self.hooks.abandoned(s, sorted(unfinished_groups))
+        return list(unfinished_groups)
 
     # ---- what the policies see --------------------------------------------------------------
-    def view(self, e: ModelledEngine) -> EngineView:
-        return self.view_info(e)[0]
-
-    def view_info(self, e: ModelledEngine) -> tuple[EngineView, bool, float, float, float]:
-        """An engine's view, whether it is a migration target (accepting, a slot free), the view's
-        seq_time one sequence more and prefill_s(1) (as a target), and its seq_time now (as a source)."""
+    def view_info(self, e: ModelledEngine) -> EngineInfo:
+        """An engine as dispatch and migration see it: a view by its load and whether it accepts, which
+        is all it depends on (memoised on the engine)."""
         n = len(e.live)
         key = (n, self.accepting(e))
         info = e.views.get(key)
-        if info is None:  # an engine's view depends on its load and whether it accepts, nothing else
-            v = MemoView(e.id, e.kind, e.capacity, n, e.model.rate(n) if n else 0.0, e.model, key[1])
-            target = v.accepting and v.free > 0
-            info = e.views[key] = (
-                v,
-                target,
-                v.seq_time(v.active + 1) if target else INF,
-                v.prefill_s(1) if target else INF,
-                v.seq_time(v.active),
+        if info is None:
+            info = e.views[key] = EngineInfo.of(
+                MemoView(e.id, e.kind, e.capacity, n, e.model.rate(n) if n else 0.0, e.model, key[1])
             )
         return info
 
@@ -548,35 +488,16 @@ class CoordinatorReplay:
             held = np.where(on, np.minimum(gen, s.length[idx]), held)
         return held
 
-    def req_views(self, s: StepState, items: list[int]) -> list[ReqView]:
-        idx = np.asarray(items, dtype=np.int64)
-        gen = self.generated(s, idx)
-        left = self.max_new - gen
-        return self._req_views_of(s, idx, gen, left, self.stats.expected_remaining(gen, left))
-
-    def _req_views_of(
-        self, s: StepState, idx: np.ndarray, gen: np.ndarray, left: np.ndarray, exp: np.ndarray
-    ) -> list[ReqView]:
-        """ReqViews of responses idx whose generated tokens, budget left and expected rest are known."""
-        since = self.q.now - s.admit_t[idx]
-        # whole numbers held as floats: the int64 cast truncates as int() did
-        cols = (
-            gen.astype(np.int64).tolist(),
-            left.astype(np.int64).tolist(),
-            s.prompt_len[idx].tolist(),
-            exp.tolist(),
-            since.tolist(),
-        )
-        return [ReqView(str(i), g, b, p, x, None, d) for i, g, b, p, x, d in zip(idx.tolist(), *cols)]
-
-    def progress(self, s: StepState, reserved: list[ModelledEngine]) -> StepProgress:
-        """What the offload policy sees (the coordinator's `progress`, from modelled engines)."""
+    def progress_inputs(self, now: float) -> ProgressInputs:
+        """What the offload policy sees (as the live pool measures it), from modelled engines."""
+        s = self.step
+        assert s is not None
+        reserved = [e for e in self.fleet.alive if e.kind == "reserved"]
         remote = [e for e in self.fleet.alive if e.kind != "reserved" and self.accepting(e)]
         open_idx = np.nonzero(~s.done)[0]
         gen = self.generated(s, open_idx)
         on_reserved = np.isin(s.engine_of[open_idx], [e.idx for e in reserved])
-        return step_progress(
-            elapsed=self.q.now - s.t0,
+        return ProgressInputs(
             # a modelled engine's measured rate is its model's: given as unmeasured, so that
             # remote_rates takes the model's own numbers (not a measurement scaled back and forth)
             remote=[EngineView(e.id, e.kind, e.capacity, len(e.live), 0.0, e.model, True) for e in remote],
@@ -585,5 +506,4 @@ class CoordinatorReplay:
             held_tokens=float(s.held[s.done].sum() + gen.sum()),
             reserved_context=float((s.prompt_len[open_idx] + gen)[on_reserved].sum()),
             reserved_rate=sum(e.model.rate(len(e.live)) for e in reserved),
-            stats=self.stats,
         )

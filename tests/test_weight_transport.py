@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any, get_args
+from typing import Any
 
 import aiohttp
 import pytest
@@ -16,6 +16,7 @@ import torch
 from rlboost.contracts import digest
 from rlboost.contracts import protocol as P
 from rlboost.contracts.spec import WeightsSpec
+from rlboost.contracts.transport_names import transport_names
 from rlboost.contracts.weight_manifest import Manifest
 from rlboost.weights.buffers import tensor_views
 from rlboost.weights.peer_server import WeightNode
@@ -34,6 +35,7 @@ from rlboost.weights.transports import (
     WeightTransport,
     register_transport,
     trainer_transport,
+    unregister_transport,
     worker_transport,
 )
 from testkit.weight_origin import Origin
@@ -79,7 +81,7 @@ class ToyTransport(WeightTransport):
 def toy() -> Iterator[type[ToyTransport]]:
     register_transport(ToyTransport)
     yield ToyTransport
-    TRANSPORTS.pop(ToyTransport.name, None)
+    unregister_transport(ToyTransport.name)
     WIRE.clear()
 
 
@@ -163,5 +165,13 @@ def test_the_factory_picks_by_name_and_registration_is_checked(toy: type[ToyTran
 
 
 def test_the_job_file_names_the_builtin_transports() -> None:
-    """`weights.transport` in the job file (rlboost/contracts/spec.py) lists what the factory knows."""
-    assert set(get_args(WeightsSpec.model_fields["transport"].annotation)) == {AUTO, *(c.name for c in BUILTIN)}
+    """`weights.transport` in the job file (rlboost/contracts/transport_names.py) knows what the factory knows."""
+    assert set(transport_names()) == {AUTO, *(c.name for c in BUILTIN)}
+
+
+def test_a_job_file_may_name_a_transport_registered_from_outside(toy: type[ToyTransport]) -> None:
+    """Registered, `weights.transport: toy` validates; unregistered, it is an error naming the known ones."""
+    assert WeightsSpec(transport="toy").transport == "toy"
+    unregister_transport("toy")
+    with pytest.raises(ValueError, match="invalid value 'toy'; input should be 'auto', 'http' or 'torch'"):
+        WeightsSpec(transport="toy")

@@ -159,10 +159,11 @@ class Coordinator:
 
     def response_done(self, group: Hashable | None, length: int) -> None:
         """A response of the step is complete (`length` tokens)."""
-        self.stats.add((length,))
+        self.stats.add_one(length)
         if group is None:
             return
-        self.group_tokens[group] = self.group_tokens.get(group, 0) + length
+        tokens = self.group_tokens
+        tokens[group] = tokens.get(group, 0) + length
         left = self._group_left[group] - 1
         self._group_left[group] = left
         if left == 0:

@@ -142,14 +142,13 @@ class ModelledPool:
 
     def open_engines(self, now: float) -> list[EngineView]:
         v = self.version  # self.accepting(e), inlined: this scan runs on every refill
-        return [
-            self.view_info(e).view
-            for e in self.fleet.alive
-            if e.state == "ready"
-            and e.version == v
-            and not e.offloaded
-            and len(e.live) < (1 if e.static else e.capacity)
-        ]
+        out = []
+        for e in self.fleet.alive:
+            n = len(e.live)
+            if e.state == "ready" and e.version == v and not e.offloaded and n < (1 if e.static else e.capacity):
+                info = e.views.get((n, True))  # self.view_info(e), inlined: it accepts
+                out.append(info.view if info is not None else self.view_info(e).view)
+        return out
 
     def queue_head(self, n: int) -> list[int]:
         s = self.step

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import Field
+from pydantic import AfterValidator, Field
 
 from rlboost.contracts.spec.base import LaxPath, Strict
+from rlboost.contracts.transport_names import check_transport
 
 
 class WandbSpec(Strict):
@@ -30,7 +31,8 @@ class LoggingSpec(Strict):
 class WeightsSpec(Strict):
     """How workers get each weight version (README: Weight transfer)."""
 
-    # auto: a torch.distributed broadcast (rlboost/weights/broadcast.py: NCCL) when every worker is on a
-    # GPU in the trainer's network (same cloud and region, or local), else the HTTP pull; http: always
-    # the pull; torch: always the broadcast (gloo without GPUs). A worker the broadcast fails pulls.
-    transport: Literal["auto", "http", "torch"] = "auto"
+    # auto: a torch.distributed broadcast (rlboost/weights/transports/torch_broadcast.py: NCCL) when every
+    # worker is on a GPU in the trainer's network (same cloud and region, or local), else the HTTP pull;
+    # http: always the pull; torch: always the broadcast (gloo without GPUs). A worker the broadcast
+    # fails pulls. Or a transport registered from outside (contracts/transport_names.py).
+    transport: Annotated[str, AfterValidator(check_transport)] = "auto"

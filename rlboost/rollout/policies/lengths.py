@@ -27,8 +27,11 @@ class LengthStats:
 
     def add(self, lengths: Iterable[int]) -> None:
         for n in lengths:
-            self._ring[self._n % self.window] = n
-            self._n += 1
+            self.add_one(n)
+
+    def add_one(self, n: int) -> None:
+        self._ring[self._n % self.window] = n
+        self._n += 1
 
     @property
     def count(self) -> int:

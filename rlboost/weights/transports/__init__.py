@@ -12,6 +12,7 @@ your own, imported before the trainer and the workers start.
 
 from __future__ import annotations
 
+from rlboost.contracts.transport_names import TRANSPORT_NAMES, TransportName
 from rlboost.weights.transports.base import (
     Fetch,
     Receiver,
@@ -39,6 +40,7 @@ __all__ = [
     "register_transport",
     "trainer_transport",
     "transport_class",
+    "unregister_transport",
     "worker_transport",
 ]
 
@@ -56,7 +58,14 @@ def register_transport(cls: type[WeightTransport]) -> type[WeightTransport]:
     if TRANSPORTS.get(name, cls) is not cls:
         raise ValueError(f"transport {name!r} is registered already ({TRANSPORTS[name].__name__})")
     TRANSPORTS[name] = cls
+    TRANSPORT_NAMES.register(TransportName(name))  # a job file may name it (validated where weights are not)
     return cls
+
+
+def unregister_transport(name: str) -> None:
+    """Remove a transport registered from outside (a test's toy)."""
+    TRANSPORTS.pop(name, None)
+    TRANSPORT_NAMES.unregister(name)
 
 
 for _cls in BUILTIN:

@@ -40,7 +40,7 @@ def bundled_path(name: str | Path) -> Path:
 
 def _root() -> Path:
     # setuptools installs the package as plain files, so the data folder is a real directory
-    return Path(str(resources.files("contracts").joinpath("data")))
+    return Path(str(resources.files("rlboost.contracts").joinpath("data")))
 
 
 def local_file(path: str | Path) -> Path:

@@ -168,10 +168,10 @@ def _job_status(store: StateStore, job: JobRow, now: float) -> dict[str, Any]:
                 "tokens": s.tokens,
                 "responses": s.responses,
                 "migrated": s.migrated,
-                "seconds": s.seconds,
+                "seconds": s.step_s,
                 "offload_s": s.offload_s,
                 "tail_train_s": s.tail_train_s,
-                "idle_s": s.idle_s,
+                "idle_s": s.trainer_idle_s,
             }
             for s in steps[-_RECENT_STEPS:]
         ],

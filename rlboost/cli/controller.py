@@ -678,4 +678,3 @@ class Controller:
 
 class TrainerFailed(Exception):
     pass
-

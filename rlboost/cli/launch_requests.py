@@ -33,10 +33,7 @@ def trainer_request(o: Offer, instance_id: str, owner: Owner, env: dict[str, str
         owner=owner,
         role=Role.TRAINER,
         kind=InstanceKind.ON_DEMAND,
-        cloud=o.cloud,
-        region=o.region,
-        accelerator=o.accelerator,
-        hourly_price=o.hourly_price,
+        **_placed(o),
         env=env,
         command=command,
         **files,
@@ -70,10 +67,7 @@ def worker_request(
         owner=owner,
         role=Role.WORKER,
         kind=InstanceKind.SPOT,
-        cloud=o.cloud,
-        region=o.region,
-        accelerator=o.accelerator,
-        hourly_price=o.hourly_price,
+        **_placed(o),
         env={**env, EXTRAS_ENV: ",".join(node_extras(spec, Role.WORKER)), **tls_env},
         command=[sys.executable, "-m", "rlboost.worker"],
         **{**files, "user_secrets": {}},  # enrolment hands them over
@@ -92,3 +86,8 @@ def recorded_request(inst: InstanceRow, owner: Owner) -> LaunchRequest:
         accelerator=inst.accelerator,
         hourly_price=inst.hourly_price,
     )
+
+
+def _placed(o: Offer) -> dict:
+    """Where and at what price an offer places an instance (LaunchRequest fields)."""
+    return {"cloud": o.cloud, "region": o.region, "accelerator": o.accelerator, "hourly_price": o.hourly_price}

@@ -2,8 +2,8 @@
 
 Everything is read from the state store: job rows, instance rows, the steps table, and the live
 snapshot the controller stores on the job (read once, field by field, into a Snapshot). Each report
-is built as typed records first (JobStatus with its WorkerLine and StepLine rows; CostReport over the
-ledger's CostSummary): the tables are drawn from them and `--json` is them as dicts. Only chosen
+is built as typed records first (JobStatus with its WorkerLine rows and the store's StepRows; CostReport
+over the ledger's CostSummary): the tables are drawn from them and `--json` is them as dicts. Only chosen
 fields are copied out (never a raw row or the whole snapshot), so nothing secret can slip into the output.
 """
 
@@ -182,28 +182,6 @@ class WorkerLine:
 
 
 @dataclass(frozen=True)
-class StepLine:
-    """A recorded step, as `status` shows it (its `--json` keys: `seconds` is the step's step_s,
-    `idle_s` its trainer_idle_s)."""
-
-    step: int
-    version: int
-    reward: float
-    tokens: int
-    responses: int
-    migrated: int
-    seconds: float
-    offload_s: float | None
-    tail_train_s: float | None
-    idle_s: float | None
-
-    @classmethod
-    def of(cls, s: StepRow) -> StepLine:
-        figures = (s.step, s.version, s.reward, s.tokens, s.responses, s.migrated, s.step_s)
-        return cls(*figures, s.offload_s, s.tail_train_s, s.trainer_idle_s)
-
-
-@dataclass(frozen=True)
 class JobStatus:
     """One job in `rlboost status` (its `--json`: these fields, in this order)."""
 
@@ -237,8 +215,28 @@ class JobStatus:
     metrics_file: str
     error: str | None
     workers: list[WorkerLine]
-    recent_steps: list[StepLine]
+    recent_steps: list[StepRow]
     reward_history: list[float]
+
+    def as_json(self) -> dict[str, Any]:
+        return {**dataclasses.asdict(self), "recent_steps": [_step_json(s) for s in self.recent_steps]}
+
+
+def _step_json(s: StepRow) -> dict[str, Any]:
+    """A recent step in `status --json`, by the keys it had before steps were typed (`seconds` is its
+    step_s, `idle_s` its trainer_idle_s)."""
+    return {
+        "step": s.step,
+        "version": s.version,
+        "reward": s.reward,
+        "tokens": s.tokens,
+        "responses": s.responses,
+        "migrated": s.migrated,
+        "seconds": s.step_s,
+        "offload_s": s.offload_s,
+        "tail_train_s": s.tail_train_s,
+        "idle_s": s.trainer_idle_s,
+    }
 
 
 def _job_status(store: StateStore, job: JobRow, now: float) -> JobStatus:
@@ -296,7 +294,7 @@ def _job_status(store: StateStore, job: JobRow, now: float) -> JobStatus:
         metrics_file=str(metrics_file(job)),
         error=job.error,
         workers=workers,
-        recent_steps=[StepLine.of(s) for s in steps[-_RECENT_STEPS:]],
+        recent_steps=steps[-_RECENT_STEPS:],
         reward_history=[s.reward for s in steps],
     )
 
@@ -338,7 +336,7 @@ def job_statuses(store: StateStore, job: str | None, *, now: float | None = None
 
 def status_json(store: StateStore, job: str | None, *, now: float | None = None) -> dict[str, Any]:
     """{"jobs": [...]}: `rlboost status --json`."""
-    return {"jobs": [dataclasses.asdict(js) for js in job_statuses(store, job, now=now)]}
+    return {"jobs": [js.as_json() for js in job_statuses(store, job, now=now)]}
 
 
 def _workers_table(js: JobStatus) -> Table:
@@ -383,7 +381,7 @@ def _steps_table(js: JobStatus) -> Table:
     add_columns(table, *cols, numbers=cols)
     for s in js.recent_steps:
         # with no offload there was no tail to train in or wait through (the trainer records 0 for both)
-        tail = ["-", "-"] if s.offload_s is None else [_fmt(s.tail_train_s, ".1f"), _fmt(s.idle_s, ".1f")]
+        tail = ["-", "-"] if s.offload_s is None else [_fmt(s.tail_train_s, ".1f"), _fmt(s.trainer_idle_s, ".1f")]
         table.add_row(
             str(s.step),
             str(s.version),
@@ -391,7 +389,7 @@ def _steps_table(js: JobStatus) -> Table:
             str(s.tokens),
             str(s.responses),
             str(s.migrated),
-            f"{s.seconds:.1f}",
+            f"{s.step_s:.1f}",
             _fmt(s.offload_s, ".1f"),
             *tail,
         )

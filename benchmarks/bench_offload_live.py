@@ -129,10 +129,10 @@ def one_run(policy: str, i: int, args: argparse.Namespace, calibration: dict, le
             for rec in home.rglob("rollouts.jsonl"):
                 out.write(rec.read_text())
     return {
-        "step_s": median_step(s.seconds for s in steps if s.step >= 2),  # the store counts steps from 1
+        "step_s": median_step(s.step_s for s in steps if s.step >= 2),  # the store counts steps from 1
         "offloaded_steps": sum(1 for s in steps if s.offload_s is not None),
         "tail_train_s": round(sum(s.tail_train_s or 0.0 for s in steps), 3),
-        "idle_s": round(sum(s.idle_s or 0.0 for s in steps), 3),
+        "idle_s": round(sum(s.trainer_idle_s or 0.0 for s in steps), 3),
     }
 
 

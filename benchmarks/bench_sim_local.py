@@ -42,7 +42,7 @@ def live(job: Path) -> dict:
         steps = store.steps(rec.id)
         return {
             "dollars": summarize(store, rec.id).total_dollars,
-            "tokens_per_s": sum(s.tokens for s in steps[1:]) / sum(s.seconds for s in steps[1:]),
+            "tokens_per_s": sum(s.tokens for s in steps[1:]) / sum(s.step_s for s in steps[1:]),
             "steps": len(steps),
         }
 

@@ -286,10 +286,10 @@ def test_metrics_rows_carry_the_loss_terms(tmp_path) -> None:
     import json
 
     from rlboost.cli.metrics_log import MetricsLog
-    from tests.test_metrics_log import REC
+    from tests.test_metrics_log import rec
 
     log = MetricsLog(tmp_path / "m.jsonl")
-    log.write(1, {**REC, "kl": 0.01, "clip_frac": 0.0}, clock=1.0, dollars=0.0, preemptions=0)
+    log.write(rec(1, kl=0.01, clip_frac=0.0), clock=1.0, dollars=0.0, preemptions=0)
     (row,) = [json.loads(x) for x in (tmp_path / "m.jsonl").read_text().splitlines()]
     assert (row["kl"], row["entropy"], row["clip_frac"]) == (0.01, None, 0.0)
 

@@ -197,7 +197,7 @@ def test_the_trainer_alone_is_measured_on_steps_with_no_spot_worker_up_and_no_wa
     clocks = {k: 100.0 * k for k in range(1, 11)} | {11: 1200.0, 12: 1200.0, 13: 1400.0, 14: 1400.0}
     for k, clock in clocks.items():  # 11-12 and 13-14: two steps recorded at one poll
         spot_tokens = 50 if k == 10 else 0  # a worker joined step 10 after it started
-        store.record_step(job, StepMetrics(k, k, 0.5, 100, 8, 0, 1.0, clock, n_remote=0, spot_tokens=spot_tokens))
+        store.record_step(job, StepMetrics(k, k, 0.5, 100, 8, 0, 1.0, clock, spot_workers=0, spot_tokens=spot_tokens))
     alone = [s.step for s in alone_steps(store.steps(job), store.instances(job))]
     # 1: the job's first; 4-6: "booting" up; 8: first after t2 started; 10: spot tokens; 11-12: "brief" up
     assert alone == [2, 3, 7, 9, 13, 14]

@@ -5,31 +5,40 @@ from __future__ import annotations
 import json
 
 from rlboost.cli.metrics_log import MetricsLog
+from rlboost.contracts.step_record import StepRecord
 
-REC = {
-    "version": 0,
-    "reward": 0.5,
-    "loss": 0.1,
-    "responses": 4,
-    "tokens": 40,
-    "len_max": 12,
-    "seconds": 2.0,
-    "gen_s": 1.5,
-    "train_s": 0.5,
-    "gen_tokens": 50,
-    "spot_tokens": 30,
-    "n_remote": 2,
-    "box_s": 1.0,
-    "tail_train_s": 0.3,
-    "trainer_idle_s": 0.1,
-    "publish_s": 0.05,
-    "migrated": 3,
-}
+REC = StepRecord(
+    step=0,
+    version=0,
+    reward=0.5,
+    loss=0.1,
+    responses=4,
+    tokens=40,
+    len_max=12,
+    engines=2,
+    migrated=3,
+    reward_errors=0,
+    step_s=2.0,
+    gen_s=1.5,
+    train_s=0.5,
+    tail_train_s=0.3,
+    publish_s=0.05,
+    spot_workers=2,
+    offload_s=1.0,
+    trainer_idle_s=0.1,
+    gen_tokens=50,
+    spot_tokens=30,
+)
+
+
+def rec(step: int, **changes) -> StepRecord:
+    """REC as step `step` (counted from 1, as metrics.jsonl counts; the trainer's record from 0)."""
+    return REC.model_copy(update={"step": step - 1, **changes})
 
 
 def test_rates_by_source_and_running_totals(tmp_path):
     log = MetricsLog(tmp_path / "m.jsonl")
-    log.write(1, REC, clock=60.0, dollars=1.23456, preemptions=1)
+    log.write(rec(1), clock=60.0, dollars=1.23456, preemptions=1)
     (row,) = [json.loads(x) for x in (tmp_path / "m.jsonl").read_text().splitlines()]
     rates = (row["tokens_per_s"], row["spot_tokens_per_s"], row["reserved_tokens_per_s"])
     assert (row["step"], rates) == (1, (20.0, 15.0, 10.0))
@@ -38,9 +47,9 @@ def test_rates_by_source_and_running_totals(tmp_path):
 
 def test_a_step_reported_again_unchanged_is_not_repeated_but_a_rerun_is(tmp_path):
     log = MetricsLog(tmp_path / "m.jsonl")
-    log.write(1, REC, clock=60.0, dollars=1.0, preemptions=0)
-    log.write(1, REC, clock=90.0, dollars=2.0, preemptions=1)  # a restarted trainer's history: same step
-    log.write(1, {**REC, "reward": 0.7}, clock=99.0, dollars=2.5, preemptions=1)  # run again after a restart
+    log.write(rec(1), clock=60.0, dollars=1.0, preemptions=0)
+    log.write(rec(1), clock=90.0, dollars=2.0, preemptions=1)  # a restarted trainer's history: same step
+    log.write(rec(1, reward=0.7), clock=99.0, dollars=2.5, preemptions=1)  # run again after a restart
     rows = [json.loads(x) for x in (tmp_path / "m.jsonl").read_text().splitlines()]
     assert [(r["step"], r["reward"]) for r in rows] == [(1, 0.5), (1, 0.7)]  # the last line of a step wins
 
@@ -86,14 +95,14 @@ def test_a_resumed_controller_does_not_write_a_step_the_file_already_has(tmp_pat
     path = tmp_path / "m.jsonl"
     log = MetricsLog(path)
     for step in (1, 2):
-        assert log.write(step, {**REC, "version": step - 1}, clock=60.0 * step, dollars=step, preemptions=0)
+        assert log.write(rec(step, version=step - 1), clock=60.0 * step, dollars=step, preemptions=0)
     path.write_text(path.read_text() + '{"step": 3, "rew')  # a line cut short: no record
     sink = _Sink()
     resumed = MetricsLog(path, sinks=[sink])  # a new controller process; its trainer reports its history
-    assert not resumed.write(1, {**REC, "version": 0}, clock=900.0, dollars=9.0, preemptions=2)
-    assert not resumed.write(2, {**REC, "version": 1}, clock=900.0, dollars=9.0, preemptions=2)
-    assert resumed.write(2, {**REC, "version": 1, "reward": 0.9}, clock=950.0, dollars=9.5, preemptions=2)  # run again
-    assert resumed.write(3, {**REC, "version": 2}, clock=990.0, dollars=9.9, preemptions=2)  # never written
+    assert not resumed.write(rec(1, version=0), clock=900.0, dollars=9.0, preemptions=2)
+    assert not resumed.write(rec(2, version=1), clock=900.0, dollars=9.0, preemptions=2)
+    assert resumed.write(rec(2, version=1, reward=0.9), clock=950.0, dollars=9.5, preemptions=2)  # run again
+    assert resumed.write(rec(3, version=2), clock=990.0, dollars=9.9, preemptions=2)  # never written
     assert sink.steps == [2, 3]  # the dashboards' steps do not go back to 1
     rows = [json.loads(x) for x in path.read_text().splitlines()[:2] + path.read_text().splitlines()[3:]]
     assert [(r["step"], r["dollars"]) for r in rows] == [(1, 1.0), (2, 2.0), (2, 9.5), (3, 9.9)]

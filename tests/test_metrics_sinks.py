@@ -19,6 +19,7 @@ from rlboost.cli.metrics_log import MetricsLog
 from rlboost.cli.metrics_sinks import INSTALL_HINT, flat_numbers, open_sinks, sink_problems
 from rlboost.contracts.spec import SpecError, parse_spec
 from tests.conftest import ROOT, run_cli, run_json
+from tests.test_metrics_log import rec as step_record
 
 SECRET = "s3cret-value-for-sinks"
 OFFLINE = {"WANDB_MODE": "offline", "WANDB_SILENT": "true", "WANDB_API_KEY": ""}
@@ -82,7 +83,7 @@ def test_a_sink_that_cannot_start_is_reported_and_the_job_keeps_its_jsonl(tmp_pa
     sinks = open_sinks(spec, tmp_path, "sink-1", lambda name, err: failed.append((name, err)))
     assert sinks == [] and [name for name, _ in failed] == ["logging.tensorboard"]
     log = MetricsLog(tmp_path / "metrics.jsonl", sinks=sinks)
-    log.write(1, {"version": 0, "reward": 0.5, "seconds": 1.0}, clock=1.0, dollars=0.0, preemptions=0)
+    log.write(step_record(1, reward=0.5), clock=1.0, dollars=0.0, preemptions=0)
     assert json.loads((tmp_path / "metrics.jsonl").read_text())["reward"] == 0.5
 
 

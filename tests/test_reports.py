@@ -181,8 +181,10 @@ def test_render_status(store: StateStore) -> None:
 def test_steps_table_leaves_tail_columns_empty_without_an_offload(store: StateStore) -> None:
     job = store.create_job("offl", "name: offl\nalgorithm:\n  steps: 2\n", "local")
     # the live trainer records 0.0 for both when its engine never handed over
-    store.record_step(job, StepMetrics(1, 1, 0.2, 900, 32, 0, 2.0, 60.0, offload_s=None, tail_train_s=0.0, idle_s=0.0))
-    store.record_step(job, StepMetrics(2, 2, 0.3, 900, 32, 5, 2.0, 120.0, offload_s=0.7, tail_train_s=1.2, idle_s=0.4))
+    no_offload = StepMetrics(1, 1, 0.2, 900, 32, 0, 2.0, 60.0, offload_s=None, tail_train_s=0.0, trainer_idle_s=0.0)
+    store.record_step(job, no_offload)
+    offload = StepMetrics(2, 2, 0.3, 900, 32, 5, 2.0, 120.0, offload_s=0.7, tail_train_s=1.2, trainer_idle_s=0.4)
+    store.record_step(job, offload)
     console = Console(record=True, width=200)
     render_status(store, "offl", console, now=200.0)
     lines = map(str.split, console.export_text().splitlines())
@@ -263,7 +265,7 @@ def test_cost_report_splits_tokens_counts_refusals_and_measures_the_counterfactu
     # w2); 3 trained 1000 tokens in 4 s: 250 tokens/s
     rows = [(1, 0, 9.0, 0, 600.0), (2, 1, 2.0, 600, 1800.0), (3, 0, 4.0, 0, 2300.0), (4, 1, 2.0, 700, 3600.0)]
     for step, n, secs, spot, clock in rows:
-        m = StepMetrics(step, step, 0.5, 1000, 8, 2 * n, secs, clock, n_remote=n, gen_tokens=1000, spot_tokens=spot)
+        m = StepMetrics(step, step, 0.5, 1000, 8, 2 * n, secs, clock, spot_workers=n, gen_tokens=1000, spot_tokens=spot)
         store.record_step(job, m)
     data = cost_json(store, "split")
     assert data["refused_launches"] == 1 and sum(ln["instances"] for ln in data["lines"]) == 3
@@ -299,6 +301,6 @@ def test_no_counterfactual_without_a_measured_trainer_alone_step(store: StateSto
     _launch(store, job, "busy-trainer", InstanceKind.ON_DEMAND, 10.0, None)
     store.update_instance("busy-trainer", InstanceState.RUNNING, 0.0)
     for step in (1, 2):  # the first step alone is warm-up, not a measurement
-        store.record_step(job, StepMetrics(step, step, 0.5, 100, 8, 0, 1.0, 0.0, n_remote=step - 1))
+        store.record_step(job, StepMetrics(step, step, 0.5, 100, 8, 0, 1.0, 0.0, spot_workers=step - 1))
     data = cost_json(store, "busy")
     assert data["counterfactual"] is None and any("no on-demand counterfactual" in n for n in data["notes"])

@@ -239,7 +239,7 @@ def _live_and_replayed(tmp_path: Path, name: str, make_job, trace: dict) -> dict
     n_steps = raw["algorithm"]["steps"]
     assert len(steps) == n_steps
     # throughput over the steps after the first: step 0 mostly waits for processes to start (platform)
-    live_s = sum(s.seconds for s in steps[1:])
+    live_s = sum(s.step_s for s in steps[1:])
     live_tokens = sum(s.tokens for s in steps[1:])
     live_cost = summarize(store, job.id).total_dollars
     preempted = [i for i in store.instances(job.id) if i.state == "preempted"]
@@ -270,7 +270,7 @@ def _live_and_replayed(tmp_path: Path, name: str, make_job, trace: dict) -> dict
             "tokens_per_s": live_tps,
             "dollars": live_cost,
             "preemptions": len(preempted),
-            "step_s": [round(s.seconds, 3) for s in steps],
+            "step_s": [round(s.step_s, 3) for s in steps],
         },
         "sim": {
             "run_s": round(float(sim_s), 2),

@@ -103,10 +103,10 @@ def test_policies_in_parallel_processes_match_one_at_a_time_and_report_progress(
 
 
 def test_the_policy_help_names_every_preset():
-    from rlboost.cli import main
+    from rlboost.cli.commands import simulate
 
-    assert (*PRESETS, "job") == main.SIM_POLICIES
-    assert main.DEFAULT_SIM_POLICIES == sim_cli.DEFAULT_POLICIES
+    assert (*PRESETS, "job") == simulate.SIM_POLICIES
+    assert simulate.DEFAULT_SIM_POLICIES == sim_cli.DEFAULT_POLICIES
 
 
 def test_a_job_whose_steps_outlast_the_trace_by_far_replays_the_trace():

@@ -234,9 +234,11 @@ def test_events_and_steps(store: StateStore) -> None:
     store.record_step(job, StepMetrics(2, 2, 0.75, 110, 8, 2, 3.5, 21.0))  # re-recorded after a restart: replaces
     steps = store.steps(job)
     assert [(s.step, s.reward, s.tokens, s.migrated) for s in steps] == [(1, 0.25, 90, 0), (2, 0.75, 110, 2)]
-    store.record_step(job, StepMetrics(3, 3, 0.5, 120, 8, 0, 4.0, 30.0, offload_s=1.5, tail_train_s=2.0, idle_s=0.25))
+    store.record_step(
+        job, StepMetrics(3, 3, 0.5, 120, 8, 0, 4.0, 30.0, offload_s=1.5, tail_train_s=2.0, trainer_idle_s=0.25)
+    )
     s3 = store.steps(job)[-1]
-    assert (s3.offload_s, s3.tail_train_s, s3.idle_s) == (1.5, 2.0, 0.25)
+    assert (s3.offload_s, s3.tail_train_s, s3.trainer_idle_s) == (1.5, 2.0, 0.25)
     assert steps[0].offload_s is None  # no offload recorded
 
 
@@ -299,12 +301,12 @@ def test_v1_store_migrates_to_the_latest_keeping_its_steps(tmp_path: Path) -> No
     assert (s.job_by_id(1).controller_url, s.job_by_id(1).remote) == (None, False)  # v4: its controller ran here
     assert state._written_by(s._db) == state.rlboost_version()  # v5: the version that migrated it
     (row,) = s.steps(1)
-    assert (row.reward, row.offload_s, row.tail_train_s, row.idle_s) == (0.5, None, None, None)
-    assert (row.n_remote, row.gen_tokens, row.spot_tokens) == (None, None, None)
-    s.record_step(1, StepMetrics(1, 1, 0.6, 10, 4, 0, 1.0, 3.0, offload_s=0.5, tail_train_s=0.4, idle_s=0.1,
-                                 n_remote=2, gen_tokens=12, spot_tokens=7))
+    assert (row.reward, row.offload_s, row.tail_train_s, row.trainer_idle_s) == (0.5, None, None, None)
+    assert (row.spot_workers, row.gen_tokens, row.spot_tokens) == (None, None, None)
+    s.record_step(1, StepMetrics(1, 1, 0.6, 10, 4, 0, 1.0, 3.0, offload_s=0.5, tail_train_s=0.4, trainer_idle_s=0.1,
+                                 spot_workers=2, gen_tokens=12, spot_tokens=7))
     new = s.steps(1)[-1]
-    assert (new.tail_train_s, new.n_remote, new.gen_tokens, new.spot_tokens) == (0.4, 2, 12, 7)
+    assert (new.tail_train_s, new.spot_workers, new.gen_tokens, new.spot_tokens) == (0.4, 2, 12, 7)
     s.close()
 
 

@@ -57,3 +57,59 @@ def test_a_wrong_document_is_refused_by_name(served: dict, change, field: str) -
     change(doc)
     with pytest.raises(ValidationError, match=field.replace(".", r"\.")):
         TrainerStatus.model_validate(doc)
+
+
+# ---- step records (rlboost/contracts/step_record.py) ----------------------------------------------
+
+RECORD = {
+    "step": 3,
+    "version": 3,
+    "reward": 0.5,
+    "loss": 0.1,
+    "responses": 8,
+    "tokens": 80,
+    "len_max": 12,
+    "engines": 2,
+    "migrated": 1,
+    "reward_errors": 0,
+    "step_s": 2.0,
+    "gen_s": 1.5,
+    "train_s": 0.6,
+    "tail_train_s": 0.2,
+}
+
+
+def test_the_coordinators_measurements_of_a_step_fit_the_record() -> None:
+    """What Coordinator.end_step returns maps onto StepTiming, and from it onto the step record."""
+    import asyncio
+
+    from rlboost.contracts.step_record import StepRecord
+    from rlboost.rollout import scheduling
+    from rlboost.rollout.coordinator import Coordinator
+    from rlboost.trainer.runtime import _TIMING_IN_RECORD, _timing
+
+    coord = Coordinator(scheduling.coordinator_config(JobSpec(name="st", rollout={"max_workers": 0}), eos_id=2))
+    asyncio.run(coord.run_step(0, 0, []))
+    timing = _timing(coord.end_step(train_busy_s=0.5, train_tokens=10))
+    assert timing is not None and timing.spot_workers == 0 and timing.offload_s is None
+    rec = StepRecord(**RECORD, **timing.model_dump(include=_TIMING_IN_RECORD))
+    assert rec.timed and rec.trainer_idle_s == timing.trainer_idle_s
+    assert _timing({}) is None  # no step timed: the record says so (rec.timed False)
+    assert not StepRecord(**RECORD).timed
+
+
+def test_a_step_record_an_older_rlboost_wrote_reads_by_todays_names() -> None:
+    """A checkpoint (or a still-running trainer) of before the typed record: seconds, box_s, n_remote."""
+    from rlboost.contracts.step_record import StepRecord
+
+    old = {k: v for k, v in RECORD.items() if k != "step_s"}
+    old |= {"seconds": 2.5, "step_s": 2.4, "box_s": 0.7, "n_remote": 3, "trainer_idle_s": 0.1, "remote_idle_s": 0.0}
+    rec = StepRecord.model_validate({**old, "gen_tokens": 90, "spot_tokens": 60, "publish_s": 0.05})
+    assert (rec.step_s, rec.offload_s, rec.spot_workers, rec.trainer_idle_s) == (2.5, 0.7, 3, 0.1)
+
+
+def test_a_step_record_with_a_field_renamed_is_refused_by_name(served: dict) -> None:
+    doc = {**served, "history": [{**RECORD, "idle_s": 0.1}]}
+    with pytest.raises(ValidationError, match=r"history\.0\.idle_s"):
+        TrainerStatus.model_validate(doc)
+    assert TrainerStatus.model_validate({**served, "history": [RECORD]}).history[0].step_s == 2.0

@@ -10,6 +10,7 @@ from aiohttp import web
 
 from rlboost.contracts.spec import parse_spec
 from rlboost.contracts.status import TrainerStatus
+from rlboost.contracts.step_record import StepRecord
 from rlboost.trainer.runtime import TrainerRuntime
 from rlboost.trainer.server import build_app
 from rlboost.weights.publisher import WeightPublisher
@@ -18,10 +19,16 @@ from tests.route_coordinator import idle_coordinator
 TOKEN = "tok"
 
 
+def step_record(step: int, **changes) -> StepRecord:
+    figures = dict(version=step, reward=0.0, loss=0.0, responses=4, tokens=40, len_max=12, engines=1, migrated=0)
+    timing = dict(reward_errors=0, step_s=1.0, gen_s=0.5, train_s=0.5, tail_train_s=0.0)
+    return StepRecord(step=step, **{**figures, **timing, **changes})
+
+
 def runtime(tmp_path, steps: int, evals: int) -> TrainerRuntime:
     raw = {"name": "since", "model": {"kind": "synthetic"}, "rollout": {"engine": "synthetic", "max_workers": 0}}
     rt = TrainerRuntime(parse_spec(raw), TOKEN, tmp_path)
-    rt.history = [{"step": i, "reward": i / 10} for i in range(steps)]
+    rt.history = [step_record(i, reward=i / 10) for i in range(steps)]
     rt.evals = [{"version": v, "step": v} for v in range(evals)]
     return rt
 

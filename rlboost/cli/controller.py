@@ -11,7 +11,7 @@ import contextlib
 import os
 import sys
 import time
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
 
@@ -21,23 +21,23 @@ from rich.console import Console
 from rlboost.cli.disk import disk_full, no_room, release_room, reserve_room
 from rlboost.cli.enrolment import TrainerEnrolment, TrainerEnrolmentError, pin_file, worker_credential
 from rlboost.cli.job_envs import Redactor, split_envs
-from rlboost.cli.launch_requests import node_files, trainer_request
+from rlboost.cli.launch_requests import node_files, recorded_request, trainer_request, worker_request
 from rlboost.cli.ledger import summarize
 from rlboost.cli.metrics_log import METRICS_FILE, MetricsLog
 from rlboost.cli.metrics_sinks import open_sinks
 from rlboost.cli.node_extras import node_extras
 from rlboost.cli.progress import JobProgress
-from rlboost.cli.state import InstanceRow, StateStore, StepMetrics, UnknownInstanceError
+from rlboost.cli.state import InstanceRow, StateStore, UnknownInstanceError
 from rlboost.cli.step_numbers import shown
+from rlboost.cli.step_recording import StepRecorder
 from rlboost.cli.stopping import Abandon, Phase, Stop, StopSignals
 from rlboost.contracts.enrolment import Grant
 from rlboost.contracts.spec import JobSpec
 from rlboost.contracts.status import TrainerStatus
+from rlboost.contracts.step_record import StepRecord
 from rlboost.contracts.tls import client_context, https_url
-from rlboost.contracts.worker_env import WorkerEnv
 from rlboost.providers.base import (
     CapacityError,
-    InstanceKind,
     InstanceState,
     LaunchRequest,
     Owner,
@@ -95,13 +95,7 @@ class Controller:
             shared_cores(self.spec),
         )
         self.fleet_target = self.sizer.max_workers
-        self.steps_recorded = 0  # how many of the trainer's step records this controller has taken
-        # the figures of every step the store holds (a resumed job's too): a step the trainer reports
-        # again unchanged (a restarted trainer's or a resumed controller's first status carries the
-        # whole history) is not recorded, written to metrics.jsonl or logged again
-        self.recorded = {r.step: _own_figures(r) for r in self.store.steps(self.job_id)}
-        self.evals_seen = 0  # and its evaluations
-        self.snapshot: dict = {}
+        self.snapshot: dict = {}  # the trainer's last status, less its step records and evaluations
         from rlboost.contracts.tls import client_context, job_tls
 
         # TLS unless the trainer binds loopback (trainer.tls: auto): a per-job certificate that the
@@ -120,6 +114,7 @@ class Controller:
         self.redact = Redactor(self.user_secrets)
         sinks = open_sinks(self.spec, self.run_dir, self.prefix, self._sink_failed)
         self.metrics_log = MetricsLog(self.run_dir / METRICS_FILE, sinks=sinks, on_error=self._sink_failed)
+        self.steps = StepRecorder(self.store, self.job_id, self.metrics_log)
 
     def _sink_failed(self, name: str, err: Exception) -> None:
         """A metrics sink (TensorBoard, W&B) failed: the job goes on with metrics.jsonl."""
@@ -338,11 +333,11 @@ class Controller:
         last_ok = time.monotonic()
         while True:
             self._apply_events()
-            snap = self._fetch_status()
-            if snap is not None:
+            status = self._fetch_status()
+            if status is not None:
                 last_ok = time.monotonic()
-                self._record_snapshot(snap, progress)
-                if snap.get("phase") == "done":
+                self._record_status(status, progress)
+                if status.phase == "done":
                     with contextlib.suppress(httpx.HTTPError):
                         self.http.post(f"{self.trainer_url}/v1/shutdown")
                     return "succeeded", None
@@ -382,9 +377,7 @@ class Controller:
         self._apply_events()
         self.trainer_id = f"{self.prefix}-trainer-r{self.trainer_restarts}"
         self.trainer_url, self.trainer_exit = None, None
-        # the new trainer reports its whole history: the steps it runs again are recorded again, the
-        # ones from its checkpoint are known already (self.recorded)
-        self.steps_recorded = self.evals_seen = 0
+        self.steps.new_trainer()
         self._launch_trainer(progress)
 
     def _reattach(self, progress: JobProgress) -> None:
@@ -399,16 +392,7 @@ class Controller:
         by_key = {(o.cloud, o.region, o.accelerator): o.key for o in self.spot_offers}
         adopted: list[str] = []
         for inst in live:
-            req = LaunchRequest(
-                instance_id=inst.id,
-                owner=self.owner,
-                role=Role(inst.role),
-                kind=InstanceKind(inst.kind),
-                cloud=inst.cloud,
-                region=inst.region,
-                accelerator=inst.accelerator,
-                hourly_price=inst.hourly_price,
-            )
+            req = recorded_request(inst, self.owner)
             if inst.id in owned and self.provider.adopt(req):
                 adopted.append(inst.id)
                 key = by_key.get((inst.cloud, inst.region, inst.accelerator))
@@ -563,34 +547,12 @@ class Controller:
         """One spot worker at `offer`; False when the provider refused it for capacity."""
         self.worker_seq += 1
         iid = f"{self.prefix}-w{self.worker_seq:03d}"
-        req = LaunchRequest(
-            instance_id=iid,
-            owner=self.owner,
-            role=Role.WORKER,
-            kind=InstanceKind.SPOT,
-            cloud=offer.cloud,
-            region=offer.region,
-            accelerator=offer.accelerator,
-            hourly_price=offer.hourly_price,
-            env={
-                **WorkerEnv(
-                    trainer_url=self.trainer_url or "",
-                    # no token in a worker's boot data: a credential it trades once for the token and
-                    # the job's secret variables, at this trainer, within the hour
-                    enrol=worker_credential(self.token, iid, self.trainer_id),
-                    worker_id=iid,
-                    kind="spot",
-                    engine=self.spec.rollout.engine,
-                    accelerator=offer.accelerator or None,
-                    cloud=offer.cloud,
-                    region=offer.region or None,
-                ).to_env(),
-                EXTRAS_ENV: ",".join(node_extras(self.spec, Role.WORKER)),
-                **(self.tls.worker_env if self.tls else {}),
-            },
-            command=[sys.executable, "-m", "rlboost.worker"],
-            **{**self._node_files(), "user_secrets": {}},  # enrolment hands them over
-        )
+        # no token in a worker's boot data: a credential it trades once for the token and the job's
+        # secret variables, at this trainer, within the hour
+        enrol = worker_credential(self.token, iid, self.trainer_id)
+        tls_env = self.tls.worker_env if self.tls else {}
+        files = self._node_files()
+        req = worker_request(self.spec, offer, iid, self.owner, self.trainer_url or "", enrol, tls_env, files)
         self.worker_offer[iid] = offer.key
         try:
             self._launch(req, offer.on_demand_price)
@@ -604,18 +566,16 @@ class Controller:
         progress.note(f"launched spot worker {iid} ({offer.describe()})")
         return True
 
-    def _size_fleet(self, rec: dict, progress: JobProgress) -> None:
+    def _size_fleet(self, rec: StepRecord, progress: JobProgress) -> None:
         """After a step, as the simulator: the fleet policy picks the size from the step's measured
         length; surplus workers are released, newest first (their responses move on, token by token)."""
-        if not self.spot_offers or "step_s" not in rec:
+        if not self.spot_offers or rec.spot_workers is None:  # the coordinator timed no step
             return
         clock = self.provider.clock()
-        sample = StepSample(
-            int(rec.get("n_remote", 0)), rec["step_s"], rec["gen_s"], float(rec.get("train_s", 0.0)), rec["tokens"]
-        )
+        sample = StepSample(rec.spot_workers, rec.step_s, rec.gen_s, rec.train_s, rec.tokens)
         started = [i.started_clock for i in self.store.instances(self.job_id) if i.started_clock is not None]
         spent = summarize(self.store, self.job_id).total_dollars
-        at = FleetClock(shown(rec["step"]), clock - min(started, default=clock), spent)  # this step included
+        at = FleetClock(shown(rec.step), clock - min(started, default=clock), spent)  # this step included
         d = self.sizer.decide(sample, at, clock, self.fleet_target)
         if d.deadline_at_risk:
             self.store.add_event(self.job_id, "deadline-at-risk", d.why, clock=clock)
@@ -638,76 +598,37 @@ class Controller:
         return summarize(self.store, self.job_id).total_dollars >= self.spec.budget_usd
 
     # ---- trainer status ----------------------------------------------------------------
-    def _fetch_status(self) -> dict | None:
+    def _fetch_status(self) -> TrainerStatus | None:
         if not self.trainer_url:
             return None
         try:
-            # only the step records and evaluations not recorded yet: a long job's whole history is MiBs
-            since = {"since": self.steps_recorded, "evals_since": self.evals_seen}
-            r = self.http.get(f"{self.trainer_url}/v1/status", params=since)
+            r = self.http.get(f"{self.trainer_url}/v1/status", params=self.steps.query())
             r.raise_for_status()
-            doc = r.json()
-            TrainerStatus.model_validate(doc)  # as contracts/status.py defines it (a ValidationError is a ValueError)
-            return doc
+            # as contracts/status.py defines it (a ValidationError is a ValueError)
+            return TrainerStatus.model_validate(r.json())
         except (httpx.HTTPError, ValueError):
             return None
 
-    def _record_snapshot(self, snap: dict, progress: JobProgress) -> None:
-        history = snap.pop("history", [])
-        first = snap.pop("history_from", 0)  # history[0]'s index in the trainer's records
+    def _record_status(self, status: TrainerStatus, progress: JobProgress) -> None:
         clock = self.provider.clock()
-        for rec in history[max(0, self.steps_recorded - first) :]:
-            metrics = StepMetrics(
-                step=shown(rec["step"]),  # the trainer counts from 0; the store, like every message, from 1
-                version=rec["version"],
-                reward=rec["reward"],
-                tokens=rec["tokens"],
-                responses=rec["responses"],
-                migrated=rec["migrated"],
-                seconds=rec["seconds"],
-                clock=clock,
-                offload_s=rec.get("box_s"),
-                tail_train_s=rec.get("tail_train_s"),
-                idle_s=rec.get("trainer_idle_s"),
-                n_remote=rec.get("n_remote"),
-                gen_tokens=rec.get("gen_tokens"),
-                spot_tokens=rec.get("spot_tokens"),
-            )
-            figures = _own_figures(metrics)
-            if self.recorded.get(metrics.step) == figures:  # recorded already, by this controller or one before
-                progress.caught_up(rec)
-                continue
-            # metrics.jsonl first: a controller killed between the two takes the step again on resume,
-            # and metrics.jsonl (which knows its own lines) does not repeat it
-            self.metrics_log.write(
-                metrics.step,
-                rec,
-                clock=clock,
-                dollars=summarize(self.store, self.job_id).total_dollars,
-                preemptions=self._preemptions(),
-            )
-            self.store.record_step(self.job_id, metrics)
-            self.recorded[metrics.step] = figures
-            progress.step(rec)
-            self._size_fleet(rec, progress)
-        self.steps_recorded = max(self.steps_recorded, first + len(history))
-        evals = snap.pop("evals", [])
-        self.evals_seen = max(self.evals_seen, snap.pop("evals_from", 0) + len(evals))
-        for ev in evals:  # the evaluations not seen yet; metrics.jsonl keeps each version once
-            if self.metrics_log.write_eval(ev):
-                progress.note(
-                    f"eval after step {ev['step']}: pass@1 {ev['pass@1']:.3f}, mean reward {ev['mean_reward']:.3f}"
-                )
-        self.placement.on_workers(snap.get("workers", []), self.provider.clock())
-        self._note_draining(snap.get("workers", []))
+        self.steps.take(
+            status,
+            clock,
+            progress,
+            totals=lambda: (summarize(self.store, self.job_id).total_dollars, self._preemptions()),
+            on_step=partial(self._size_fleet, progress=progress),
+        )
+        snap = status.model_dump(mode="json", exclude={"history", "history_from", "evals", "evals_from"})
+        self.placement.on_workers(snap["workers"], self.provider.clock())
+        self._note_draining(snap["workers"])
         self.snapshot = snap
         self.store.update_job(
             self.job_id,
             snapshot=snap,
-            step=snap.get("step", 0),
-            version=snap.get("version", -1),
-            reward=snap.get("reward"),
-            tokens_total=snap.get("tokens_total", 0),
+            step=status.step,
+            version=status.version,
+            reward=status.reward,
+            tokens_total=status.tokens_total,
             clock=clock,
         )
 
@@ -757,8 +678,3 @@ class Controller:
 
 class TrainerFailed(Exception):
     pass
-
-
-def _own_figures(m: StepMetrics) -> tuple:
-    """A step's own figures: the same record reported again differs only in the clock it is taken at."""
-    return tuple(getattr(m, f.name) for f in fields(StepMetrics) if f.name != "clock")

@@ -1,11 +1,17 @@
-"""What the control plane asks a provider to launch for a job's nodes: the on-demand trainer's request
-and the files and variables every node gets. The controller uses both, and so does the CLI when it
-starts a trainer node that runs the controller itself (node_host.py)."""
+"""What the control plane asks a provider to launch for a job's nodes: the on-demand trainer's request,
+a spot worker's, and the files and variables every node gets. The controller uses them, and so does
+the CLI when it starts a trainer node that runs the controller itself (node_host.py)."""
 
 from __future__ import annotations
 
+import sys
+
+from rlboost.cli.node_extras import node_extras
+from rlboost.cli.state import InstanceRow
 from rlboost.contracts.spec import JobSpec
+from rlboost.contracts.worker_env import WorkerEnv
 from rlboost.providers.base import InstanceKind, LaunchRequest, Owner, Role
+from rlboost.providers.bootstrap import EXTRAS_ENV
 from rlboost.providers.pricing import Offer
 
 
@@ -27,11 +33,61 @@ def trainer_request(o: Offer, instance_id: str, owner: Owner, env: dict[str, str
         owner=owner,
         role=Role.TRAINER,
         kind=InstanceKind.ON_DEMAND,
-        cloud=o.cloud,
-        region=o.region,
-        accelerator=o.accelerator,
-        hourly_price=o.hourly_price,
+        **_placed(o),
         env=env,
         command=command,
         **files,
     )
+
+
+def worker_request(
+    spec: JobSpec,
+    o: Offer,
+    instance_id: str,
+    owner: Owner,
+    trainer_url: str,
+    enrol: str,
+    tls_env: dict[str, str],
+    files: dict,
+) -> LaunchRequest:
+    """A spot worker's launch request at offer `o`: it dials `trainer_url` and trades `enrol` (a
+    single-use credential) there for the job token and the job's secret variables."""
+    env = WorkerEnv(
+        trainer_url=trainer_url,
+        enrol=enrol,
+        worker_id=instance_id,
+        kind="spot",
+        engine=spec.rollout.engine,
+        accelerator=o.accelerator or None,
+        cloud=o.cloud,
+        region=o.region or None,
+    ).to_env()
+    return LaunchRequest(
+        instance_id=instance_id,
+        owner=owner,
+        role=Role.WORKER,
+        kind=InstanceKind.SPOT,
+        **_placed(o),
+        env={**env, EXTRAS_ENV: ",".join(node_extras(spec, Role.WORKER)), **tls_env},
+        command=[sys.executable, "-m", "rlboost.worker"],
+        **{**files, "user_secrets": {}},  # enrolment hands them over
+    )
+
+
+def recorded_request(inst: InstanceRow, owner: Owner) -> LaunchRequest:
+    """The request an instance the store recorded was launched with, as far as adopting it needs."""
+    return LaunchRequest(
+        instance_id=inst.id,
+        owner=owner,
+        role=Role(inst.role),
+        kind=InstanceKind(inst.kind),
+        cloud=inst.cloud,
+        region=inst.region,
+        accelerator=inst.accelerator,
+        hourly_price=inst.hourly_price,
+    )
+
+
+def _placed(o: Offer) -> dict:
+    """Where and at what price an offer places an instance (LaunchRequest fields)."""
+    return {"cloud": o.cloud, "region": o.region, "accelerator": o.accelerator, "hourly_price": o.hourly_price}

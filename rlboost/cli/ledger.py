@@ -140,7 +140,7 @@ def alone_steps(steps: list[StepRow], instances: list[InstanceRow]) -> list[Step
 
     "Up" is from its start to its end on the billing clock, booting and leaving included: on a machine
     the trainer shares (the local provider) a booting worker slows the trainer's step 1.5-2.5x, and a
-    worker that joined mid-step generated part of it (`n_remote`, counted at the step's start, misses
+    worker that joined mid-step generated part of it (`spot_workers`, counted at the step's start, misses
     both). A step spans the billing clock from the previous recording to its own; steps recorded at
     one poll share that span. The first step after a trainer starts (the job's first, after a resume
     or a restart) carries warm-up: 5x a later step in the local demo."""
@@ -154,7 +154,7 @@ def alone_steps(steps: list[StepRow], instances: list[InstanceRow]) -> list[Step
     clocks = sorted({s.clock for s in steps})
     out = []
     for k, s in enumerate(steps):
-        if k in warm or s.n_remote or s.spot_tokens or s.seconds <= 0:
+        if k in warm or s.spot_workers or s.spot_tokens or s.step_s <= 0:
             continue
         j = bisect.bisect_left(clocks, s.clock)
         begin = clocks[j - 1] if j > 0 else -math.inf
@@ -172,10 +172,10 @@ def trainer_alone(
     outside steps (boot, teardown) is the same either way, so only the steps' share of the trainer's
     bill scales with the slower rate."""
     alone = alone_steps(steps, instances)
-    step_s = sum(s.seconds for s in steps)
+    step_s = sum(s.step_s for s in steps)
     if not alone or step_s <= 0 or trainer_dollars <= 0 or job.started_at is None:
         return None
-    rate = sum(s.tokens for s in alone) / sum(s.seconds for s in alone)
+    rate = sum(s.tokens for s in alone) / sum(s.step_s for s in alone)
     alone_s = sum(s.tokens for s in steps) / rate
     wall = max((job.ended_at or time.time()) - job.started_at, step_s)
     dollars = trainer_dollars * (1.0 + (alone_s - step_s) / wall)

@@ -21,6 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from rlboost.cli.metrics_sinks import JsonlSink, MetricsSink, SinkError
+from rlboost.cli.step_numbers import shown
+from rlboost.contracts.step_record import StepRecord
 
 METRICS_FILE = "metrics.jsonl"
 
@@ -103,47 +105,46 @@ class MetricsLog:
         self._emit(row)
         return True
 
-    def write(self, step: int, rec: dict[str, Any], *, clock: float, dollars: float, preemptions: int) -> bool:
-        """One step (counted from 1) from the trainer's step record and the controller's ledger; False
-        if this step was already written with the same figures (only the running totals differ)."""
-        secs = float(rec.get("seconds") or 0.0)
-        gen, spot = rec.get("gen_tokens"), rec.get("spot_tokens")
+    def write(self, rec: StepRecord, *, clock: float, dollars: float, preemptions: int) -> bool:
+        """One step from the trainer's record and the controller's ledger; False if this step was
+        already written with the same figures (only the running totals differ)."""
+        gen, spot = rec.gen_tokens, rec.spot_tokens
         row = {
-            "step": step,
-            "version": rec.get("version"),
-            "reward": rec.get("reward"),
-            "loss": rec.get("loss"),
-            "kl": rec.get("kl"),  # token mean of the KL estimate (algorithm.kl_coef > 0), else null
-            "entropy": rec.get("entropy"),  # token mean (algorithm.entropy_coeff > 0), else null
-            "clip_frac": rec.get("clip_frac"),  # share of tokens whose PPO ratio was clipped
-            "responses": rec.get("responses"),
-            "tokens": rec.get("tokens"),
-            "len_mean": round(rec["tokens"] / rec["responses"], 2) if rec.get("responses") else None,
-            "len_max": rec.get("len_max"),
-            "step_s": secs,
-            "gen_s": rec.get("gen_s"),
-            "train_s": rec.get("train_s"),
-            "tokens_per_s": _rate(rec.get("tokens"), secs),
-            "spot_tokens_per_s": _rate(spot, secs),
-            "reserved_tokens_per_s": _rate(gen - spot, secs) if gen is not None and spot is not None else None,
-            "spot_workers": rec.get("n_remote"),
-            "offload_s": rec.get("box_s"),  # seconds into the step when the reserved engine handed over
-            "tail_train_s": rec.get("tail_train_s"),
-            "trainer_idle_s": rec.get("trainer_idle_s"),
-            "publish_s": rec.get("publish_s"),  # weight sync, on the trainer: stage + publish the version
+            "step": shown(rec.step),  # from 1, as every message counts
+            "version": rec.version,
+            "reward": rec.reward,
+            "loss": rec.loss,
+            "kl": rec.kl,  # token mean of the KL estimate (algorithm.kl_coef > 0), else null
+            "entropy": rec.entropy,  # token mean (algorithm.entropy_coeff > 0), else null
+            "clip_frac": rec.clip_frac,  # share of tokens whose PPO ratio was clipped
+            "responses": rec.responses,
+            "tokens": rec.tokens,
+            "len_mean": round(rec.tokens / rec.responses, 2) if rec.responses else None,
+            "len_max": rec.len_max,
+            "step_s": rec.step_s,
+            "gen_s": rec.gen_s,
+            "train_s": rec.train_s,
+            "tokens_per_s": _rate(rec.tokens, rec.step_s),
+            "spot_tokens_per_s": _rate(spot, rec.step_s),
+            "reserved_tokens_per_s": _rate(gen - spot, rec.step_s) if gen is not None and spot is not None else None,
+            "spot_workers": rec.spot_workers,
+            "offload_s": rec.offload_s,  # seconds into the step when the reserved engine handed over
+            "tail_train_s": rec.tail_train_s,
+            "trainer_idle_s": rec.trainer_idle_s,
+            "publish_s": rec.publish_s,  # weight sync, on the trainer: stage + publish the version
             # weights.transport: the last finished broadcast ({version, delivered, missed}), else null
-            "broadcast": rec.get("broadcast"),
-            "migrated": rec.get("migrated"),
-            "reward_errors": rec.get("reward_errors"),  # a custom reward's failures so far (each scored 0)
+            "broadcast": rec.broadcast,
+            "migrated": rec.migrated,
+            "reward_errors": rec.reward_errors,  # a custom reward's failures so far (each scored 0)
             "preemptions": preemptions,  # so far in the job
             "dollars": round(dollars, 4),  # so far in the job
             "clock_s": round(clock, 3),  # the provider's billing clock
         }
         key = _without_totals(row)
         self._load()
-        if self._written.get(step) == key:
+        if self._written.get(row["step"]) == key:
             return False
-        self._written[step] = key
+        self._written[row["step"]] = key
         self._emit(row)
         return True
 

@@ -14,6 +14,7 @@ from rich.progress import (
 )
 
 from rlboost.cli.step_numbers import shown
+from rlboost.contracts.step_record import StepRecord
 
 
 class JobProgress:
@@ -49,17 +50,16 @@ class JobProgress:
     def note(self, line: str) -> None:
         self.console.log(line, markup=False)  # notes quote provider errors and ids, not markup
 
-    def step(self, rec: dict) -> None:
-        n = shown(rec["step"])
+    def step(self, rec: StepRecord) -> None:
+        n = shown(rec.step)
         self.console.log(
-            f"step {n:>3}  reward {rec['reward']:.3f}  tokens {rec['tokens']}"
-            f"  migrated {rec['migrated']}  {rec['seconds']:.2f}s"
+            f"step {n:>3}  reward {rec.reward:.3f}  tokens {rec.tokens}  migrated {rec.migrated}  {rec.step_s:.2f}s"
         )
         self.progress.update(self.train, completed=n)
 
-    def caught_up(self, rec: dict) -> None:
+    def caught_up(self, rec: StepRecord) -> None:
         """A step recorded before (a resumed controller, a restarted trainer's history): the bar only."""
-        self.progress.update(self.train, completed=shown(rec["step"]))
+        self.progress.update(self.train, completed=shown(rec.step))
 
     def update(self, snap: dict, live_workers: list, preemptions: int) -> None:
         reward = snap.get("reward")

@@ -21,10 +21,11 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from rlboost.cli.step_metrics import StepMetrics, StepRow, step_columns, step_fields
 from rlboost.providers.base import InstanceState, LaunchRequest
 
 SCHEMA_VERSION = 5
@@ -269,34 +270,6 @@ class EventRow:
     detail: str
     clock: float | None
     wall: float
-
-
-@dataclass(frozen=True)
-class StepMetrics:
-    """What the controller records of one finished training step (counted from 1)."""
-
-    step: int
-    version: int
-    reward: float
-    tokens: int
-    responses: int
-    migrated: int
-    seconds: float
-    clock: float  # the provider's (billing) clock at recording
-    offload_s: float | None = None  # seconds into the step at the offload (None: no offload)
-    tail_train_s: float | None = None  # trained while the tail generated remotely
-    idle_s: float | None = None  # trainer idle after the offload, waiting for rollouts
-    n_remote: int | None = None  # spot workers serving when the step started
-    gen_tokens: int | None = None  # tokens generated during the step, by every engine
-    spot_tokens: int | None = None  # of which spot workers generated
-
-
-@dataclass(frozen=True)
-class StepRow(StepMetrics):
-    """A recorded step: its metrics, the job, and when it was recorded (wall clock)."""
-
-    job_id: int = field(kw_only=True)
-    wall: float = field(kw_only=True)
 
 
 _JOB_FIELDS = {
@@ -625,18 +598,14 @@ class StateStore:
 
     def record_step(self, job_id: int, m: StepMetrics) -> None:
         """One finished training step. Re-recording a step (after a restart) replaces it."""
+        row = {**step_columns(m), "job_id": job_id, "wall": self._now()}
         with self._tx() as db:
-            db.execute(
-                "INSERT OR REPLACE INTO steps (job_id, step, version, reward, tokens, responses, migrated, "
-                "seconds, clock, wall, offload_s, tail_train_s, idle_s, n_remote, gen_tokens, spot_tokens) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (job_id, m.step, m.version, m.reward, m.tokens, m.responses, m.migrated, m.seconds, m.clock,
-                 self._now(), m.offload_s, m.tail_train_s, m.idle_s, m.n_remote, m.gen_tokens, m.spot_tokens),
-            )
+            db.execute(f"INSERT OR REPLACE INTO steps ({', '.join(row)}) VALUES ({', '.join('?' * len(row))})",
+                       tuple(row.values()))
 
     def steps(self, job_id: int) -> list[StepRow]:
         rows = self._query("SELECT * FROM steps WHERE job_id = ? ORDER BY step", (job_id,))
-        return [StepRow(**dict(r)) for r in rows]
+        return [StepRow(**step_fields(dict(r))) for r in rows]
 
     # ---- copies of a trainer node's records ----------------------------------------------
 
@@ -645,22 +614,22 @@ class StateStore:
     ) -> None:
         """Replace this store's records of `job_id` with what its controller on the trainer node
         holds (one transaction: a reader sees the old copy or the new one, never half of each)."""
-        fields = {c: getattr(job, c) for c in sorted(_COPIED_JOB_FIELDS)}
-        if fields["snapshot"] is not None:
-            fields["snapshot"] = json.dumps(fields["snapshot"], separators=(",", ":"))
-        fields["synced_at"] = self._now()
-        sets = ", ".join(f"{c} = ?" for c in fields)  # names come from _JOB_FIELDS only
+        values = {c: getattr(job, c) for c in sorted(_COPIED_JOB_FIELDS)}
+        if values["snapshot"] is not None:
+            values["snapshot"] = json.dumps(values["snapshot"], separators=(",", ":"))
+        values["synced_at"] = self._now()
+        sets = ", ".join(f"{c} = ?" for c in values)  # names come from _JOB_FIELDS only
         with self._tx() as db:
-            cur = db.execute(f"UPDATE jobs SET {sets} WHERE id = ?", (*fields.values(), job_id))
+            cur = db.execute(f"UPDATE jobs SET {sets} WHERE id = ?", (*values.values(), job_id))
             if cur.rowcount == 0:
                 raise UnknownJobError(f"no job with id {job_id} (run `rlboost status` to list jobs)")
             for table in ("steps", "events", "instances"):
                 db.execute(f"DELETE FROM {table} WHERE job_id = ?", (job_id,))
             for rows, table, skip in ((instances, "instances", ()), (events, "events", ("id",)), (steps, "steps", ())):
                 for r in rows:
-                    d = {k: v for k, v in asdict(r).items() if k not in skip}
+                    d = {k: v for k, v in (step_columns(r) if table == "steps" else asdict(r)).items() if k not in skip}
                     d["job_id"] = job_id
-                    cols = ", ".join(d)  # dataclass field names = column names
+                    cols = ", ".join(d)
                     db.execute(f"INSERT INTO {table} ({cols}) VALUES ({', '.join('?' * len(d))})", tuple(d.values()))
 
 

@@ -81,14 +81,13 @@ class SyncStepCosts:
       update_actor 91 s.
     weight_sync_s 3.5: update_weights ~3.5 s per step, Megatron -> SGLang, Qwen3.5-9B, 8xH800
       (verl-project/verl#7203).
-    sleep_s 1.5, wake_s 0.29: vLLM sleep mode freeing the KV cache (51.57 GiB) before the optimizer
-      step "took 1.30-1.60 seconds to fall asleep", and 0.29 s to wake weights + KV cache
-      (huggingface/trl#4086 logs, GRPO colocate mode).
+    wake_s 0.29: vLLM sleep mode's 0.29 s to wake weights + KV cache (huggingface/trl#4086 logs, GRPO
+      colocate mode). Freeing the KV cache (51.57 GiB) before the optimizer step "took 1.30-1.60 seconds
+      to fall asleep" there; both policies pay that in `simulate.step_overhead_s`, so it is not here.
     """
 
     forward_passes: int = 2
     weight_sync_s: float = 3.5
-    sleep_s: float = 1.5
     wake_s: float = 0.29
 
     def forward_s(self, tokens: float, train_tokens_per_s: float) -> float:

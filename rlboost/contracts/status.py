@@ -8,6 +8,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
+from rlboost.contracts.step_record import StepRecord
+
 
 class WorkerStatus(BaseModel):
     """One engine the coordinator knows (connected, or gone lately)."""
@@ -43,7 +45,7 @@ class TrainerStatus(BaseModel):
     tail_migrations: int
     workers: list[WorkerStatus]
     weights: dict[str, Any]  # the weight publisher's and the broadcaster's counters
-    history: list[dict[str, Any]]  # one record per finished step (rlboost/trainer/runtime.py), from history_from on
+    history: list[StepRecord]  # one record per finished step (step_record.py), from history_from on
     history_from: int = 0  # the index of history[0] in the job's records (GET /v1/status?since=N)
     evals: list[dict[str, Any]]  # the evaluations so far, from evals_from on
     evals_from: int = 0  # the index of evals[0] (GET /v1/status?evals_since=N)

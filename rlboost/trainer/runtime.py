@@ -29,6 +29,7 @@ from rlboost.contracts.provider_kinds import provider_kind
 from rlboost.contracts.sampling import request_id
 from rlboost.contracts.spec import JobSpec
 from rlboost.contracts.status import TrainerStatus
+from rlboost.contracts.step_record import StepRecord, StepTiming
 from rlboost.contracts.worker_env import NOTICE_FILE, WorkerEnv
 from rlboost.rollout import scheduling
 from rlboost.rollout.live import LiveCoordinator, RolloutRequest
@@ -116,7 +117,7 @@ class TrainerRuntime:
         self._eval_running: asyncio.Task | None = None
         self.phase = "starting"
         self.step = 0
-        self.history: list[dict] = []
+        self.history: list[StepRecord] = []
         self.coord: LiveCoordinator | None = None
         self.engine_proc: subprocess.Popen | None = None
         self.shutdown_requested = asyncio.Event()
@@ -136,7 +137,7 @@ class TrainerRuntime:
             "step": self.step,
             "steps": self.spec.algorithm.steps,
             "version": self.publisher.latest if self.publisher.latest is not None else -1,
-            "reward": last["reward"] if last else None,
+            "reward": last.reward if last else None,
             # a custom reward's failures so far (kind -> count), each scored 0.0 (rlboost/contracts/rewards.py)
             "reward_errors": dict(self.task.custom.errors) if self.task.custom else {},
             "tokens_total": c.tokens_total if c else 0,
@@ -148,7 +149,7 @@ class TrainerRuntime:
             "tail_migrations": c.tail_migrations if c else 0,
             "workers": c.workers_snapshot() if c else [],
             "weights": {**self.publisher.stats(), "broadcast": self.transport.stats()},
-            "history": self.history[since:],
+            "history": [r.model_dump(mode="json") for r in self.history[since:]],
             "history_from": min(since, len(self.history)),
             "evals": self.evals[evals_since:],
             "evals_from": min(evals_since, len(self.evals)),
@@ -263,8 +264,8 @@ class TrainerRuntime:
             for step in range(first, algo.steps):
                 rec = await self.run_step(step, rng, recorder)
                 print(
-                    f"step {step + 1:>3}/{algo.steps}  reward {rec['reward']:.3f}  tokens {rec['tokens']:>5}"
-                    f"  engines {rec['engines']}  migrated {rec['migrated']}  {rec['seconds']:.2f}s",
+                    f"step {step + 1:>3}/{algo.steps}  reward {rec.reward:.3f}  tokens {rec.tokens:>5}"
+                    f"  engines {rec.engines}  migrated {rec.migrated}  {rec.step_s:.2f}s",
                     flush=True,
                 )
                 every = self.spec.trainer.checkpoint_every
@@ -288,7 +289,7 @@ class TrainerRuntime:
         rng.bit_generator.state = self.rng_state = ck.payload["rng"]
         if self.batcher is not None and ck.payload.get("batcher") is not None:
             self.batcher = copy.deepcopy(ck.payload["batcher"])
-        self.history = list(ck.payload["history"])
+        self.history = [StepRecord.model_validate(r) for r in ck.payload["history"]]
         self.evals = [e for e in ck.payload.get("evals", []) if e["version"] <= ck.next_step]
         self.step = self.saved_step = ck.next_step
         print(f"resumed from {ck.path.name}: continuing at step {ck.next_step + 1}", flush=True)
@@ -309,7 +310,7 @@ class TrainerRuntime:
                 "learner": self.learner.checkpoint_state(),
                 "rng": self.rng_state,
                 "batcher": self.batcher_state,
-                "history": list(self.history),
+                "history": [r.model_dump() for r in self.history],
                 "evals": list(self.evals),
             }
             next_step = self.step
@@ -318,7 +319,7 @@ class TrainerRuntime:
         self.saved_step = next_step
         log.info("checkpoint after step %d in %.2fs", next_step, time.monotonic() - t0)
 
-    async def run_step(self, step: int, rng: np.random.Generator, recorder: RolloutRecorder) -> dict:
+    async def run_step(self, step: int, rng: np.random.Generator, recorder: RolloutRecorder) -> StepRecord:
         """Generate step `step` with weights version `step`, train on it, publish version step+1."""
         algo = self.spec.algorithm
         assert self.coord is not None
@@ -403,8 +404,8 @@ class TrainerRuntime:
             t_pub = time.monotonic()
             await self.publish(step + 1)
             rec = self._step_record(step, responses, samples, metrics, migrated0, t0, t_gen, feeder)
-            rec["publish_s"] = round(time.monotonic() - t_pub, 3)  # the weight sync's share on the trainer
-            rec["broadcast"] = self.transport.last  # the last version weights.transport carried
+            rec.publish_s = round(time.monotonic() - t_pub, 3)  # the weight sync's share on the trainer
+            rec.broadcast = self.transport.last  # the last version weights.transport carried
             self.history.append(rec)
             recorder.write(responses)
             self.step = step + 1
@@ -437,39 +438,37 @@ class TrainerRuntime:
             await asyncio.sleep(0.05)
 
     def _step_record(self, step: int, responses: list, samples: list, metrics: dict, migrated0: int,
-                     t0: float, t_gen: float, feeder: GroupFeeder | None = None) -> dict:
+                     t0: float, t_gen: float, feeder: GroupFeeder | None = None) -> StepRecord:
         assert self.coord is not None
         m = self.coord.marks
         # what trained: the feeder's record of the streamed update, or the synthetic learner's own
         trainer = feeder if feeder is not None else self.learner
         tail = trainer.busy_between(m.offload_at, m.gen_end) if m else 0.0
-        sched = self.coord.end_step(
-            train_busy_s=trainer.busy_total(),
-            train_tokens=sum(len(s.response_ids) for s in samples),
-            busy_during_tail_s=tail,
+        timing = _timing(
+            self.coord.end_step(
+                train_busy_s=trainer.busy_total(),
+                train_tokens=sum(len(s.response_ids) for s in samples),
+                busy_during_tail_s=tail,
+            )
         )
-        # box_s: seconds into the step when the reserved engine handed over (None: it did not);
-        # trainer_idle_s: after that, time the trainer waited for finished groups to train on
-        sched["tail_train_s"] = round(tail, 3)
-        sched["train_s"] = round(trainer.busy_total(), 3)
-        return {
-            "step": step,
-            "version": step,
-            "reward": float(np.mean([s.reward for s in samples])),
-            "tokens": sum(len(r.tokens) for r in responses),
-            "len_max": max((len(r.tokens) for r in responses), default=0),
-            "responses": len(responses),
-            "migrated": self.coord.book.migrations - migrated0,
-            "engines": len({e for r in responses for e in r.engines}),
-            "gen_s": round(t_gen, 3),
-            "seconds": round(time.monotonic() - t0, 3),
-            "loss": float(metrics.get("loss", 0.0)),
-            # responses a custom reward failed on so far in the job (each scored 0.0), evaluations included
-            "reward_errors": self.task.custom.error_count if self.task.custom else 0,
-            # the loss terms' token means, where the learner has them (kl / entropy: only when weighted)
+        return StepRecord(
+            step=step,
+            version=step,
+            reward=float(np.mean([s.reward for s in samples])),
+            tokens=sum(len(r.tokens) for r in responses),
+            len_max=max((len(r.tokens) for r in responses), default=0),
+            responses=len(responses),
+            migrated=self.coord.book.migrations - migrated0,
+            engines=len({e for r in responses for e in r.engines}),
+            step_s=round(time.monotonic() - t0, 3),
+            gen_s=timing.gen_s if timing is not None else round(t_gen, 3),
+            train_s=round(trainer.busy_total(), 3),
+            tail_train_s=round(tail, 3),
+            loss=float(metrics.get("loss", 0.0)),
+            reward_errors=self.task.custom.error_count if self.task.custom else 0,
             **{k: float(metrics[k]) for k in ("kl", "entropy", "clip_frac") if k in metrics},
-            **{k: v for k, v in sched.items() if k not in ("step",)},
-        }
+            **(timing.model_dump(include=_TIMING_IN_RECORD) if timing is not None else {}),
+        )
 
     async def shutdown(self, runner: web.AppRunner) -> None:
         if self._eval_running is not None:
@@ -527,6 +526,19 @@ class RolloutRecorder:
 
 def _fmt(d: dict) -> str:
     return ", ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}" for k, v in d.items())
+
+
+# the coordinator's measurements a step record carries (its own step_s and remote_idle_s stay its own)
+_TIMING_IN_RECORD = {"spot_workers", "offload_s", "trainer_idle_s", "gen_tokens", "spot_tokens"}
+# Coordinator.end_step's dict keys as StepTiming names them; until it returns a StepTiming itself
+_END_STEP_NAMES = {"n_remote": "spot_workers", "box_s": "offload_s"}
+
+
+def _timing(end_step: dict) -> StepTiming | None:
+    """The coordinator's measurements of the step just ended (None: it timed none)."""
+    if not end_step:
+        return None
+    return StepTiming(**{_END_STEP_NAMES.get(k, k): v for k, v in end_step.items() if k != "step"})
 
 
 async def main_async(

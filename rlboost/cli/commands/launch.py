@@ -1,0 +1,336 @@
+"""`rlboost launch`: a new job (or its plan, `--dryrun`), or `--resume` of one whose controller died or
+was stopped. The controller runs here (rlboost/cli/controller_run.py), in the background (`-d`), or
+on the trainer node (`controller: trainer`), which this process then follows."""
+
+from __future__ import annotations
+
+import contextlib
+import secrets
+import signal
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.markup import escape
+
+from rlboost.cli.commands.gc import report_gc
+from rlboost.cli.controller_run import (
+    ControllerRun,
+    job_commands,
+    job_offers,
+    print_outcome,
+    run_controller,
+    spot_market,
+    start_detached,
+)
+from rlboost.cli.job_envs import (
+    SECRET_ENVS_FILE,
+    missing_values,
+    parse_env_options,
+    read_secret_envs,
+    write_secret_envs,
+)
+from rlboost.cli.jobs_ref import resolve_job
+from rlboost.cli.launch_plan import print_plan, spent_before
+from rlboost.cli.output import console, err, examples, fail
+from rlboost.cli.pids import controller_identity
+from rlboost.cli.state import JobExistsError, JobRow, StateStore, UnknownJobError, job_run_dir, rlboost_home
+from rlboost.cli.step_numbers import checkpointed_steps, resume_message
+from rlboost.contracts.spec import JobSpec, SpecError, load_spec, spec_to_yaml
+
+EXAMPLES = examples(
+    "rlboost launch examples/local.yaml",
+    "rlboost launch --dryrun examples/aws-gcp.yaml",
+    "rlboost launch -d job.yaml --set algorithm.steps=10 --env HF_TOKEN",
+    "rlboost launch --resume JOB",
+)
+
+
+def _check_provider(spec: JobSpec, dryrun: bool = False) -> None:
+    """Clouds, regions, SDKs and (unless it is a dry run) credentials: before anything is launched."""
+    from rlboost.providers import PreflightError, preflight
+
+    try:
+        preflight(spec, check_credentials=not dryrun)
+    except PreflightError as e:
+        fail(str(e), 2)
+
+
+def _check_sinks(spec: JobSpec) -> None:
+    """The libraries of the job's metrics sinks, where its controller runs: here (a node installs
+    them itself, with rlboost's `logging` extra)."""
+    from rlboost.cli.metrics_sinks import sink_problems
+
+    problems = sink_problems(spec) if spec.controller == "launcher" else []
+    if problems:
+        fail("\n".join(problems), 2)
+
+
+def _check_budget(spec: JobSpec) -> None:
+    if spec.budget_usd is None:
+        return
+    spent = spent_before(spec.name)
+    if spent >= spec.budget_usd:
+        fail(
+            f"budget_usd: ${spec.budget_usd:.2f} is already spent (earlier runs of job {spec.name!r} cost "
+            f"${spent:.2f}; see `rlboost cost-report {spec.name}`); raise budget_usd or use another job name",
+            2,
+        )
+
+
+def launch(
+    job_file: Annotated[
+        str, typer.Argument(help="the job YAML, e.g. examples/local.yaml (with --resume: the job's id, name or YAML)")
+    ],
+    dryrun: Annotated[bool, typer.Option("--dryrun", help="print the plan (offers, prices) and exit")] = False,
+    resume: Annotated[
+        bool,
+        typer.Option(
+            "--resume",
+            help="continue a job whose controller died or was stopped: reattach to what still runs, "
+            "relaunch the rest; the trainer continues from its last checkpoint",
+        ),
+    ] = False,
+    record_rollouts: Annotated[
+        bool,
+        typer.Option("--record-rollouts", help="write every response and the final weights to the trainer's run dir"),
+    ] = False,
+    detach: Annotated[
+        bool,
+        typer.Option(
+            "--detach",
+            "-d",
+            help="run the controller in the background (survives the shell closing); "
+            "follow it with `rlboost logs ID -f`, stop it with `rlboost down ID`",
+        ),
+    ] = False,
+    overrides: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--set",
+            help="override a job-file field, KEY.PATH=VALUE (a YAML scalar), e.g. --set algorithm.steps=10; "
+            "repeatable; validated with the file",
+        ),
+    ] = None,
+    env_options: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--env",
+            help="a variable for the trainer and workers: NAME (its value from your environment) or NAME=VALUE; "
+            "repeatable; the value is kept secret (never saved with the job, scrubbed from messages)",
+        ),
+    ] = None,
+) -> None:
+    """Provision the trainer, train, and keep bidding for spot rollout workers until the job ends."""
+    if resume:
+        if overrides or env_options:
+            what = "--set" if overrides else "--env"
+            fail(f"{what} applies to a new launch; --resume continues the job as saved (with its --env values)", 2)
+        _resume(job_file, record_rollouts, detach)
+        return
+    try:
+        secret_envs = parse_env_options(env_options or [])
+        spec = load_spec(Path(job_file), overrides or [], env_names=list(secret_envs))
+    except SpecError as e:
+        fail(str(e), 2)
+    missing = missing_values(spec, secret_envs)
+    if missing and not dryrun:  # a plan needs no secrets
+        fail("\n".join(missing), 2)
+    _check_sinks(spec)
+    _check_provider(spec, dryrun)
+    if not dryrun:
+        _check_budget(spec)
+    t_offer, s_offers, prices = job_offers(spec)  # before any record exists: bad prices or traces fail here
+    market = spot_market(spec)
+    if dryrun:
+        print_plan(spec, t_offer, s_offers, prices)
+        return
+    # the overrides are in the values; the header says which came from the command line
+    saved = (
+        "".join(f"# --set {o}\n" for o in overrides or [])
+        + "".join(f"# --env {name} (secret: its value is kept in the run directory)\n" for name in secret_envs)
+        + spec_to_yaml(spec)
+    )
+    store = StateStore()
+    try:
+        job_id = store.create_job(spec.name, saved, spec.provider)
+    except JobExistsError:
+        job_id = _replace_dead_job(store, spec)
+    if job_id is None:
+        job = store.get_job(spec.name)
+        fail(
+            f"job {spec.name!r} is already {job.status} "
+            f"({'controller on its trainer node' if job.remote else f'controller pid {job.controller_pid}'}); "
+            f"watch it with `rlboost status {job.id}`, stop it with `rlboost down {job.id}`, "
+            "or give the new job another name"
+        )
+    store.update_job(job_id, **controller_identity())  # at once: `rlboost gc` tells live from dead by it
+    run_dir = rlboost_home() / "jobs" / f"{spec.name}-{job_id}"
+    run_dir.mkdir(parents=True, mode=0o700)
+    (run_dir / "spec.yaml").write_text(saved)
+    token = secrets.token_urlsafe(32)
+    token_file = run_dir / "token"
+    token_file.touch(mode=0o600)
+    token_file.write_text(token)
+    if secret_envs:
+        write_secret_envs(run_dir, secret_envs)
+    from rlboost.rollout.scheduling import cores_note, most_workers, shared_cores
+
+    cores = shared_cores(spec)
+    console.print(
+        f"[bold]rlboost[/] job [cyan]{spec.name}[/] (id {job_id}) on provider [cyan]{spec.provider}[/]: "
+        f"{spec.algorithm.steps} GRPO steps × {spec.algorithm.prompts_per_step} prompts × "
+        f"group {spec.algorithm.group_size}, up to {most_workers(spec, cores)} spot workers"
+    )
+    if note := cores_note(spec, cores):
+        console.print(note, markup=False, highlight=False)
+    if spec.controller == "trainer":
+        _start_on_node(store, job_id, token, resume=False, record_rollouts=record_rollouts, detach=detach)
+        return
+    if detach:
+        start_detached(store, job_id, run_dir, resume=False, record_rollouts=record_rollouts)
+        return
+    run_controller(
+        ControllerRun(spec, store, job_id, run_dir, token, record_rollouts, (t_offer, s_offers), market), resume=False
+    )
+
+
+def _start_on_node(
+    store: StateStore, job_id: int, token: str, *, resume: bool, record_rollouts: bool, detach: bool
+) -> None:
+    """`controller: trainer`: start the job's controller on its trainer node, record where it listens,
+    then follow it from here (attached) or return (-d). Following is all this process does: a closed
+    terminal or Ctrl-C stops following, never the job (`rlboost down` stops it)."""
+    from rlboost.cli.node_client import sync
+    from rlboost.cli.node_host import NodeStartError, trainer_node
+
+    job = store.job_by_id(job_id)
+    try:
+        addr = trainer_node(job).start(job.spec_yaml, token, resume=resume, record_rollouts=record_rollouts)
+    except (NodeStartError, OSError) as e:
+        store.update_job(job_id, status="failed", ended_at=time.time(), error=str(e))
+        fail(f"job {job.name} (id {job_id}): {e}")
+    store.update_job(job_id, controller_url=addr.url, controller_pid=None, controller_start=None)  # the node owns it
+    sync(store, store.job_by_id(job_id))
+    console.print(
+        f"job id {job_id}: controller running on the trainer node ({addr.url}); it keeps running when "
+        f"this machine sleeps or this terminal closes\n" + job_commands(job_id),
+        highlight=False,
+        markup=False,
+    )
+    if not detach:
+        _follow_node_job(store, job_id)
+
+
+def _follow_node_job(store: StateStore, job_id: int) -> None:
+    from rlboost.cli import logs as job_logs
+
+    def hangup(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    prev = signal.signal(signal.SIGHUP, hangup)
+    try:
+        f = job_logs.Follower(console, show_all=False)
+        why = job_logs.follow(f, store, store.job_by_id(job_id), None, controller_only=True)
+    except KeyboardInterrupt:
+        with contextlib.suppress(OSError):  # the terminal may be gone (SIGHUP)
+            err.print(
+                f"stopped following; job {job_id} keeps running on its trainer node "
+                f"(`rlboost logs {job_id} -f` follows it again, `rlboost down {job_id}` stops it)",
+                markup=False,
+                highlight=False,
+            )
+        return
+    finally:
+        signal.signal(signal.SIGHUP, prev)
+    job = store.job_by_id(job_id)
+    if job.active:  # the node stopped answering
+        fail(why)
+    print_outcome(store, job_id)
+    if job.status != "succeeded":
+        fail(f"job {job.name} {job.status}: {job.error}")
+
+
+def _resume(ref: str, record_rollouts: bool, detach: bool = False) -> None:
+    """`launch --resume ID|NAME|FILE`: the same job id, run dir, token and ledger; a new controller."""
+    from rlboost.cli.pids import controller_alive
+
+    name = ref
+    if ref.endswith((".yaml", ".yml")) and Path(ref).is_file():
+        try:
+            name = load_spec(Path(ref)).name
+        except SpecError as e:
+            fail(str(e), 2)
+    store = StateStore()
+    try:
+        job = resolve_job(store, name)
+    except UnknownJobError as e:
+        fail(f"nothing to resume: {e}", 2)
+    name = job.name
+    if job.status == "succeeded":
+        fail(f"job {name!r} already succeeded; nothing to resume", 2)
+    if job.active and not job.remote and controller_alive(job.controller_pid, job.controller_start):
+        fail(f"job {name!r} is still running (controller pid {job.controller_pid}); watch it with `rlboost status`")
+    run_dir = job_run_dir(job)
+    try:
+        spec = load_spec(run_dir / "spec.yaml")  # the job as launched, not a file edited since
+        token = (run_dir / "token").read_text().strip()
+    except (OSError, SpecError) as e:
+        fail(f"job {name!r} cannot be resumed: its run dir {run_dir} is incomplete ({e})", 2)
+    missing = missing_values(spec, read_secret_envs(run_dir))
+    if missing:  # its --env values were kept in the run dir; without them the nodes would start wrong
+        fail(f"job {name!r} cannot be resumed: {SECRET_ENVS_FILE} in {run_dir} lacks a value\n" + "\n".join(missing), 2)
+    if spec.controller == "trainer":
+        _resume_on_node(store, job, token, record_rollouts, detach)
+        return
+    _check_provider(spec)
+    t_offer, s_offers, _ = job_offers(spec)  # before the job record is touched: bad prices fail cleanly
+    market = spot_market(spec)
+    store.update_job(job.id, **controller_identity())
+    console.print(
+        f"[bold]rlboost[/] resuming job [cyan]{spec.name}[/] (id {job.id}): "
+        + resume_message(job.step or 0, checkpointed_steps(run_dir))
+    )
+    if detach:
+        start_detached(store, job.id, run_dir, resume=True, record_rollouts=record_rollouts)
+        return
+    run_controller(
+        ControllerRun(spec, store, job.id, run_dir, token, record_rollouts, (t_offer, s_offers), market), resume=True
+    )
+
+
+def _resume_on_node(store: StateStore, job: JobRow, token: str, record_rollouts: bool, detach: bool) -> None:
+    """A node-controlled job whose controller died: start a new one on the node, on the node's records."""
+    from rlboost.cli.node_client import controller_reachable, node_run_dir, sync
+    from rlboost.cli.node_host import trainer_node
+
+    if job.remote and controller_reachable(job):
+        sync(store, job)
+        if store.job_by_id(job.id).active:
+            fail(f"job {job.name!r} is still running on its trainer node; watch it with `rlboost status {job.id}`")
+    trainer_node(job).stop_controller()  # one that hangs without answering must not race the new one
+    console.print(
+        f"[bold]rlboost[/] resuming job [cyan]{escape(job.name)}[/] (id {job.id}) on its trainer node: "
+        + escape(resume_message(job.step or 0, checkpointed_steps(node_run_dir(job))))
+    )
+    _start_on_node(store, job.id, token, resume=True, record_rollouts=record_rollouts, detach=detach)
+
+
+def _replace_dead_job(store: StateStore, spec: JobSpec) -> int | None:
+    """A job of this name is still 'running' but its controller is gone (killed, crashed): reconcile
+    what it left behind, then start anew. None while its controller is alive."""
+    from rlboost.cli.reconcile import gc as reconcile_all
+
+    results = reconcile_all(store, names=[spec.name])
+    if store.get_job(spec.name).active:
+        return None  # its controller is alive
+    console.print(
+        f"job {spec.name!r}: an earlier controller died; reconciled what it left behind and starting over "
+        f"(`rlboost launch --resume {spec.name}` continues a job from its last checkpoint instead)"
+    )
+    report_gc(results)
+    try:
+        return store.create_job(spec.name, spec_to_yaml(spec), spec.provider)
+    except JobExistsError:
+        return None

@@ -1,0 +1,61 @@
+"""A training step as the state store keeps it (its `steps` table): the figures of the trainer's
+StepRecord (rlboost/contracts/step_record.py) by the same names, taken in one place (`StepMetrics.of`).
+Three columns keep the names an earlier schema gave them; `step_columns` / `step_fields` map them."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+from rlboost.cli.step_numbers import shown
+from rlboost.contracts.step_record import StepRecord
+
+
+@dataclass(frozen=True)
+class StepMetrics:
+    """What the controller records of one finished training step (counted from 1)."""
+
+    step: int
+    version: int
+    reward: float
+    tokens: int
+    responses: int
+    migrated: int
+    step_s: float  # the step's wall time on the trainer
+    clock: float  # the provider's (billing) clock at recording
+    offload_s: float | None = None  # seconds into the step at the offload (None: no offload)
+    tail_train_s: float | None = None  # trained while the tail generated remotely
+    trainer_idle_s: float | None = None  # trainer idle after the offload, waiting for rollouts
+    spot_workers: int | None = None  # spot workers serving when the step started
+    gen_tokens: int | None = None  # tokens generated during the step, by every engine
+    spot_tokens: int | None = None  # of which spot workers generated
+
+    @classmethod
+    def of(cls, rec: StepRecord, clock: float) -> StepMetrics:
+        """The trainer's record of a step, taken at `clock`."""
+        kept = {f.name for f in fields(cls)} - {"step", "clock"}
+        # the trainer counts from 0; the store, like every message, from 1
+        return cls(step=shown(rec.step), clock=clock, **rec.model_dump(include=kept))
+
+
+@dataclass(frozen=True)
+class StepRow(StepMetrics):
+    """A recorded step: its metrics, the job, and when it was recorded (wall clock)."""
+
+    job_id: int = field(kw_only=True)
+    wall: float = field(kw_only=True)
+
+
+# the steps table's columns that an earlier schema named otherwise (field -> column)
+_COLUMNS = {"step_s": "seconds", "trainer_idle_s": "idle_s", "spot_workers": "n_remote"}
+_FIELDS = {c: f for f, c in _COLUMNS.items()}
+
+
+def step_columns(m: StepMetrics) -> dict[str, Any]:
+    """A step's values by the steps table's column names."""
+    return {_COLUMNS.get(f, f): v for f, v in asdict(m).items()}
+
+
+def step_fields(row: dict[str, Any]) -> dict[str, Any]:
+    """A steps table row's values by StepRow's field names."""
+    return {_FIELDS.get(c, c): v for c, v in row.items()}

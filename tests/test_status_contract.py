@@ -80,21 +80,21 @@ RECORD = {
 
 
 def test_the_coordinators_measurements_of_a_step_fit_the_record() -> None:
-    """What Coordinator.end_step returns maps onto StepTiming, and from it onto the step record."""
+    """What the live coordinator's end_step returns (StepTiming) goes onto the step record."""
     import asyncio
 
     from rlboost.contracts.step_record import StepRecord
     from rlboost.rollout import scheduling
-    from rlboost.rollout.coordinator import Coordinator
-    from rlboost.trainer.runtime import _TIMING_IN_RECORD, _timing
+    from rlboost.rollout.live import LiveCoordinator
+    from rlboost.trainer.runtime import _TIMING_IN_RECORD
 
-    coord = Coordinator(scheduling.coordinator_config(JobSpec(name="st", rollout={"max_workers": 0}), eos_id=2))
+    coord = LiveCoordinator(scheduling.coordinator_config(JobSpec(name="st", rollout={"max_workers": 0}), eos_id=2))
     asyncio.run(coord.run_step(0, 0, []))
-    timing = _timing(coord.end_step(train_busy_s=0.5, train_tokens=10))
+    timing = coord.end_step(train_busy_s=0.5, train_tokens=10)
     assert timing is not None and timing.spot_workers == 0 and timing.offload_s is None
     rec = StepRecord(**RECORD, **timing.model_dump(include=_TIMING_IN_RECORD))
     assert rec.timed and rec.trainer_idle_s == timing.trainer_idle_s
-    assert _timing({}) is None  # no step timed: the record says so (rec.timed False)
+    assert coord.end_step() is None  # no step timed: the record says so (rec.timed False)
     assert not StepRecord(**RECORD).timed
 
 

@@ -70,7 +70,7 @@ class Coordinator:
         )
         self.dispatch_mode = rules.dispatch_mode
         self.marks: StepMarks | None = None
-        self.step_log: list[dict] = []  # one record a step: its schedule (end_step)
+        self.last_step_s = 0.0  # the last step's length (ms): how often the next one ticks
         self.offloads = 0
         self.handed_over = 0  # responses the last offload moved off the reserved engines
         self.tail_migrations = 0  # responses moved by a migration round
@@ -101,8 +101,7 @@ class Coordinator:
         """The step's responses are queued in the pool; `groups`: responses per group."""
         n_remote = self.pool.n_remote()
         self.offload.start_step(n_remote)
-        prev = self.step_log[-1]["step_s"] if self.step_log else 0.0
-        self.marks = StepMarks(step, now, n_remote, prev_step_s=prev)
+        self.marks = StepMarks(step, now, n_remote, prev_step_s=self.last_step_s)
         self.groups_done.clear()
         self.group_tokens = {}
         self.completed_groups = []
@@ -185,29 +184,18 @@ class Coordinator:
         assert self.marks is not None
         self.marks.gen_end = now
 
-    def end_step(
-        self, now: float, *, train_busy_s: float, train_tokens: int, busy_during_tail_s: float
-    ) -> tuple[StepOutcome, dict]:
+    def end_step(self, now: float, *, train_busy_s: float, train_tokens: int, busy_during_tail_s: float) -> StepOutcome:
         """The trainer finished the step (trained and published): the offload policy learns from its
-        outcome; the outcome and the step's schedule as recorded (seconds rounded to ms)."""
+        outcome, which is returned."""
         m = self.marks
         assert m is not None and m.gen_end is not None
         outcome = StepOutcome.from_marks(
             m.n_remote, m.t0, now, m.gen_end, m.offload_at, busy_during_tail_s, train_tokens, train_busy_s
         )
         self.offload.end_step(outcome)
-        rec = {
-            "step": m.step,
-            "n_remote": m.n_remote,
-            "step_s": round(outcome.step_s, 3),
-            "gen_s": round(outcome.gen_s, 3),
-            "box_s": None if outcome.box_s is None else round(outcome.box_s, 3),
-            "trainer_idle_s": round(outcome.trainer_idle_s, 3),
-            "remote_idle_s": round(outcome.remote_idle_s, 3),
-        }
-        self.step_log.append(rec)
+        self.last_step_s = round(outcome.step_s, 3)
         self.marks = None
-        return outcome, rec
+        return outcome
 
     # ---- dispatch --------------------------------------------------------------------------------
     def dispatch(self, now: float) -> None:

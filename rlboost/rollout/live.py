@@ -30,6 +30,7 @@ from rlboost.contracts import protocol as P
 from rlboost.contracts import token_frames
 from rlboost.contracts.perf import AcceleratorPerf
 from rlboost.contracts.sampling import request_seed
+from rlboost.contracts.step_record import StepTiming
 from rlboost.rollout.book import ProtocolViolation, Response, RolloutBook
 from rlboost.rollout.coordinator import Coordinator, CoordinatorRules
 from rlboost.rollout.live_pool import EngineConn, LivePool
@@ -205,20 +206,28 @@ class LiveCoordinator(Coordinator):
 
     def end_step(  # type: ignore[override]
         self, train_busy_s: float = 0.0, train_tokens: int = 0, busy_during_tail_s: float = 0.0
-    ) -> dict:
-        """The trainer finished the step (trained and published): the offload policy learns; the step's
-        schedule and the tokens generated since the last step ended (every engine's, and the spot
-        workers' part)."""
+    ) -> StepTiming | None:
+        """The trainer finished the step (trained and published): the offload policy learns; what the
+        coordinator measured of the step (None: it timed none), with the tokens generated since the
+        last step ended (every engine's, and the spot workers' part)."""
         m = self.marks
         if m is None or m.gen_end is None:
-            return {}
-        _, rec = super().end_step(
+            return None
+        o = super().end_step(
             self.clock(), train_busy_s=train_busy_s, train_tokens=train_tokens, busy_during_tail_s=busy_during_tail_s
         )
-        rec["gen_tokens"] = self.tokens_total - self._tokens_at_step_end[0]
-        rec["spot_tokens"] = self.tokens_spot - self._tokens_at_step_end[1]
+        gen, spot = self.tokens_total - self._tokens_at_step_end[0], self.tokens_spot - self._tokens_at_step_end[1]
         self._tokens_at_step_end = (self.tokens_total, self.tokens_spot)
-        return rec
+        return StepTiming(
+            spot_workers=o.n_remote,
+            step_s=round(o.step_s, 3),
+            gen_s=round(o.gen_s, 3),
+            offload_s=None if o.box_s is None else round(o.box_s, 3),
+            trainer_idle_s=round(o.trainer_idle_s, 3),
+            remote_idle_s=round(o.remote_idle_s, 3),
+            gen_tokens=gen,
+            spot_tokens=spot,
+        )
 
     def _drain_completed(self) -> None:
         for r in self.book.drain_completed():

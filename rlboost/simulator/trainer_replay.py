@@ -200,15 +200,27 @@ class TrainerReplay:
         s, m = self.pool.step, self.coordinator.marks
         assert s is not None and s.number == number and m is not None and m.gen_end is not None
         t0 = m.t0
-        outcome, rec = self.coordinator.end_step(
+        o = self.coordinator.end_step(
             now,
             train_busy_s=busy_total(s.busy),
             train_tokens=total,
             busy_during_tail_s=busy_between(s.busy, m.offload_at, m.gen_end),
         )
-        self.hooks.step_trained(s, outcome, total)
-        long = bool(s.tail_round.long) if s.tail_round is not None else False
-        self.step_log.append({**rec, "t0": round(t0, 3), "tokens": total, "long": long})
+        self.hooks.step_trained(s, o, total)
+        self.step_log.append(
+            {
+                "step": number,
+                "t0": round(t0, 3),
+                "step_s": round(o.step_s, 3),
+                "gen_s": round(o.gen_s, 3),
+                "box_s": None if o.box_s is None else round(o.box_s, 3),
+                "trainer_idle_s": round(o.trainer_idle_s, 3),
+                "remote_idle_s": round(o.remote_idle_s, 3),
+                "n_remote": o.n_remote,
+                "tokens": total,
+                "long": bool(s.tail_round.long) if s.tail_round is not None else False,
+            }
+        )
         self.trained_tokens += total
         self.steps_done += 1
         self.last_step_end = now

@@ -29,7 +29,7 @@ from rlboost.contracts.provider_kinds import provider_kind
 from rlboost.contracts.sampling import request_id
 from rlboost.contracts.spec import JobSpec
 from rlboost.contracts.status import TrainerStatus
-from rlboost.contracts.step_record import StepRecord, StepTiming
+from rlboost.contracts.step_record import StepRecord
 from rlboost.contracts.worker_env import NOTICE_FILE, WorkerEnv
 from rlboost.rollout import scheduling
 from rlboost.rollout.live import LiveCoordinator, RolloutRequest
@@ -444,12 +444,10 @@ class TrainerRuntime:
         # what trained: the feeder's record of the streamed update, or the synthetic learner's own
         trainer = feeder if feeder is not None else self.learner
         tail = trainer.busy_between(m.offload_at, m.gen_end) if m else 0.0
-        timing = _timing(
-            self.coord.end_step(
-                train_busy_s=trainer.busy_total(),
-                train_tokens=sum(len(s.response_ids) for s in samples),
-                busy_during_tail_s=tail,
-            )
+        timing = self.coord.end_step(
+            train_busy_s=trainer.busy_total(),
+            train_tokens=sum(len(s.response_ids) for s in samples),
+            busy_during_tail_s=tail,
         )
         return StepRecord(
             step=step,
@@ -530,15 +528,6 @@ def _fmt(d: dict) -> str:
 
 # the coordinator's measurements a step record carries (its own step_s and remote_idle_s stay its own)
 _TIMING_IN_RECORD = {"spot_workers", "offload_s", "trainer_idle_s", "gen_tokens", "spot_tokens"}
-# Coordinator.end_step's dict keys as StepTiming names them; until it returns a StepTiming itself
-_END_STEP_NAMES = {"n_remote": "spot_workers", "box_s": "offload_s"}
-
-
-def _timing(end_step: dict) -> StepTiming | None:
-    """The coordinator's measurements of the step just ended (None: it timed none)."""
-    if not end_step:
-        return None
-    return StepTiming(**{_END_STEP_NAMES.get(k, k): v for k, v in end_step.items() if k != "step"})
 
 
 async def main_async(

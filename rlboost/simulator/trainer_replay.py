@@ -23,7 +23,7 @@ from rlboost.rollout import scheduling
 from rlboost.rollout.coordinator import Coordinator
 from rlboost.rollout.policies.offload import StepOutcome
 from rlboost.rollout.policies.overlap import busy_between, busy_total, left_to_train, may_train_group, trained_part
-from rlboost.rollout.policies.tail_batching import TailBatcher
+from rlboost.rollout.policies.tail_batching import TailBatcher, step_prompts
 from rlboost.simulator.cores import CoreShare
 from rlboost.simulator.engines import Fleet
 from rlboost.simulator.events import INF, EventQueue
@@ -103,13 +103,9 @@ class TrainerReplay:
     def start_step(self) -> None:
         spec, algo = self.spec, self.spec.algorithm
         number = self.steps_done
-        rnd = None
-        if self.batcher is not None:
-            n_fresh = self.batcher.launch_count()
-            rnd = self.batcher.next_round(self.task.sample(self.prompt_rng, n_fresh) if n_fresh else [])
-            problems = rnd.prompts
-        else:
-            problems = self.task.sample(self.prompt_rng, algo.prompts_per_step)
+        problems, rnd = step_prompts(
+            self.batcher, lambda n: self.task.sample(self.prompt_rng, n), algo.prompts_per_step
+        )
         group = algo.group_size
         n = len(problems) * group
         s = StepState(number, self.q.now, n, group, rnd, problems)

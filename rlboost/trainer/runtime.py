@@ -33,7 +33,7 @@ from rlboost.contracts.step_record import StepRecord
 from rlboost.contracts.worker_env import NOTICE_FILE, WorkerEnv
 from rlboost.rollout import scheduling
 from rlboost.rollout.live import LiveCoordinator, RolloutRequest
-from rlboost.rollout.policies.tail_batching import TailBatcher
+from rlboost.rollout.policies.tail_batching import TailBatcher, step_prompts
 from rlboost.trainer import checkpoint, distributed
 from rlboost.trainer.enrolment import WorkerEnrolment, job_secret_env
 from rlboost.trainer.evaluation import Evaluator, describe
@@ -326,13 +326,8 @@ class TrainerRuntime:
         self.phase = "rollout"
         await self._wait_for_engines()  # before the step's clock starts
         t0 = time.monotonic()
-        rnd = None
-        if self.batcher is not None:  # tail batching: a short (over-launched) or a long round
-            fresh = self.batcher.launch_count()
-            rnd = self.batcher.next_round(self.task.sample(rng, fresh) if fresh else [])
-            problems = rnd.prompts
-        else:
-            problems = self.task.sample(rng, algo.prompts_per_step)
+        # tail batching: a short (over-launched) or a long round
+        problems, rnd = step_prompts(self.batcher, lambda n: self.task.sample(rng, n), algo.prompts_per_step)
         requests, group_of = [], {}
         for i, prob in enumerate(problems):
             for g in range(algo.group_size):

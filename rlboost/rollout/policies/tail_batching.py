@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Hashable, Iterable
+from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass, field
 
 
@@ -65,3 +65,15 @@ class TailBatcher:
         for p in unfinished:
             self.parked.append(p)
             self.discarded_groups += 1
+
+
+def step_prompts(
+    batcher: TailBatcher | None, sample: Callable[[int], list], prompts_per_step: int
+) -> tuple[list, Round | None]:
+    """A step's prompts, for the live trainer and the simulator alike: a tail-batching round's (fresh ones
+    drawn with `sample(n)` only when the round launches new prompts), else `prompts_per_step` drawn."""
+    if batcher is None:
+        return sample(prompts_per_step), None
+    fresh = batcher.launch_count()
+    rnd = batcher.next_round(sample(fresh) if fresh else [])
+    return rnd.prompts, rnd

@@ -260,15 +260,15 @@ async def coordinator_main(args, port_q, result_q) -> None:
     coord = LiveCoordinator(cfg)
     freed: dict[str, float] = {}
     refill: list[float] = []
-    orig_on_message = coord._on_message
-    orig_post = coord._post
+    orig_on_message = coord.on_message
+    orig_post = coord.pool.post
 
-    async def on_message(conn, msg):  # timestamps for the slot-refill latency (only while work waits)
+    def on_message(conn, msg):  # timestamps for the slot-refill latency (only while work waits)
         if not coord.book.queue:
             freed.clear()  # nothing left to refill with: those slots are not waiting on the coordinator
         elif isinstance(msg, P.Finished):
             freed.setdefault(conn.id, time.monotonic())
-        await orig_on_message(conn, msg)
+        orig_on_message(conn, msg)
 
     def post(conn, text):  # the dispatch decision: slot freed -> `generate` queued for that engine
         if text.startswith('{"type":"generate"'):
@@ -277,8 +277,8 @@ async def coordinator_main(args, port_q, result_q) -> None:
                 refill.append(time.monotonic() - t)
         orig_post(conn, text)
 
-    coord._on_message = on_message
-    coord._post = post
+    coord.on_message = on_message  # type: ignore[method-assign]
+    coord.pool.post = post  # type: ignore[method-assign]
     app = web.Application()
     app.router.add_get("/v1/worker", coord.handle_ws)
     runner = web.AppRunner(app, handle_signals=False, access_log=None)
@@ -324,7 +324,8 @@ async def coordinator_main(args, port_q, result_q) -> None:
                     f"step {step}: {now - t0:.0f}s, {coord.tokens_total - k0} tokens, queue {len(coord.book.queue)}, "
                     f"open {coord.book.outstanding(step)}, cpu {cpu_s() - c0:.1f}s, redispatched "
                     f"{coord.book.redispatches}, rejected {coord.rejected_frames}, gone {len(coord.gone)}, "
-                    f"tail-migrated {coord.tail_migrations}, dirty {len(coord._dirty)} full {coord._full_dispatch} "
+                    f"tail-migrated {coord.tail_migrations}, dirty {len(coord.pool.dirty)} "
+                    f"full {coord.pool.full_dispatch} "
                     f"free {sum(c.capacity - len(coord.book.assigned(c.id)) for c in coord.engines.values())} "
                     f"states {sorted({(c.state, c.version, c.capacity) for c in coord.engines.values()})}",
                     file=sys.stderr,
@@ -438,7 +439,8 @@ def inproc(args) -> dict:
         for i in range(args.engines):
             c = EngineConn(f"e{i:05d}", "spot", "synthetic", args.capacity, None, state="ready", version=0)
             coord.engines[c.id] = c
-        coord.step_version = 0
+        coord.pool.step = coord.pool.step_version = 0
+        coord.begin_step(0, coord.clock(), {})
         n = args.engines * args.capacity
         rng = np.random.default_rng(0)
         prompts = [rng.integers(4, 40, 16).tolist() for _ in range(256)]
@@ -448,7 +450,7 @@ def inproc(args) -> dict:
         )
         out: dict = {"engines": args.engines, "requests": n}
         c0 = time.process_time()
-        await coord._dispatch()
+        coord.dispatch(coord.clock())
         out["dispatch_full_round_s"] = round(time.process_time() - c0, 3)
         frames = []
         for c in coord.engines.values():
@@ -463,7 +465,7 @@ def inproc(args) -> dict:
                 data = token_frames.encode(
                     0, hs, np.full(k, rounds * per), np.full(k, per), np.full(k * per, 7), np.full(k * per, -1.0)
                 )
-                coord._on_tokens(c, token_frames.decode(data))
+                coord.on_tokens(c, token_frames.decode(data))
                 tokens += k * per
         ingest = time.process_time() - c0
         out["ingest_tokens"] = tokens
@@ -485,12 +487,12 @@ def inproc(args) -> dict:
         m0 = coord.book.migrations
         c0 = time.process_time()
         for c in drained:
-            await coord._on_message(c, P.Draining(reason="bench"))
+            coord.on_message(c, P.Draining(reason="bench"))
         released = time.process_time() - c0
         rounds = 0
         while coord.book.queue and rounds < 100:
-            coord._full_dispatch = True
-            await coord._dispatch()
+            coord.pool.full_dispatch = True
+            coord.dispatch(coord.clock())
             rounds += 1
         total = time.process_time() - c0
         out |= {

@@ -26,7 +26,8 @@ from rlboost.cli.job_envs import (
     split_envs,
     write_secret_envs,
 )
-from rlboost.contracts.mounts import MOUNT_ROOT_ENV, find_mount, mounted_name, node_path
+from rlboost.contracts.env_names import Env
+from rlboost.contracts.mounts import find_mount, mounted_name, node_path
 from rlboost.contracts.spec import SpecError, load_spec, parse_spec, spec_to_yaml
 from rlboost.providers.base import InstanceKind, InstanceState, LaunchRequest, Owner, Role
 from rlboost.providers.local import LocalProvider
@@ -124,7 +125,7 @@ def test_task_path_may_live_in_a_mount(tmp_path, monkeypatch):
     saved = tmp_path / "saved.yaml"
     saved.write_text(spec_to_yaml(spec))
     node = tmp_path / "instance"
-    monkeypatch.setenv(MOUNT_ROOT_ENV, str(node))
+    monkeypatch.setenv(Env.MOUNT_ROOT, str(node))
     with pytest.raises(SpecError, match="is not on this node"):
         load_spec(saved, on_node=True)
     (node / "data").mkdir(parents=True)
@@ -146,7 +147,7 @@ def test_model_path_may_live_in_a_mount_and_each_node_reads_its_own_copy(tmp_pat
     from rlboost.rollout.scheduling import welcome_model
     from rlboost.worker.engines import model_on_this_node
 
-    monkeypatch.delenv(MOUNT_ROOT_ENV, raising=False)
+    monkeypatch.delenv(Env.MOUNT_ROOT, raising=False)
     (tmp_path / "my-model").mkdir()
     extra = hf_model_job(tmp_path, {"~/models/qwen": "my-model"})
     assert "model.path: " + str(tmp_path / "my-model") + " has no config.json" in spec_error(tmp_path, **extra)
@@ -161,7 +162,7 @@ def test_model_path_may_live_in_a_mount_and_each_node_reads_its_own_copy(tmp_pat
     saved = tmp_path / "saved.yaml"
     saved.write_text(spec_to_yaml(spec))
     trainer_dir, worker_dir = tmp_path / "trainer", tmp_path / "worker"
-    monkeypatch.setenv(MOUNT_ROOT_ENV, str(trainer_dir))
+    monkeypatch.setenv(Env.MOUNT_ROOT, str(trainer_dir))
     with pytest.raises(SpecError, match=r"model.path: ~/models/qwen is not on this node .*file_mounts.~/models/qwen"):
         load_spec(saved, on_node=True)
     (trainer_dir / "models" / "qwen").mkdir(parents=True)
@@ -173,7 +174,7 @@ def test_model_path_may_live_in_a_mount_and_each_node_reads_its_own_copy(tmp_pat
     # workers are told the node path, and read it where their own node has the mount
     welcome = welcome_model(node_spec)
     assert welcome["path"] == "~/models/qwen" and welcome["path_in_mount"] is True
-    monkeypatch.setenv(MOUNT_ROOT_ENV, str(worker_dir))
+    monkeypatch.setenv(Env.MOUNT_ROOT, str(worker_dir))
     with pytest.raises(ValueError, match=r"model.path: ~/models/qwen is not on this node"):
         model_on_this_node(welcome)
     (worker_dir / "models" / "qwen").mkdir(parents=True)
@@ -200,7 +201,7 @@ def test_model_and_eval_paths_in_a_bucket_are_not_checked_here(tmp_path):
 
 
 def test_eval_path_may_live_in_a_mount(tmp_path, monkeypatch):
-    monkeypatch.delenv(MOUNT_ROOT_ENV, raising=False)
+    monkeypatch.delenv(Env.MOUNT_ROOT, raising=False)
     (tmp_path / "data").mkdir()
     (tmp_path / "data" / "test.jsonl").write_text('{"prompt": "2+2", "answer": "4"}\n')
     extra = hf_model_job(tmp_path, {"~/data": "data"}, "org/model")
@@ -211,7 +212,7 @@ def test_eval_path_may_live_in_a_mount(tmp_path, monkeypatch):
     assert "task.eval_path: ~/data/nope.jsonl lies in file_mounts.~/data" in spec_error(tmp_path, **extra)
     saved = tmp_path / "saved.yaml"
     saved.write_text(spec_to_yaml(spec))
-    monkeypatch.setenv(MOUNT_ROOT_ENV, str(tmp_path / "node"))
+    monkeypatch.setenv(Env.MOUNT_ROOT, str(tmp_path / "node"))
     with pytest.raises(SpecError, match=r"task\.eval_path: ~/data/test\.jsonl is not on this node"):
         load_spec(saved, on_node=True)
 
@@ -260,9 +261,9 @@ def test_find_mount_and_node_path(monkeypatch):
     assert find_mount("/data/x", mounts) == ("/data", Path("x"))
     assert find_mount("~/database/x", mounts) is None
     assert find_mount("data/x", mounts) is None
-    monkeypatch.delenv(MOUNT_ROOT_ENV, raising=False)
+    monkeypatch.delenv(Env.MOUNT_ROOT, raising=False)
     assert node_path("~/data/x") == Path.home() / "data" / "x"
-    monkeypatch.setenv(MOUNT_ROOT_ENV, "/r")
+    monkeypatch.setenv(Env.MOUNT_ROOT, "/r")
     assert node_path("~/data/x") == node_path("/data/x") == Path("/r/data/x")
     # and back: the name a job file gives a path that this node has in a mount (the deepest wins)
     assert mounted_name("/r/data/big/x", mounts) == "~/data/big/x"

@@ -13,9 +13,10 @@ import yaml
 
 import tests.sky_fake  # noqa: F401  (offline SkyPilot first)
 from rlboost.cli.node_extras import node_extras
+from rlboost.contracts.env_names import Env
 from rlboost.contracts.spec import JobSpec, parse_spec, spec_to_yaml
 from rlboost.providers.base import LaunchRequest, Role
-from rlboost.providers.bootstrap import EXTRAS_ENV, boot_script
+from rlboost.providers.bootstrap import boot_script
 from rlboost.providers.skypilot import SkyPilotProvider
 from tests.sky_fake import FakeSky
 from tests.test_job_envs import sky_req
@@ -69,7 +70,7 @@ def request(spec: JobSpec, role: Role, engine: str = "torch", *, boot: bool = Fa
     """A launch request with the environment the controller gives it (rlboost/cli/controller.py);
     `boot`: for a node that boots from boot data (AWS, GCP), which enrols for the token and secrets."""
     base = sky_req("demo-1-trainer" if role is Role.TRAINER else "demo-1-w001", role)
-    env = {"RLBOOST_ENGINE": engine, EXTRAS_ENV: ",".join(node_extras(spec, role))}
+    env = {"RLBOOST_ENGINE": engine, Env.EXTRAS: ",".join(node_extras(spec, role))}
     if boot:
         return dataclasses.replace(base, env=env, user_secrets={})
     return dataclasses.replace(base, env={"RLBOOST_JOB_TOKEN": "tok", **env})

@@ -15,7 +15,9 @@ import json
 import os
 import sys
 
-MOVED_ENV = "RLBOOST_ENV_FROM_ARGV"  # {name: value} of the `--env NAME=VALUE` moved out of argv
+from rlboost.contracts.env_names import Env
+
+# the `--env NAME=VALUE` values moved out of argv (into Env.ENV_FROM_ARGV, as JSON {name: value})
 _moved: dict[str, str] = {}
 
 
@@ -58,9 +60,9 @@ def without_values(args: list[str]) -> tuple[list[str], dict[str, str]] | None:
 def reexec_without_env_values() -> None:
     """Called first thing by the `rlboost` entry points: run again without `--env` values in argv,
     or (in the process run again) take the values from the environment."""
-    if MOVED_ENV in os.environ:
+    if Env.ENV_FROM_ARGV in os.environ:
         with contextlib.suppress(ValueError):  # not ours: `--env NAME` then reads the real environment
-            _moved.update(json.loads(os.environ.pop(MOVED_ENV)))
+            _moved.update(json.loads(os.environ.pop(Env.ENV_FROM_ARGV)))
         return
     found = without_values(sys.argv[1:])
     if found is None:
@@ -69,7 +71,7 @@ def reexec_without_env_values() -> None:
     # what ran this interpreter before the CLI's own arguments: `-m rlboost.cli.main`, or the script
     orig = getattr(sys, "orig_argv", None) or [sys.executable, *sys.argv]
     prefix = orig[: len(orig) - len(sys.argv) + 1]
-    env = {**os.environ, MOVED_ENV: json.dumps(moved)}
+    env = {**os.environ, Env.ENV_FROM_ARGV: json.dumps(moved)}
     sys.stdout.flush()
     sys.stderr.flush()
     try:

@@ -32,6 +32,7 @@ from rlboost.cli.step_numbers import shown
 from rlboost.cli.step_recording import StepRecorder
 from rlboost.cli.stopping import Abandon, Phase, Stop, StopSignals
 from rlboost.contracts.enrolment import Grant
+from rlboost.contracts.env_names import Env
 from rlboost.contracts.spec import JobSpec
 from rlboost.contracts.status import TrainerStatus
 from rlboost.contracts.step_record import StepRecord
@@ -45,7 +46,6 @@ from rlboost.providers.base import (
     ProviderError,
     Role,
 )
-from rlboost.providers.bootstrap import EXTRAS_ENV
 from rlboost.providers.pricing import Offer
 from rlboost.rollout.policies.fleet import StepSample, surplus
 from rlboost.rollout.policies.reconcile import BACKOFF_CAP_S, CandidateBackoff, reconcile_fleet
@@ -275,15 +275,15 @@ class Controller:
             enrolment = TrainerEnrolment(grant, pin_file(self.run_dir, self.trainer_id))
             secret = enrolment.env
         else:
-            secret = {"RLBOOST_JOB_TOKEN": self.token, **(self.tls.trainer_env if self.tls else {})}
+            secret = {Env.JOB_TOKEN: self.token, **(self.tls.trainer_env if self.tls else {})}
         env = {
             **secret,
-            "RLBOOST_ENGINE": self.spec.rollout.engine,
-            EXTRAS_ENV: ",".join(node_extras(self.spec, Role.TRAINER)),
+            Env.ENGINE: self.spec.rollout.engine,
+            Env.EXTRAS: ",".join(node_extras(self.spec, Role.TRAINER)),
         }
         if self.provider.kind.runs_here:  # checkpoints outlive the trainer process (clouds: trainer.checkpoint_dir)
-            env["RLBOOST_CHECKPOINT_DIR"] = str(self.run_dir / "checkpoints")
-            env["RLBOOST_RECORD_DIR"] = str(self.run_dir / "records")
+            env[Env.CHECKPOINT_DIR] = str(self.run_dir / "checkpoints")
+            env[Env.RECORD_DIR] = str(self.run_dir / "records")
         if self.record_rollouts:
             cmd.append("--record-rollouts")
         req = trainer_request(o, self.trainer_id, self.owner, env, cmd, files)

@@ -12,6 +12,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from rlboost.contracts.env_names import Env
+
 CONTROLLER_LOG = "controller.log"
 
 
@@ -37,7 +39,7 @@ def spawn_controller(
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)
     env.setdefault("COLUMNS", "120")  # a file has no width; rich would wrap at 80
     if node_home is not None:
-        env["RLBOOST_HOME"] = str(node_home)
+        env[Env.HOME] = str(node_home)
     with open(controller_log(run_dir), "ab") as log, open(os.devnull, "rb") as devnull:
         proc = subprocess.Popen(
             cmd,

@@ -22,6 +22,7 @@ from urllib.parse import urlsplit
 
 from rlboost.contracts import enrolment as E
 from rlboost.contracts import tls
+from rlboost.contracts.env_names import Env
 
 RETRY_S = 1.0
 
@@ -55,7 +56,7 @@ class TrainerEnrolment:
 
     @property
     def env(self) -> dict[str, str]:
-        return {E.ENV_TRAINER_COMMITMENT: self.commitment}
+        return {Env.ENROL_COMMITMENT: self.commitment}
 
     def attempt(self, url: str, timeout: float = 10.0) -> None:
         """One try at `url`: sets `done` once the node holds the grant, and returns quietly while it is

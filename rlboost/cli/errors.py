@@ -14,15 +14,14 @@ import sqlite3
 
 from rlboost.cli.disk import disk_full
 from rlboost.cli.state import StateError
-
-DEBUG_ENV = "RLBOOST_DEBUG"
+from rlboost.contracts.env_names import Env
 
 _READ_ONLY = {errno.EROFS}
 _DENIED = {errno.EACCES, errno.EPERM}
 
 
 def debug() -> bool:
-    return os.environ.get(DEBUG_ENV, "") not in ("", "0")
+    return os.environ.get(Env.DEBUG, "") not in ("", "0")
 
 
 def user_message(e: BaseException) -> str | None:
@@ -72,4 +71,4 @@ def _store_message(msg: str, home: str) -> str:
 
 
 def _home() -> str:
-    return os.environ.get("RLBOOST_HOME") or os.path.expanduser("~/.rlboost")
+    return os.environ.get(Env.HOME) or os.path.expanduser("~/.rlboost")

@@ -1,7 +1,7 @@
 """Which of rlboost's pip extras a job's nodes install besides their engine's (`local` or `vllm`).
 
 Providers do not read job files: the controller puts the answer in the launch request's environment
-(providers.bootstrap.EXTRAS_ENV), and bootstrap.pip_spec adds it to what the node pip-installs.
+(Env.EXTRAS, rlboost/contracts/env_names.py), and bootstrap.pip_spec adds it to what the node pip-installs.
 """
 
 from __future__ import annotations

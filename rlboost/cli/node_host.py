@@ -26,6 +26,7 @@ from rlboost.cli.job_envs import read_secret_envs, split_envs, write_secret_envs
 from rlboost.cli.node_client import node_home, node_run_dir, read_address, stop_node_controller_of
 from rlboost.cli.pids import controller_alive
 from rlboost.cli.state import JobRow, StateStore, UnknownJobError, job_run_dir
+from rlboost.contracts.env_names import Env
 from rlboost.contracts.provider_kinds import provider_kind
 
 if TYPE_CHECKING:
@@ -140,7 +141,6 @@ class SkyTrainerNode:
         from rlboost.contracts.spec import parse_spec
         from rlboost.providers import price_lookup
         from rlboost.providers.base import CapacityError, Owner, ProviderError, Role
-        from rlboost.providers.bootstrap import EXTRAS_ENV
         from rlboost.providers.pricing import PricingError, trainer_offer
 
         spec = parse_spec(yaml.safe_load(spec_yaml), source=f"job {self.job.name}")
@@ -150,9 +150,9 @@ class SkyTrainerNode:
         except PricingError as e:
             raise NodeStartError(str(e)) from None
         env = {
-            "RLBOOST_JOB_TOKEN": token,
-            "RLBOOST_ENGINE": spec.rollout.engine,
-            EXTRAS_ENV: ",".join(node_extras(spec, Role.TRAINER)),  # the trainer runs on this node
+            Env.JOB_TOKEN: token,
+            Env.ENGINE: spec.rollout.engine,
+            Env.EXTRAS: ",".join(node_extras(spec, Role.TRAINER)),  # the trainer runs on this node
         }
         # the node's controller hands the job's variables and files on to its trainer and workers
         owner = Owner(self.job.name, self.job.id, self.job.uid)

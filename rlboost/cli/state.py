@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from rlboost.cli.step_metrics import StepMetrics, StepRow, step_columns, step_fields
+from rlboost.contracts.env_names import Env
 from rlboost.providers.base import InstanceState, LaunchRequest
 
 SCHEMA_VERSION = 5
@@ -171,7 +172,7 @@ def rlboost_home() -> Path:
     """`$RLBOOST_HOME` or `~/.rlboost`, created private (0700) when it does not exist: it holds job
     state and tokens. An existing directory keeps its mode (a shared 1777 one must stay shared); what
     rlboost writes in it is private by itself (state 0600, run directories 0700)."""
-    env = os.environ.get("RLBOOST_HOME")
+    env = os.environ.get(Env.HOME)
     home = Path(env).expanduser() if env else Path.home() / ".rlboost"
     try:
         home.mkdir(mode=0o700, parents=True)

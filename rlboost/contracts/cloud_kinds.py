@@ -27,14 +27,12 @@ AddressSource = Literal["ec2-imds", "gce-metadata"]
 # where the launching machine's credentials for the cloud are found (files and environment only)
 CredentialSource = Literal["aws-config", "gcloud"]
 
-# a spot worker's environment names its notice source here (its provider sets it from the record)
-NOTICE_ENV = "RLBOOST_NOTICE"
-# the base URL of each metadata service; METADATA_URL_ENV overrides it (a test's server, a proxy)
+# a spot worker's provider sets Env.NOTICE to its cloud's notice source (rlboost/contracts/env_names.py)
+# the base URL of each metadata service; Env.METADATA_URL overrides it (a test's server, a proxy)
 METADATA_URLS: dict[str, str] = {
     "ec2-imds": "http://169.254.169.254",
     "gce-metadata": "http://metadata.google.internal",
 }
-METADATA_URL_ENV = "RLBOOST_METADATA_URL"
 
 
 class UnknownCloudError(ValueError):
@@ -49,7 +47,7 @@ class CloudKind:
     shares_machine: bool = False
     # where its spot workers learn of a preemption; None: no notice is watched (the node just goes)
     notice: NoticeSource | None = None
-    # where its node learns the public address its workers dial; None: RLBOOST_PUBLIC_HOST must say
+    # where its node learns the public address its workers dial; None: Env.PUBLIC_HOST must say
     address: AddressSource | None = None
     # where `check` and preflight look for its credentials; None: rlboost cannot check (SkyPilot does)
     credentials: CredentialSource | None = None

@@ -25,9 +25,9 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel, ConfigDict, Field
 
-# a spot worker's credential is rlboost/contracts/worker_env.py's RLBOOST_ENROL
-ENV_TRAINER_COMMITMENT = "RLBOOST_ENROL_COMMITMENT"  # a trainer node's: sha256 of the controller's key, hex
-ENV_INSTANCE = "RLBOOST_INSTANCE_ID"  # the trainer's instance id: the audience of its workers' credentials
+# in the environment (rlboost/contracts/env_names.py): a spot worker's credential is Env.ENROL, a trainer
+# node's commitment Env.ENROL_COMMITMENT (sha256 of the controller's key, hex), and the trainer's instance id,
+# the audience of its workers' credentials, Env.INSTANCE_ID
 
 WORKER_ROUTE = "/v1/enrol"
 CHALLENGE_ROUTE = "/v1/enrol/trainer/challenge"

@@ -13,9 +13,9 @@ import shutil
 from collections.abc import Mapping
 from pathlib import Path, PurePosixPath
 
+from rlboost.contracts.env_names import Env
+
 BUCKET_SCHEMES = ("s3://", "gs://")
-# set by the local provider on every instance: the directory that stands in for `~` and `/`
-MOUNT_ROOT_ENV = "RLBOOST_MOUNT_ROOT"
 # where rlboost itself puts the trainer's job file on SkyPilot nodes
 RESERVED_DESTINATIONS = ("~/.rlboost",)
 
@@ -77,7 +77,7 @@ def source_path(path: str, mounts: Mapping[str, str]) -> Path | None:
 
 def node_path(path: str) -> Path:
     """A node path as this node sees it: under the instance directory on the local provider."""
-    root = os.environ.get(MOUNT_ROOT_ENV)
+    root = os.environ.get(Env.MOUNT_ROOT)  # set by the local provider on every instance
     if root:
         return Path(root) / relative_part(path)
     return Path(path).expanduser()

@@ -21,6 +21,8 @@ from pathlib import Path
 
 import aiohttp
 
+from rlboost.contracts.env_names import Env
+
 
 @dataclass(frozen=True)
 class TlsFiles:
@@ -112,11 +114,10 @@ def client_context(cert: Path) -> ssl.SSLContext:
 
 # ---- wiring: which env carries what ----------------------------------------------------------
 
-ENV_CERT, ENV_KEY = "RLBOOST_TLS_CERT", "RLBOOST_TLS_KEY"  # paths on the trainer's machine
-# the same as PEM text, for a trainer on another machine (cloud nodes): written 0600 under its run dir
-ENV_CERT_PEM, ENV_KEY_PEM = "RLBOOST_TLS_CERT_PEM", "RLBOOST_TLS_KEY_PEM"
-ENV_FINGERPRINT = "RLBOOST_TLS_FINGERPRINT"  # what workers pin (sha256 of the DER certificate, hex)
-SECRET_ENV = (ENV_KEY_PEM,)  # never log, never put in a task file in clear
+# Env.TLS_CERT / TLS_KEY: paths on the trainer's machine; Env.TLS_CERT_PEM / TLS_KEY_PEM: the same as
+# PEM text, for a trainer on another machine (cloud nodes), written 0600 under its run dir;
+# Env.TLS_FINGERPRINT: what workers pin (sha256 of the DER certificate, hex)
+SECRET_ENV = (Env.TLS_KEY_PEM,)  # never log, never put in a task file in clear
 
 
 class TlsConfigError(Exception):
@@ -135,7 +136,7 @@ def tls_wanted(mode: str, bind_host: str) -> bool:
 def server_tls_on(mode: str, bind_host: str, env: dict[str, str] | None = None) -> bool:
     """The trainer's choice: as tls_wanted, and also on under `auto` when it was handed a certificate."""
     env = dict(os.environ) if env is None else env
-    given = any(env.get(k) for k in (ENV_CERT, ENV_CERT_PEM))
+    given = any(env.get(k) for k in (Env.TLS_CERT, Env.TLS_CERT_PEM))
     return tls_wanted(mode, bind_host) or (mode == "auto" and given)
 
 
@@ -151,16 +152,16 @@ def server_files(run_dir: Path, hosts: list[str], env: dict[str, str] | None = N
     """The trainer's certificate: files named in env, PEM text in env (written 0600 into run_dir/tls),
     or else a fresh self-signed one in run_dir/tls (its fingerprint is written next to it)."""
     env = dict(os.environ) if env is None else env
-    cert, key = env.get(ENV_CERT), env.get(ENV_KEY)
+    cert, key = env.get(Env.TLS_CERT), env.get(Env.TLS_KEY)
     if cert or key:
         if not (cert and key and Path(cert).is_file() and Path(key).is_file()):
-            raise TlsConfigError(f"{ENV_CERT} and {ENV_KEY} must both name existing files")
+            raise TlsConfigError(f"{Env.TLS_CERT} and {Env.TLS_KEY} must both name existing files")
         return TlsFiles(Path(cert), Path(key), fingerprint_of(Path(cert)))
     d = run_dir / "tls"
-    cert_pem, key_pem = env.get(ENV_CERT_PEM), env.get(ENV_KEY_PEM)
+    cert_pem, key_pem = env.get(Env.TLS_CERT_PEM), env.get(Env.TLS_KEY_PEM)
     if cert_pem or key_pem:
         if not (cert_pem and key_pem):
-            raise TlsConfigError(f"{ENV_CERT_PEM} and {ENV_KEY_PEM} must be given together")
+            raise TlsConfigError(f"{Env.TLS_CERT_PEM} and {Env.TLS_KEY_PEM} must be given together")
         d.mkdir(parents=True, exist_ok=True, mode=0o700)
         for name, text in (("trainer-cert.pem", cert_pem), ("trainer-key.pem", key_pem)):
             fd = os.open(d / name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -195,7 +196,7 @@ class JobTls:
         controller trusts `cert`, workers pin its fingerprint, the trainer is given nothing (the
         controller's own key in `files.key` never leaves it)."""
         fp = fingerprint_of(cert)
-        return JobTls(TlsFiles(cert, self.files.key, fp), {}, {ENV_FINGERPRINT: fp})
+        return JobTls(TlsFiles(cert, self.files.key, fp), {}, {Env.TLS_FINGERPRINT: fp})
 
 
 def job_tls(mode: str, run_dir: Path, bind_host: str, *, remote: bool | None = None) -> JobTls | None:
@@ -210,10 +211,11 @@ def job_tls(mode: str, run_dir: Path, bind_host: str, *, remote: bool | None = N
     files = make_self_signed(run_dir / "tls", ["127.0.0.1", "localhost"])
     remote = (not is_loopback(bind_host)) if remote is None else remote
     if remote:
-        trainer_env = {ENV_CERT_PEM: files.cert.read_text(), ENV_KEY_PEM: files.key.read_text()}
+        trainer_env = {Env.TLS_CERT_PEM: files.cert.read_text(), Env.TLS_KEY_PEM: files.key.read_text()}
     else:
-        trainer_env = {ENV_CERT: str(files.cert), ENV_KEY: str(files.key)}
-    return JobTls(files, {**trainer_env, ENV_FINGERPRINT: files.fingerprint}, {ENV_FINGERPRINT: files.fingerprint})
+        trainer_env = {Env.TLS_CERT: str(files.cert), Env.TLS_KEY: str(files.key)}
+    pin = files.fingerprint
+    return JobTls(files, {**trainer_env, Env.TLS_FINGERPRINT: pin}, {Env.TLS_FINGERPRINT: pin})
 
 
 def https_url(url: str) -> str:

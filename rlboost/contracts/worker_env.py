@@ -1,9 +1,10 @@
 """The environment a rollout worker starts with (`python -m rlboost.worker`), as one typed record.
 
 The controller writes it for each spot worker, the trainer for its own reserved engine, and the worker
-reads it back: the variable names live here only. The node templates (templates/*.sky.yaml) export
-the same names from shell. Preemption notices (RLBOOST_NOTICE, RLBOOST_NOTICE_FILE) and TLS
-(rlboost/contracts/tls.py ENV_FINGERPRINT) are set by the provider and the job's TLS, read by their modules.
+reads it back: which field is which variable lives here only (the names themselves in
+rlboost/contracts/env_names.py, with every other variable). The node templates (templates/*.sky.yaml)
+export the same names from shell. Preemption notices (Env.NOTICE, Env.NOTICE_FILE) and TLS
+(Env.TLS_FINGERPRINT) are set by the provider and the job's TLS, read by their modules.
 """
 
 from __future__ import annotations
@@ -13,22 +14,22 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
+from rlboost.contracts.env_names import Env
+
 # field -> environment variable
 NAMES: dict[str, str] = {
-    "trainer_url": "RLBOOST_TRAINER_URL",
-    "token": "RLBOOST_JOB_TOKEN",
+    "trainer_url": Env.TRAINER_URL,
+    "token": Env.JOB_TOKEN,
     # or, for a spot worker, a single-use credential it trades for the token (rlboost/contracts/enrolment.py)
-    "enrol": "RLBOOST_ENROL",
-    "worker_id": "RLBOOST_WORKER_ID",
-    "kind": "RLBOOST_WORKER_KIND",
-    "engine": "RLBOOST_ENGINE",
-    "accelerator": "RLBOOST_ACCELERATOR",  # e.g. "A100:8"; synthetic engines model its speed
-    "cloud": "RLBOOST_CLOUD",  # where the node runs: the weight tracker groups pullers by region
-    "region": "RLBOOST_REGION",
+    "enrol": Env.ENROL,
+    "worker_id": Env.WORKER_ID,
+    "kind": Env.WORKER_KIND,
+    "engine": Env.ENGINE,
+    "accelerator": Env.ACCELERATOR,  # e.g. "A100:8"; synthetic engines model its speed
+    "cloud": Env.CLOUD,  # where the node runs: the weight tracker groups pullers by region
+    "region": Env.REGION,
 }
 REQUIRED = ("trainer_url", "worker_id")  # and the token or an enrolment credential
-NOTICE_FILE = "RLBOOST_NOTICE_FILE"  # the local provider's preemption-notice file
-TORCH_THREADS = "RLBOOST_TORCH_THREADS"  # torch's intra-op threads in a node process (default 1)
 
 
 class WorkerEnvError(ValueError):

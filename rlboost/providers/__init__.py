@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from rlboost.contracts.cloud_kinds import cloud_kind
+from rlboost.contracts.env_names import Env
 from rlboost.contracts.provider_kinds import UnknownProviderError, provider_kind
 from rlboost.providers.credentials import credentials, gcp_project
 
@@ -158,7 +159,7 @@ def make_provider(
     except NoPublicAddress as e:
         raise PreflightError(str(e)) from None
     # the port the node's task opened (rlboost/providers/bootstrap.py node_env)
-    port = int(os.environ.get("RLBOOST_TRAINER_PORT", TRAINER_PORT))
+    port = int(os.environ.get(Env.TRAINER_PORT, TRAINER_PORT))
     return TrainerHere(run_dir, provider, public_host=host, port=port, owner=owner)
 
 

@@ -20,6 +20,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from rlboost.contracts.env_names import Env
 from rlboost.contracts.provider_kinds import provider_kind
 from rlboost.providers.base import (
     INSTANCE_TAG,
@@ -68,7 +69,7 @@ class AwsProvider:
     @classmethod
     def for_job(cls, spec: JobSpec, run_dir: Path, *, owner: Owner, market: Any = None) -> AwsProvider:
         """In the regions the job names for aws; RLBOOST_AWS_AMI overrides the Deep Learning AMI."""
-        return cls(run_dir, owner, job_regions(spec, "aws"), ami=os.environ.get("RLBOOST_AWS_AMI"))
+        return cls(run_dir, owner, job_regions(spec, "aws"), ami=os.environ.get(Env.AWS_AMI))
 
     def __init__(
         self,

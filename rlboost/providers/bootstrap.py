@@ -19,10 +19,9 @@ from pathlib import Path
 
 import yaml
 
-from rlboost.contracts.cloud_kinds import CLOUD_KINDS, NOTICE_ENV
+from rlboost.contracts.cloud_kinds import CLOUD_KINDS
+from rlboost.contracts.env_names import PREFIX, Env
 from rlboost.contracts.tls import SECRET_ENV
-from rlboost.contracts.worker_env import NAMES as WORKER_ENV
-from rlboost.contracts.worker_env import NOTICE_FILE
 from rlboost.providers.base import LaunchRequest, ProviderError, Role
 
 TRAINER_PORT = 8787
@@ -30,9 +29,8 @@ SKY_WORKDIR = "~/sky_workdir"  # where SkyPilot syncs a task's workdir on its no
 CONTROL_PORT = 8788  # a controller on the trainer node (`controller: trainer`) answers the CLI here
 SOURCE_ROOT = Path(__file__).resolve().parents[2]
 
-# The pip extras a job's node needs besides its engine's, comma-separated (rlboost/cli/node_extras.py
-# decides them from the job file, which providers do not read): e.g. "hf,data".
-EXTRAS_ENV = "RLBOOST_EXTRAS"
+# Env.EXTRAS: the pip extras a job's node needs besides its engine's, comma-separated
+# (rlboost/cli/node_extras.py decides them from the job file, which providers do not read): e.g. "hf,data".
 
 
 def template(name: str) -> str:
@@ -46,8 +44,8 @@ def is_source_checkout() -> bool:
 def pip_spec(engine: str, *, from_workdir: bool, extras: tuple[str, ...] = ()) -> str:
     """What a node pip-installs: `$RLBOOST_PIP_SPEC`, else this checkout (synced as the SkyPilot
     workdir), else the released package of this version (`extras`: more than the engine needs)."""
-    if os.environ.get("RLBOOST_PIP_SPEC"):
-        return os.environ["RLBOOST_PIP_SPEC"]
+    if os.environ.get(Env.PIP_SPEC):
+        return os.environ[Env.PIP_SPEC]
     extra = ",".join(dict.fromkeys(("vllm" if engine == "vllm" else "local", *extras)))
     if from_workdir:
         return f".[{extra}]"
@@ -59,8 +57,8 @@ def pip_spec(engine: str, *, from_workdir: bool, extras: tuple[str, ...] = ()) -
 
 
 def job_extras(req: LaunchRequest) -> tuple[str, ...]:
-    """The extras the job needs on this request's node (EXTRAS_ENV), in order."""
-    return tuple(x for x in (e.strip() for e in req.env.get(EXTRAS_ENV, "").split(",")) if x)
+    """The extras the job needs on this request's node (Env.EXTRAS), in order."""
+    return tuple(x for x in (e.strip() for e in req.env.get(Env.EXTRAS, "").split(",")) if x)
 
 
 def node_env(req: LaunchRequest, *, port: int, from_workdir: bool) -> dict[str, str]:
@@ -70,21 +68,19 @@ def node_env(req: LaunchRequest, *, port: int, from_workdir: bool) -> dict[str, 
     env = {**req.user_envs, **req.user_secrets}
     env.update(
         {
-            "RLBOOST_ROLE": req.role.value,
-            "RLBOOST_INSTANCE_ID": req.instance_id,
-            "RLBOOST_JOB": req.job,
-            "RLBOOST_TRAINER_PORT": str(port),
-            "RLBOOST_PIP_SPEC": pip_spec(
-                req.env.get(WORKER_ENV["engine"], "torch"), from_workdir=from_workdir, extras=job_extras(req)
-            ),
+            Env.ROLE: req.role.value,
+            Env.INSTANCE_ID: req.instance_id,
+            Env.JOB: req.job,
+            Env.TRAINER_PORT: str(port),
+            Env.PIP_SPEC: pip_spec(req.env.get(Env.ENGINE, "torch"), from_workdir=from_workdir, extras=job_extras(req)),
         }
     )
     # only what the rlboost/worker/trainer read; never the controller's own environment
     # (an empty one is unset: a worker enrolling for its token boots with no RLBOOST_JOB_TOKEN at all)
-    env.update({k: v for k, v in req.env.items() if k.startswith("RLBOOST_") and v and k != NOTICE_FILE})
+    env.update({k: v for k, v in req.env.items() if k.startswith(PREFIX) and v and k != Env.NOTICE_FILE})
     # where the node is: a worker reports it so that weights are traded within its region
-    env.setdefault(WORKER_ENV["cloud"], req.cloud)
-    env.setdefault(WORKER_ENV["region"], req.region or "")
+    env.setdefault(Env.CLOUD, req.cloud)
+    env.setdefault(Env.REGION, req.region or "")
     env.update(notice_env(req))
     return env
 
@@ -95,7 +91,7 @@ def notice_env(req: LaunchRequest) -> dict[str, str]:
     cloud = CLOUD_KINDS.get(req.cloud)
     if req.role is not Role.WORKER or cloud is None or cloud.notice is None:
         return {}
-    return {NOTICE_ENV: cloud.notice}
+    return {Env.NOTICE: cloud.notice}
 
 
 def cloud_spec_yaml(run_dir: Path) -> str:
@@ -115,7 +111,7 @@ def cloud_spec_yaml(run_dir: Path) -> str:
 
 
 # what boot data must never hold (besides the job's secret variables, LaunchRequest.user_secrets)
-BOOT_SECRETS = (WORKER_ENV["token"], *SECRET_ENV)
+BOOT_SECRETS = (Env.JOB_TOKEN, *SECRET_ENV)
 
 
 def boot_script(req: LaunchRequest, run_dir: Path, *, port: int = TRAINER_PORT) -> str:
@@ -129,6 +125,6 @@ def boot_script(req: LaunchRequest, run_dir: Path, *, port: int = TRAINER_PORT) 
         )
     env = node_env(req, port=port, from_workdir=False)
     if req.role is Role.TRAINER:
-        env["RLBOOST_SPEC_B64"] = base64.b64encode(cloud_spec_yaml(run_dir).encode()).decode()
+        env[Env.SPEC_B64] = base64.b64encode(cloud_spec_yaml(run_dir).encode()).decode()
     lines = "\n".join(f"export {k}={shlex.quote(v)}" for k, v in sorted(env.items()))
     return template("node_boot.sh").replace("# @RLBOOST_ENV@", lines)

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from rlboost.contracts.env_names import Env
 from rlboost.contracts.provider_kinds import provider_kind
 from rlboost.providers.base import (
     INSTANCE_TAG,
@@ -79,7 +80,7 @@ class GcpProvider:
         project = gcp_project()
         if project is None:
             raise PreflightError(NO_PROJECT)
-        return cls(run_dir, owner, project, options=GcpOptions(image=os.environ.get("RLBOOST_GCP_IMAGE", IMAGE)))
+        return cls(run_dir, owner, project, options=GcpOptions(image=os.environ.get(Env.GCP_IMAGE, IMAGE)))
 
     def __init__(
         self,

@@ -16,10 +16,10 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from rlboost.contracts.env_names import Env
 from rlboost.contracts.heartbeat import last_beat
-from rlboost.contracts.mounts import MOUNT_ROOT_ENV, copy_mounts
+from rlboost.contracts.mounts import copy_mounts
 from rlboost.contracts.provider_kinds import provider_kind
-from rlboost.contracts.worker_env import NOTICE_FILE
 from rlboost.providers.base import (
     CapacityError,
     InstanceEvent,
@@ -112,12 +112,12 @@ class LocalProvider:
             **req.user_envs,
             **req.user_secrets,
             **req.env,
-            "RLBOOST_INSTANCE_ID": req.instance_id,
-            "RLBOOST_RUN_DIR": str(idir),
-            MOUNT_ROOT_ENV: str(idir),
+            Env.INSTANCE_ID: req.instance_id,
+            Env.RUN_DIR: str(idir),
+            Env.MOUNT_ROOT: str(idir),
         }
         if req.kind is InstanceKind.SPOT:  # the spot market writes it; the cloud's record names the source
-            env[NOTICE_FILE] = str(idir / "notice")
+            env[Env.NOTICE_FILE] = str(idir / "notice")
             env.update(notice_env(req))
         with open(idir / "log", "ab") as out:
             proc = subprocess.Popen(
@@ -255,12 +255,12 @@ class LocalProvider:
             environ = Path(f"/proc/{pid}/environ").read_bytes()
         except OSError:
             return None
-        return pid if f"RLBOOST_INSTANCE_ID={iid}".encode() in environ.split(b"\0") else None
+        return pid if f"{Env.INSTANCE_ID}={iid}".encode() in environ.split(b"\0") else None
 
     def _stragglers(self) -> dict[str, list[int]]:
         """Live processes of this run dir's instances, found by their environment: covers a controller
         killed between spawning a node and writing its pid file, and children of a dead leader."""
-        prefix = f"RLBOOST_RUN_DIR={self.run_dir / 'instances'}/".encode()
+        prefix = f"{Env.RUN_DIR}={self.run_dir / 'instances'}/".encode()
         found: dict[str, list[int]] = {}
         for p in Path("/proc").iterdir():
             if not p.name.isdigit():

@@ -12,7 +12,8 @@ from collections.abc import Callable
 
 import httpx
 
-from rlboost.contracts.cloud_kinds import CLOUD_KINDS, METADATA_URL_ENV, METADATA_URLS
+from rlboost.contracts.cloud_kinds import CLOUD_KINDS, METADATA_URLS
+from rlboost.contracts.env_names import Env
 
 
 class NoPublicAddress(Exception):
@@ -49,14 +50,14 @@ def public_host(cloud: str, env: dict[str, str] | None = None, timeout: float = 
     """RLBOOST_PUBLIC_HOST, else the answer of the address source the cloud's record names
     (RLBOOST_METADATA_URL: its base URL)."""
     env = dict(os.environ if env is None else env)
-    if env.get("RLBOOST_PUBLIC_HOST"):
-        return env["RLBOOST_PUBLIC_HOST"]
+    if env.get(Env.PUBLIC_HOST):
+        return env[Env.PUBLIC_HOST]
     kind = CLOUD_KINDS.get(cloud)
     source = kind.address if kind is not None else None
     if source is None:
         raise NoPublicAddress(f"cannot find this {cloud} node's public address; set RLBOOST_PUBLIC_HOST")
     try:
-        host = READERS[source](env.get(METADATA_URL_ENV, METADATA_URLS[source]).rstrip("/"), timeout).strip()
+        host = READERS[source](env.get(Env.METADATA_URL, METADATA_URLS[source]).rstrip("/"), timeout).strip()
     except httpx.HTTPError as e:
         raise NoPublicAddress(
             f"{cloud} metadata service gave no public IP for this node ({e}); the trainer node needs one "

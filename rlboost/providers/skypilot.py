@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
+from rlboost.contracts.env_names import Env
 from rlboost.contracts.provider_kinds import provider_kind
 from rlboost.contracts.tls import SECRET_ENV
 from rlboost.providers.base import (
@@ -64,7 +65,7 @@ log = logging.getLogger("rlboost.skypilot")
 # client-side config override for the worker launch request).
 WORKER_IDENTITY = {"aws": {"remote_identity": "NO_UPLOAD"}, "gcp": {"remote_identity": "NO_UPLOAD"}}
 # redacted by SkyPilot, never in task files (a spot worker's enrolment credential too)
-SECRET_KEYS = ("RLBOOST_JOB_TOKEN", "RLBOOST_ENROL", *SECRET_ENV)
+SECRET_KEYS = (Env.JOB_TOKEN, Env.ENROL, *SECRET_ENV)
 GONE_STATES = ("INIT", "STOPPED")
 
 # How long a node stays up idle once its controller has exited (the launching machine downs it at once
@@ -79,7 +80,7 @@ NODE_IDENTITY = {"aws": {"remote_identity": "LOCAL_CREDENTIALS"}, "gcp": {"remot
 def _sdk_from_env() -> Any:
     """RLBOOST_SKY_SDK=module:attribute: an object with the `sky` client calls rlboost makes, used
     instead of SkyPilot's (the cloud boundary; tests give a node's controller tests/sky_fake.py's)."""
-    ref = os.environ.get("RLBOOST_SKY_SDK")
+    ref = os.environ.get(Env.SKY_SDK)
     if not ref:
         return None
     module, _, attr = ref.partition(":")
@@ -292,17 +293,19 @@ class SkyPilotProvider:
         cfg["setup"], cfg["run"] = node["setup"], node["run"]
         cfg["resources"]["ports"] = [self.port, CONTROL_PORT]
         cfg["resources"]["autostop"] = {"idle_minutes": NODE_AUTOSTOP_MIN, "down": True}
-        engine = req.env.get("RLBOOST_ENGINE", "torch")
+        engine = req.env.get(Env.ENGINE, "torch")
         # the controller writes the job's metrics sinks (`logging:`), so their libraries go where it runs
         sinks = (yaml.safe_load((self.run_dir / "spec.cloud.yaml").read_text()).get("logging")) or {}
         # and its trainer runs there too: the job's own extras (`hf`, `data`) as well
         extras = (*job_extras(req), "skypilot", *(("logging",) if any(sinks.values()) else ()))
         cfg["envs"].update(
-            RLBOOST_JOB_ID=str(job_id),
-            RLBOOST_JOB_UID=req.owner.uid or "",
-            RLBOOST_CONTROL_PORT=str(CONTROL_PORT),
-            RLBOOST_RESUME_FLAG="--resume" if resume else "",
-            RLBOOST_PIP_SPEC=pip_spec(engine, from_workdir=self.sync_workdir, extras=extras),
+            {
+                Env.JOB_ID: str(job_id),
+                Env.JOB_UID: req.owner.uid or "",
+                Env.CONTROL_PORT: str(CONTROL_PORT),
+                Env.RESUME_FLAG: "--resume" if resume else "",
+                Env.PIP_SPEC: pip_spec(engine, from_workdir=self.sync_workdir, extras=extras),
+            }
         )
         return cfg
 

@@ -11,7 +11,8 @@ import os
 import sys
 from pathlib import Path
 
-from rlboost.contracts.enrolment import ENV_TRAINER_COMMITMENT, TRAINER_WAIT_S
+from rlboost.contracts.enrolment import TRAINER_WAIT_S
+from rlboost.contracts.env_names import Env
 from rlboost.contracts.spec import SpecError, load_spec
 
 
@@ -21,8 +22,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--run-dir",
         type=Path,
-        default=Path(os.environ.get("RLBOOST_RUN_DIR", ".")),
-        help="endpoint, logs and recorded rollouts go here (default: $RLBOOST_RUN_DIR)",
+        default=Path(os.environ.get(Env.RUN_DIR, ".")),
+        help=f"endpoint, logs and recorded rollouts go here (default: ${Env.RUN_DIR})",
     )
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=0)
@@ -31,25 +32,25 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--checkpoint-dir",
         type=Path,
-        default=Path(os.environ["RLBOOST_CHECKPOINT_DIR"]) if os.environ.get("RLBOOST_CHECKPOINT_DIR") else None,
-        help="resume from / write checkpoints here (default: $RLBOOST_CHECKPOINT_DIR, the job file's "
+        default=Path(os.environ[Env.CHECKPOINT_DIR]) if os.environ.get(Env.CHECKPOINT_DIR) else None,
+        help=f"resume from / write checkpoints here (default: ${Env.CHECKPOINT_DIR}, the job file's "
         "trainer.checkpoint_dir, else RUN_DIR/checkpoints)",
     )
-    ap.add_argument("--tls-cert", type=Path, help="PEM certificate to serve HTTPS with (default: $RLBOOST_TLS_CERT)")
-    ap.add_argument("--tls-key", type=Path, help="its private key (default: $RLBOOST_TLS_KEY)")
+    ap.add_argument("--tls-cert", type=Path, help=f"PEM certificate to serve HTTPS with (default: ${Env.TLS_CERT})")
+    ap.add_argument("--tls-key", type=Path, help=f"its private key (default: ${Env.TLS_KEY})")
     args = ap.parse_args(argv)
     if args.tls_cert or args.tls_key:
         if not (args.tls_cert and args.tls_key):
             print("error: --tls-cert and --tls-key go together", file=sys.stderr)
             return 2
         # read by TrainerRuntime.serve (rlboost/contracts/tls.py server_files); TLS is then on unless trainer.tls: off
-        os.environ["RLBOOST_TLS_CERT"], os.environ["RLBOOST_TLS_KEY"] = str(args.tls_cert), str(args.tls_key)
+        os.environ[Env.TLS_CERT], os.environ[Env.TLS_KEY] = str(args.tls_cert), str(args.tls_key)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    token = os.environ.get("RLBOOST_JOB_TOKEN")
-    commitment = os.environ.get(ENV_TRAINER_COMMITMENT)
+    token = os.environ.get(Env.JOB_TOKEN)
+    commitment = os.environ.get(Env.ENROL_COMMITMENT)
     if not (token or commitment):
         print(
-            f"error: neither RLBOOST_JOB_TOKEN nor {ENV_TRAINER_COMMITMENT} is set (the controller passes one)",
+            f"error: neither {Env.JOB_TOKEN} nor {Env.ENROL_COMMITMENT} is set (the controller passes one)",
             file=sys.stderr,
         )
         return 2
@@ -62,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
 
     if distributed.launched():  # under torchrun: rank 0 runs the trainer, the others follow it
         if not token:  # the followers would never get the token or the job's secret variables
-            print("error: a trainer under torchrun needs RLBOOST_JOB_TOKEN (it does not enrol)", file=sys.stderr)
+            print(f"error: a trainer under torchrun needs {Env.JOB_TOKEN} (it does not enrol)", file=sys.stderr)
             return 2
         ctx = distributed.init(spec.trainer.strategy)
         if ctx.rank != 0:
@@ -71,10 +72,10 @@ def main(argv: list[str] | None = None) -> int:
     from rlboost.trainer.runtime import main_async
 
     args.run_dir.mkdir(parents=True, exist_ok=True)
-    if os.environ.get("RLBOOST_RUN_DIR"):  # a local node: when it stops is read from its last beat
+    if os.environ.get(Env.RUN_DIR):  # a local node: when it stops is read from its last beat
         from rlboost.contracts.heartbeat import start_heartbeat
 
-        start_heartbeat(Path(os.environ["RLBOOST_RUN_DIR"]))
+        start_heartbeat(Path(os.environ[Env.RUN_DIR]))
     ckpt_dir = args.checkpoint_dir or (
         Path(spec.trainer.checkpoint_dir).expanduser() if spec.trainer.checkpoint_dir else args.run_dir / "checkpoints"
     )
@@ -84,14 +85,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: cannot listen on {args.host}:{args.port}: {e}", file=sys.stderr)
         return 2
     if not token:  # booted with a commitment only: the controller delivers the token (and secrets) first
-        wait_s = float(os.environ.get("RLBOOST_ENROL_WAIT_S") or TRAINER_WAIT_S)
+        wait_s = float(os.environ.get(Env.ENROL_WAIT_S) or TRAINER_WAIT_S)
         try:
             grant = asyncio.run(await_delivery(sock, spec, args.host, args.run_dir, commitment or "", wait_s))
         except NoDelivery as e:
             print(f"error: {e}; stopping (the controller gave up on this trainer or never reached it)", file=sys.stderr)
             return 2
         os.environ.update(grant.env)  # before the model loads (HF_TOKEN); the reserved engine inherits them
-        os.environ.pop(ENV_TRAINER_COMMITMENT, None)
+        os.environ.pop(Env.ENROL_COMMITMENT, None)
         token = grant.token
     try:
         return asyncio.run(

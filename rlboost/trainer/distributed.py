@@ -27,6 +27,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from rlboost.contracts.env_names import Env
 from rlboost.trainer.collectives import DistContext, follow, release_followers
 
 DEFAULT_PORT = 29517
@@ -65,7 +66,7 @@ def run_follower(spec: Any, ctx: DistContext) -> int:
     """Ranks other than 0: a Learner of their own, driven by rank 0's calls."""
     from rlboost.trainer.learner import Learner
 
-    torch.set_num_threads(int(os.environ.get("RLBOOST_TORCH_THREADS", "1")))
+    torch.set_num_threads(int(os.environ.get(Env.TORCH_THREADS, "1")))
     learner = Learner(spec.model, spec.algorithm, spec.task, seed=spec.algorithm.seed, dist=ctx)
     try:
         return follow(learner)

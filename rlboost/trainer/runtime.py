@@ -24,13 +24,13 @@ import torch
 from aiohttp import web
 
 from rlboost.contracts import tls
-from rlboost.contracts.enrolment import ENV_INSTANCE, ENV_TRAINER_COMMITMENT
+from rlboost.contracts.env_names import Env
 from rlboost.contracts.provider_kinds import provider_kind
 from rlboost.contracts.sampling import request_id
 from rlboost.contracts.spec import JobSpec
 from rlboost.contracts.status import TrainerStatus
 from rlboost.contracts.step_record import StepRecord
-from rlboost.contracts.worker_env import NOTICE_FILE, WorkerEnv
+from rlboost.contracts.worker_env import WorkerEnv
 from rlboost.rollout import scheduling
 from rlboost.rollout.live import LiveCoordinator, RolloutRequest
 from rlboost.rollout.policies.tail_batching import TailBatcher, step_prompts
@@ -80,7 +80,7 @@ class TrainerRuntime:
         self.checkpoint_dir = checkpoint_dir
         # --record-rollouts output; the controller points a local job's at its run dir, so that a
         # relaunched trainer appends to the same files
-        self.record_dir = Path(os.environ.get("RLBOOST_RECORD_DIR") or run_dir)
+        self.record_dir = Path(os.environ.get(Env.RECORD_DIR) or run_dir)
         if record_rollouts:
             self.record_dir.mkdir(parents=True, exist_ok=True)
         self.saved_step = -1  # next_step of the newest checkpoint on disk
@@ -167,7 +167,7 @@ class TrainerRuntime:
         # spot workers enrol here for the token and the job's secret variables, with credentials
         # the controller issued for this trainer instance
         enrolment = WorkerEnrolment(
-            self.token, os.environ.get(ENV_INSTANCE, ""), job_secret_env(spec, os.environ)
+            self.token, os.environ.get(Env.INSTANCE_ID, ""), job_secret_env(spec, os.environ)
         )
         app = build_app(self.token, self.coord, self.publisher, self.status, self.shutdown_requested.set, enrolment)
         runner = web.AppRunner(app, handle_signals=False)
@@ -201,10 +201,10 @@ class TrainerRuntime:
         # cloud and region as the trainer process has them, if at all
         env = {**os.environ, **{k: v for k, v in worker.to_env().items() if v}}
         if self.tls_fingerprint:
-            env[tls.ENV_FINGERPRINT] = self.tls_fingerprint
-        for k in (tls.ENV_KEY_PEM, tls.ENV_CERT_PEM, tls.ENV_KEY, tls.ENV_CERT, ENV_TRAINER_COMMITMENT):
+            env[Env.TLS_FINGERPRINT] = self.tls_fingerprint
+        for k in (Env.TLS_KEY_PEM, Env.TLS_CERT_PEM, Env.TLS_KEY, Env.TLS_CERT, Env.ENROL_COMMITMENT):
             env.pop(k, None)  # the engine needs only the pin and the token, never the key
-        env.pop(NOTICE_FILE, None)  # the reserved cluster is on-demand: no notices
+        env.pop(Env.NOTICE_FILE, None)  # the reserved cluster is on-demand: no notices
         log_path = self.run_dir / "reserved-engine.log"
         with open(log_path, "ab") as out:
             self.engine_proc = subprocess.Popen(
@@ -415,10 +415,10 @@ class TrainerRuntime:
         N remote engines and the reserved one hold its weights, so that what a step does with a full
         pool (offload, training during the tail) does not hinge on how fast processes boot. Gives up
         after RLBOOST_WAIT_ENGINES_S seconds (default 300)."""
-        want = int(os.environ.get("RLBOOST_WAIT_ENGINES") or 0)
+        want = int(os.environ.get(Env.WAIT_ENGINES) or 0)
         if not want or self.coord is None:
             return
-        deadline = time.monotonic() + float(os.environ.get("RLBOOST_WAIT_ENGINES_S") or 300)
+        deadline = time.monotonic() + float(os.environ.get(Env.WAIT_ENGINES_S) or 300)
 
         def ready(kind_reserved: bool) -> int:
             assert self.coord is not None

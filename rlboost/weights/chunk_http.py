@@ -21,7 +21,8 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from rlboost.contracts import digest
-from rlboost.contracts.tls import ENV_FINGERPRINT, check_pin, normalize_fingerprint, pinned_socket_context
+from rlboost.contracts.env_names import Env
+from rlboost.contracts.tls import check_pin, normalize_fingerprint, pinned_socket_context
 from rlboost.weights.serving import RateLimit
 
 PIECE = 1024 * 1024  # bytes per readinto: hashed while still in L2; fewer Python-level calls than 256 KiB
@@ -62,7 +63,7 @@ class HttpConn:
         # https is pinned, never CA-checked: to the fingerprint given, else the one a peer advertises in
         # its URL (`#sha256=<hex>`), else the trainer's (RLBOOST_TLS_FINGERPRINT)
         frag = u.fragment[len("sha256=") :] if u.fragment.startswith("sha256=") else None
-        self.fingerprint = fingerprint or frag or os.environ.get(ENV_FINGERPRINT) or None
+        self.fingerprint = fingerprint or frag or os.environ.get(Env.TLS_FINGERPRINT) or None
         self.host, self.tls = u.hostname, u.scheme == "https"
         self.port = u.port or (443 if self.tls else 80)
         self.prefix = u.path.rstrip("/")

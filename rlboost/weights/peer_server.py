@@ -35,8 +35,8 @@ from typing import TYPE_CHECKING
 import aiohttp
 from aiohttp import web
 
+from rlboost.contracts.env_names import Env
 from rlboost.contracts.protocol import Offer
-from rlboost.contracts.tls import ENV_FINGERPRINT
 from rlboost.weights.pull import PullOptions, PullStats
 from rlboost.weights.pull_control import WeightPullError, get_manifest
 from rlboost.weights.region_fanout import region_key
@@ -157,18 +157,18 @@ class WeightNode:
         pull = PullOptions(
             token=token,
             peer_id=peer_id,
-            parallel=int(env.get("RLBOOST_PULL_PARALLEL", "4")),
-            local=env.get("RLBOOST_WEIGHTS_LOCAL", "1" if reserved else "0") == "1",
-            region=region_key(env.get("RLBOOST_CLOUD"), env.get("RLBOOST_REGION")),
+            parallel=int(env.get(Env.PULL_PARALLEL, "4")),
+            local=env.get(Env.WEIGHTS_LOCAL, "1" if reserved else "0") == "1",
+            region=region_key(env.get(Env.CLOUD), env.get(Env.REGION)),
         )
         serve = ServeOptions(
-            host=env.get("RLBOOST_PEER_HOST", "127.0.0.1"),
-            port=int(env.get("RLBOOST_PEER_PORT", "0")),
-            advertise=env.get("RLBOOST_PEER_URL") or None,
-            max_uploads=int(env.get("RLBOOST_PEER_UPLOADS", "4")),
-            tls=bool(env.get(ENV_FINGERPRINT)),  # a TLS job: the job token never crosses in clear
+            host=env.get(Env.PEER_HOST, "127.0.0.1"),
+            port=int(env.get(Env.PEER_PORT, "0")),
+            advertise=env.get(Env.PEER_URL) or None,
+            max_uploads=int(env.get(Env.PEER_UPLOADS, "4")),
+            tls=bool(env.get(Env.TLS_FINGERPRINT)),  # a TLS job: the job token never crosses in clear
         )
-        return cls(pull, serve if env.get("RLBOOST_PEER_SERVE", "0" if reserved else "1") == "1" else None)
+        return cls(pull, serve if env.get(Env.PEER_SERVE, "0" if reserved else "1") == "1" else None)
 
     async def __aenter__(self) -> WeightNode:
         return self  # the server starts with the first pull

@@ -16,8 +16,9 @@ import os
 import sys
 from pathlib import Path
 
+from rlboost.contracts.env_names import Env
 from rlboost.contracts.heartbeat import start_heartbeat
-from rlboost.contracts.worker_env import TORCH_THREADS, WorkerEnv, WorkerEnvError
+from rlboost.contracts.worker_env import WorkerEnv, WorkerEnvError
 from rlboost.worker.agent import WorkerAgent, WorkerConfig
 from rlboost.worker.notice import watcher_from_env
 
@@ -32,23 +33,23 @@ def main() -> int:
     try:
         import torch
 
-        torch.set_num_threads(int(os.environ.get(TORCH_THREADS, "1")))
+        torch.set_num_threads(int(os.environ.get(Env.TORCH_THREADS, "1")))
     except ImportError:
         pass
     # the same fields (no token yet: a spot worker enrols for it); the rest keep the agent's defaults
     cfg = WorkerConfig(**{**env.model_dump(), "token": env.token or ""})
-    fp = os.environ.get("RLBOOST_TLS_FINGERPRINT") or None
+    fp = os.environ.get(Env.TLS_FINGERPRINT) or None
     if fp:
         from rlboost.contracts.tls import normalize_fingerprint
 
         try:
             cfg.tls_fingerprint = normalize_fingerprint(fp)
         except ValueError as e:
-            print(f"error: RLBOOST_TLS_FINGERPRINT: {e}", file=sys.stderr)
+            print(f"error: {Env.TLS_FINGERPRINT}: {e}", file=sys.stderr)
             return 2
     notice = watcher_from_env()
-    if os.environ.get("RLBOOST_RUN_DIR"):  # a local node: when it stops is read from its last beat
-        start_heartbeat(Path(os.environ["RLBOOST_RUN_DIR"]))
+    if os.environ.get(Env.RUN_DIR):  # a local node: when it stops is read from its last beat
+        start_heartbeat(Path(os.environ[Env.RUN_DIR]))
     return asyncio.run(WorkerAgent(cfg, notice).run())
 
 

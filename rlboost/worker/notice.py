@@ -25,9 +25,9 @@ from typing import Protocol
 
 import aiohttp
 
-from rlboost.contracts.cloud_kinds import METADATA_URL_ENV, METADATA_URLS, NOTICE_ENV
+from rlboost.contracts.cloud_kinds import METADATA_URLS
+from rlboost.contracts.env_names import Env
 from rlboost.contracts.retry import Backoff
-from rlboost.contracts.worker_env import NOTICE_FILE
 
 log = logging.getLogger("rlboost.notice")
 
@@ -137,11 +137,11 @@ class GcpNotice:
 
 
 def _metadata_url(env: Mapping[str, str], source: str) -> str:
-    return env.get(METADATA_URL_ENV) or METADATA_URLS[source]
+    return env.get(Env.METADATA_URL) or METADATA_URLS[source]
 
 
 def _file_notice(env: Mapping[str, str]) -> NoticeWatcher | None:
-    return FileNotice(Path(env[NOTICE_FILE])) if env.get(NOTICE_FILE) else None
+    return FileNotice(Path(env[Env.NOTICE_FILE])) if env.get(Env.NOTICE_FILE) else None
 
 
 # notice source -> its watcher, from the worker's environment (None: nothing to watch)
@@ -157,11 +157,11 @@ def watcher_from_env(env: dict[str, str] | None = None) -> NoticeWatcher | None:
     RLBOOST_NOTICE_FILE); RLBOOST_METADATA_URL overrides a metadata server's address. Without
     RLBOOST_NOTICE, a notice file alone selects `file`."""
     env = dict(os.environ if env is None else env)
-    source = env.get(NOTICE_ENV) or ("file" if env.get(NOTICE_FILE) else "")
+    source = env.get(Env.NOTICE) or ("file" if env.get(Env.NOTICE_FILE) else "")
     make = WATCHERS.get(source)
     if make is not None:
         return make(env)
     if source:
         known = ", ".join(WATCHERS)
-        log.warning("%s=%r is not a notice source (%s); not watching for notices", NOTICE_ENV, source, known)
+        log.warning("%s=%r is not a notice source (%s); not watching for notices", Env.NOTICE, source, known)
     return None

@@ -15,6 +15,7 @@ from rlboost.cli.controller_run import ControllerRun, job_offers, run_controller
 from rlboost.cli.output import console, fail
 from rlboost.cli.pids import controller_identity
 from rlboost.cli.state import StateStore, job_run_dir, rlboost_home
+from rlboost.contracts.env_names import Env
 from rlboost.contracts.spec import SpecError, load_spec
 
 
@@ -74,13 +75,13 @@ def run_node_controller(
     control endpoint on every interface. The job token comes in the environment, never a file."""
     from rlboost.cli.node_host import NodeJob, prepare_node
 
-    token = os.environ.get("RLBOOST_JOB_TOKEN", "")
+    token = os.environ.get(Env.JOB_TOKEN, "")
     if not token:
-        fail("RLBOOST_JOB_TOKEN is not set: this node was not started by `rlboost launch`", 2)
+        fail(f"{Env.JOB_TOKEN} is not set: this node was not started by `rlboost launch`", 2)
     spec = load_spec(spec_file)
     # `launch --env` values come as SkyPilot secrets, named in the job file with no value
     secret = {k: os.environ[k] for k, v in spec.envs.items() if v is None and k in os.environ}
-    uid = os.environ.get("RLBOOST_JOB_UID") or None  # the launching machine's: the node tags instances with it
+    uid = os.environ.get(Env.JOB_UID) or None  # the launching machine's: the node tags instances with it
     prepare_node(rlboost_home(), NodeJob(job_id, name, spec.provider, spec_file.read_text(), token, secret, uid))
     run_detached_controller(
         job_id,

@@ -9,6 +9,7 @@ from typing import Annotated, Literal
 from pydantic import Field, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
+from rlboost.contracts.env_names import PREFIX
 from rlboost.contracts.provider_kinds import DEFAULT_PROVIDER, provider_kind, provider_names
 from rlboost.contracts.spec.algorithm import AlgorithmSpec
 from rlboost.contracts.spec.base import Hours, Strict
@@ -29,8 +30,8 @@ def env_name_problem(name: str) -> str | None:
     """Why `name` cannot be a job's environment variable, or None."""
     if not _ENV_NAME_RE.match(name):
         return f"{name!r} is not a valid environment variable name (letters, digits and '_', not starting with a digit)"
-    if name.upper().startswith("RLBOOST_"):
-        return f"{name!r}: names starting with RLBOOST_ are reserved for rlboost's own variables; rename it"
+    if name.upper().startswith(PREFIX):
+        return f"{name!r}: names starting with {PREFIX} are reserved for rlboost's own variables; rename it"
     return None
 
 

@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from rlboost.contracts.engine import FinishReason, GenRequest, OnTokens, check_requests
+from rlboost.contracts.env_names import Env
 from rlboost.contracts.lengths import LengthModel, mix64
 from rlboost.contracts.perf import AcceleratorPerf, EngineModel, engine_model
 
@@ -160,8 +161,8 @@ def model_from_welcome(
     env = os.environ if env is None else env
     syn = model.get("synthetic") or {}
     table = {k: AcceleratorPerf(**v) for k, v in (syn.get("perf") or {}).items()}
-    acc = env.get("RLBOOST_ACCELERATOR") or syn.get("default_accelerator") or "cpu"
-    speed = float(env.get("RLBOOST_ENGINE_SPEED") or 1.0)
+    acc = env.get(Env.ACCELERATOR) or syn.get("default_accelerator") or "cpu"
+    speed = float(env.get(Env.ENGINE_SPEED) or 1.0)
     em = engine_model(acc, table, max_batch, speed=speed)
     lens = syn.get("lengths") or {}
     lm = LengthModel(

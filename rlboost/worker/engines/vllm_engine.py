@@ -30,6 +30,7 @@ from typing import Any
 import torch
 
 from rlboost.contracts.engine import FinishReason, GenRequest, OnTokens, check_requests
+from rlboost.contracts.env_names import Env
 from rlboost.contracts.spec import ModelSpec
 from rlboost.models import sampling_torch
 
@@ -104,7 +105,7 @@ class VllmEngine:
             raise ValueError(f"vllm engine dtype must be float32, bfloat16 or float16, got {dtype!r}")
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         # extra EngineArgs for this node, e.g. RLBOOST_VLLM_ARGS='{"tensor_parallel_size": 8}'
-        engine_kwargs = {**json.loads(os.environ.get("RLBOOST_VLLM_ARGS") or "{}"), **engine_kwargs}
+        engine_kwargs = {**json.loads(os.environ.get(Env.VLLM_ARGS) or "{}"), **engine_kwargs}
         # CUDA graphs pay off on a GPU; on a CPU build eager mode starts in seconds, not a minute
         engine_kwargs.setdefault("enforce_eager", not torch.cuda.is_available())
         from vllm import EngineArgs, LLMEngine

@@ -18,7 +18,7 @@ from rlboost.contracts.spec.loading import apply_overrides, load_spec, load_yaml
 from rlboost.contracts.spec.local import LocalSpec
 from rlboost.contracts.spec.model import ModelSpec
 from rlboost.contracts.spec.paths import resolve_paths
-from rlboost.contracts.spec.rollout import LengthSpec, RolloutSpec, SpotCandidate, SyntheticSpec
+from rlboost.contracts.spec.rollout import LengthSpec, RolloutSpec, SpeculativeSpec, SpotCandidate, SyntheticSpec
 from rlboost.contracts.spec.simulate import PerfSpec, SimulateSpec
 from rlboost.contracts.spec.sinks import LoggingSpec, WandbSpec, WeightsSpec
 from rlboost.contracts.spec.task import VERIFIER_NAMES, TaskSpec
@@ -39,6 +39,7 @@ __all__ = [
     "RolloutSpec",
     "SimulateSpec",
     "SpecError",
+    "SpeculativeSpec",
     "SpotCandidate",
     "Strict",
     "SyntheticSpec",

@@ -52,6 +52,17 @@ class SyntheticSpec(Strict):
     prompt_tokens: Annotated[int, Field(ge=1, le=1_000_000)] | None = None
 
 
+class SpeculativeSpec(Strict):
+    """Lossless speculative decoding (Seer-style, README: Speculative decoding): a drafter proposes up to
+    `max_tokens` tokens per response, the engine verifies them in one forward pass and keeps a drafted token
+    exactly when it equals the token the seeded sampling rule (contracts/sampling.py) draws there, so every
+    response is token for token the one plain decoding gives. `group` drafts from the response's GRPO
+    siblings and its prompt, `ngram` from its own prompt and tokens only, `none` never drafts."""
+
+    method: Literal["none", "group", "ngram"] = "none"
+    max_tokens: Annotated[int, Field(ge=1, le=64)] = 4
+
+
 class RolloutSpec(Strict):
     engine: Literal["torch", "vllm", "synthetic"] = "torch"
     candidates: list[SpotCandidate] = Field(default_factory=list)
@@ -86,6 +97,10 @@ class RolloutSpec(Strict):
     # the long ones into long rounds.
     tail_batching: bool = False
     tail_over_launch: Annotated[float, Field(gt=0, le=4)] = 0.25
+    # Seer-style context-aware scheduling: predict each unfinished response's remaining length from its
+    # finished GRPO siblings, start and migrate the longest first and spread a group's long ones.
+    sibling_scheduling: bool = False
+    speculative: SpeculativeSpec = SpeculativeSpec()
     # How often workers send generated tokens (seconds); larger = fewer frames at scale.
     flush_s: Annotated[float, Field(gt=0, le=10)] = 0.02
     synthetic: SyntheticSpec = SyntheticSpec()

@@ -1,0 +1,46 @@
+"""The adaptive speculation rule (rlboost/rollout/policies/speculation.py)."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from rlboost.rollout.policies.speculation import AcceptanceMeter, batch_step_cost, draft_length, expected_yield
+
+
+def test_expected_yield_matches_the_geometric_series():
+    assert expected_yield(0.5, 0) == 1.0
+    assert expected_yield(0.5, 2) == 1 + 0.5 + 0.25
+    assert expected_yield(1.0, 3) == 4.0
+    assert expected_yield(0.0, 5) == 1.0
+
+
+def test_it_speculates_in_the_tail_and_not_in_a_full_batch():
+    cost = batch_step_cost(64)
+    assert draft_length(0.6, live=64, max_tokens=4, step_cost=cost) == 0  # full batch: verification costs
+    assert draft_length(0.6, live=4, max_tokens=4, step_cost=cost) == 4  # tail: the forward pass is idle
+    assert draft_length(0.6, live=20, max_tokens=8, step_cost=cost) == 2  # 20 * 3 = 60 fits, 20 * 4 does not
+
+
+def test_no_drafting_when_nothing_is_accepted():
+    assert draft_length(0.0, live=1, max_tokens=8, step_cost=lambda n: 1.0 + 0.01 * n) == 0
+
+
+@given(st.floats(0, 1), st.integers(0, 300), st.integers(0, 16), st.integers(1, 256))
+def test_the_choice_is_never_slower_than_plain_decoding(accept, live, max_tokens, cap):
+    cost = batch_step_cost(cap)
+    k = draft_length(accept, live, max_tokens, cost)
+    assert 0 <= k <= max_tokens
+    if live:
+        assert expected_yield(accept, k) / cost(live * (k + 1)) >= 1 / cost(live) * (1 - 1e-9)
+
+
+def test_the_meter_moves_from_its_prior_toward_what_it_sees():
+    m = AcceptanceMeter(prior=0.5)
+    assert m.rate == 0.5
+    for _ in range(50):
+        m.update(drafted=4, accepted=4)
+    assert m.rate > 0.9
+    for _ in range(50):
+        m.update(drafted=4, accepted=0)
+    assert m.rate < 0.1

@@ -24,6 +24,7 @@ from rlboost.rollout.policies.dispatch import plan_dispatch
 from rlboost.rollout.policies.lengths import LengthStats
 from rlboost.rollout.policies.migration import MigrationConfig, may_gain, plan_migrations, worth_a_look
 from rlboost.rollout.policies.offload import OffloadPolicy, StepOutcome, StepProgress, offload_tick, step_progress
+from rlboost.rollout.policies.siblings import GroupLengths, SiblingModel
 from rlboost.rollout.policies.tick import TickCadence
 from rlboost.rollout.policies.views import ReqView
 from rlboost.rollout.pool import EnginePool, Item
@@ -31,6 +32,7 @@ from rlboost.rollout.pool import EnginePool, Item
 INF = float("inf")
 _NONE = np.zeros(0)
 _any = np.logical_or.reduce  # ndarray.any() without its Python-level wrapper (small arrays, often)
+QUEUE_LOOK = 8192  # sibling scheduling ranks this much of the queue's head (a step's responses, in practice)
 
 
 @dataclass(frozen=True)
@@ -42,6 +44,9 @@ class CoordinatorRules:
     migration: MigrationConfig | None
     stats: LengthStats  # finished lengths so far: every remaining-length prediction
     dispatch_mode: str = "rate"  # rate | spread
+    # rollout.sibling_scheduling: predictions from finished GRPO siblings (policies/siblings.py) order
+    # dispatch and migration, and dispatch spreads a group over engines
+    siblings: bool = False
 
 
 @dataclass
@@ -69,6 +74,8 @@ class Coordinator:
             rules.stats,
         )
         self.dispatch_mode = rules.dispatch_mode
+        self.siblings = SiblingModel(self.stats) if rules.siblings else None
+        self.group_lengths = GroupLengths({})
         self.marks: StepMarks | None = None
         self.last_step_s = 0.0  # the last step's length (ms): how often the next one ticks
         self.offloads = 0
@@ -107,6 +114,8 @@ class Coordinator:
         self.completed_groups = []
         self.unfinished_groups = []
         self._group_left = dict(groups)
+        if self.siblings is not None:
+            self.group_lengths = GroupLengths(groups)
         self.need_groups = need_groups
         self.share = share
         self.given = dict.fromkeys(share, 0) if share is not None else {}
@@ -165,6 +174,10 @@ class Coordinator:
         tokens[group] = tokens.get(group, 0) + length
         left = self._group_left[group] - 1
         self._group_left[group] = left
+        if self.siblings is not None:
+            got = self.group_lengths.add(group, length)
+            if left == 0:  # a complete group: how much its responses spread around their prompt's factor
+                self.siblings.spread.add_group(got)
         if left == 0:
             self.groups_done.append(group)
             self.completed_groups.append(group)
@@ -209,6 +222,9 @@ class Coordinator:
             return
         if self.share is not None and self._dispatch_shares(views, now):
             return
+        if self.siblings is not None:
+            self._dispatch_longest(views, now)
+            return
         free = sum(v.free for v in views)
         head = pool.queue_head(free)
         if not head:
@@ -226,6 +242,49 @@ class Coordinator:
             pool.put_back([i for i in head if i not in placed])
         if plan:
             pool.admit(plan, now)
+
+    def _dispatch_longest(self, views: list, now: float) -> None:
+        """Sibling scheduling: of the whole queue, the longest predicted start first (Seer's
+        longest-first), and each group's responses spread over engines (policies/dispatch.py)."""
+        pool = self.pool
+        free = sum(v.free for v in views)
+        head = pool.queue_head(min(pool.queue_len(), QUEUE_LOOK))
+        if not head:
+            return
+        reqs = pool.req_views(head, now)
+        groups = pool.groups(head)
+        exp = self.group_lengths.predict(
+            self.siblings,  # type: ignore[arg-type]
+            groups,
+            np.fromiter((r.generated for r in reqs), np.float64, len(reqs)),
+            np.fromiter((r.budget_left for r in reqs), np.float64, len(reqs)),
+        )
+        if exp is not None:
+            for r, x in zip(reqs, exp.tolist()):
+                r.expected_left = x
+        longest = sorted(range(len(reqs)), key=lambda k: -reqs[k].expected_left)[:free]
+        chosen = [head[k] for k in longest]
+        got = plan_dispatch(
+            [reqs[k] for k in longest],
+            views,
+            self.dispatch_mode,
+            avoid=pool.avoid(chosen),
+            groups={reqs[k].rid: groups[k] for k in longest},
+        )
+        plan = [(pool.item(rid), eid) for rid, eid in got]
+        placed = {i for i, _ in plan}
+        pool.put_back([i for i in head if i not in placed])
+        if plan:
+            pool.admit(plan, now)
+
+    def _expected(self, items: np.ndarray, generated: np.ndarray, budget_left: np.ndarray) -> np.ndarray:
+        """Remaining tokens of these responses: from their finished siblings under sibling scheduling
+        (once the model knows enough), else from the learned length distribution alone."""
+        if self.siblings is not None:
+            exp = self.group_lengths.predict(self.siblings, self.pool.groups(items), generated, budget_left)
+            if exp is not None:
+                return exp
+        return self.stats.expected_remaining(generated, budget_left)
 
     def _dispatch_shares(self, views: list, now: float) -> bool:
         """`split` baseline: each engine takes up to its share of the step; True when handled (the
@@ -306,10 +365,11 @@ class Coordinator:
         # one prediction for every source's responses (elementwise: the same numbers as one per source)
         if len(sources) == 1:
             h = sources[0][2]
-            exps = [self.stats.expected_remaining(h.generated, h.budget_left)]
+            exps = [self._expected(h.items, h.generated, h.budget_left)]
         else:
             cuts = np.cumsum([len(h.items) for _, _, h in sources])[:-1]
-            exp_all = self.stats.expected_remaining(
+            exp_all = self._expected(
+                np.concatenate([h.items for _, _, h in sources]) if self.siblings is not None else _NONE,
                 np.concatenate([h.generated for _, _, h in sources]),
                 np.concatenate([h.budget_left for _, _, h in sources]),
             )

@@ -70,6 +70,7 @@ class CoordinatorConfig:
     tick: TickCadence = field(default_factory=TickCadence)  # when offload and migration are reconsidered
     binary_tokens: bool = True  # ask workers for binary token frames
     flush_s: float = 0.02  # how often workers send tokens
+    sibling_scheduling: bool = False  # rollout.sibling_scheduling (rollout/policies/siblings.py)
 
 
 class LiveCoordinator(Coordinator):
@@ -79,7 +80,10 @@ class LiveCoordinator(Coordinator):
         stats = LengthStats(max(1, cfg.max_new_tokens or 1))
         self.pool: LivePool = LivePool(RolloutBook(cfg.eos_id), cfg.perf, stats, clock)
         super().__init__(
-            self.pool, CoordinatorRules(offload or NoOffload(), cfg.tick, cfg.migration, stats, cfg.dispatch_mode)
+            self.pool,
+            CoordinatorRules(
+                offload or NoOffload(), cfg.tick, cfg.migration, stats, cfg.dispatch_mode, cfg.sibling_scheduling
+            ),
         )
         self.cfg = cfg
         self.clock = clock

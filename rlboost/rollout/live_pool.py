@@ -252,6 +252,10 @@ class LivePool:
             for r, g, b, x in zip(items, gen.tolist(), left.tolist(), exp.tolist())
         ]
 
+    def groups(self, items: Sequence[Response | str] | np.ndarray) -> list[Hashable]:
+        rs = self.book.responses
+        return [(r if isinstance(r, Response) else rs[str(r)]).group for r in items]
+
     def avoid(self, items: Sequence[Response]) -> dict[str, set[str]]:
         out: dict[str, set[str]] = {}
         for c in self.engines.values():

@@ -108,6 +108,10 @@ class EnginePool(Protocol):
 
     def req_views(self, items: Sequence[Item], now: float) -> list[ReqView]: ...
 
+    def groups(self, items: Sequence[Item] | np.ndarray) -> list[Hashable]:
+        """Each response's GRPO group, as the coordinator's begin_step named them (sibling scheduling;
+        items as queue_head or Held gives them)."""
+
     def avoid(self, items: Sequence[Item]) -> dict[str, set[str]]:
         """Engines each may not go to (one it was migrated away from, one still aborting it)."""
 

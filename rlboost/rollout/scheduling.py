@@ -108,7 +108,14 @@ def coordinator_rules(
         migration = MigrationConfig()
     stats = LengthStats(spec.algorithm.max_new_tokens)
     mode = spec.rollout.dispatch_policy if dispatch is None else dispatch
-    return CoordinatorRules(offload_policy(spec, offload, overlap=overlap), tick_cadence(spec), migration, stats, mode)
+    return CoordinatorRules(
+        offload_policy(spec, offload, overlap=overlap),
+        tick_cadence(spec),
+        migration,
+        stats,
+        mode,
+        siblings=spec.rollout.sibling_scheduling,
+    )
 
 
 def coordinator_config(spec: JobSpec, eos_id: int) -> CoordinatorConfig:
@@ -132,6 +139,7 @@ def coordinator_config(spec: JobSpec, eos_id: int) -> CoordinatorConfig:
         perf=perf_table(spec),
         flush_s=spec.rollout.flush_s,
         tick=tick_cadence(spec),
+        sibling_scheduling=spec.rollout.sibling_scheduling,
     )
 
 

@@ -183,6 +183,11 @@ class ModelledPool:
         )
         return [ReqView(str(i), g, b, p, x, None, d) for i, g, b, p, x, d in zip(idx.tolist(), *cols)]
 
+    def groups(self, items: Sequence[int] | np.ndarray) -> list[Hashable]:
+        s = self.step
+        assert s is not None
+        return (np.asarray(items, dtype=np.int64) // s.group_size).tolist()
+
     def avoid(self, items: Sequence[int]) -> dict[str, set[str]]:
         s = self.step
         assert s is not None

@@ -51,6 +51,13 @@ class LengthStats:
             self._sorted_at = self._n
         return self._sorted, self._suffix
 
+    def quantiles(self, qs: Sequence[float]) -> list[float]:
+        """Quantiles of the finished lengths (the prior mean for every one before any is seen)."""
+        if not self._n:
+            return [self.prior_mean for _ in qs]
+        s, _ = self._prepare()
+        return [float(s[min(len(s) - 1, int(q * len(s)))]) for q in qs]
+
     def mean(self) -> float:
         return float(self._recent.mean()) if self._n else self.prior_mean
 

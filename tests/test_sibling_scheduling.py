@@ -177,29 +177,28 @@ def coordinator(pool: FakePool, siblings: bool, model: SiblingModel = MODEL) -> 
     return c
 
 
-def test_dispatch_starts_the_longest_predicted_of_the_whole_queue_first():
-    # the queue's head holds the short group's responses; a long group's wait behind them
+def dispatch_one_round(siblings: bool) -> FakePool:
+    """A queue whose head holds a short group's responses, a long group's waiting behind them; the
+    first of each group finished (200 and 12,000 tokens); one engine with two free slots."""
     items = [(f"short-{s}", "short", 0) for s in range(3)] + [(f"long-{s}", "long", 0) for s in range(3)]
-    pool = FakePool(items, [ev("a", 6)])  # two free slots
-    c = coordinator(pool, siblings=True)
+    pool = FakePool(items, [ev("a", 6)])
+    c = coordinator(pool, siblings=siblings)
     c.begin_step(0, 0.0, {"short": 4, "long": 4})
     c.response_done("short", 200)
     c.response_done("long", 12_000)
     c.dispatch(1.0)
+    return pool
+
+
+def test_dispatch_starts_the_longest_predicted_of_the_whole_queue_first():
+    pool = dispatch_one_round(siblings=True)
     assert sorted(r for r, _ in pool.admitted) == ["long-0", "long-1"]
     assert pool.queue == ["short-0", "short-1", "short-2", "long-2"]  # the rest keep their order
-
-    # the same step without sibling scheduling: the head of the queue, as before
-    pool = FakePool(items, [ev("a", 6)])
-    c = coordinator(pool, siblings=False)
-    c.begin_step(0, 0.0, {"short": 4, "long": 4})
-    c.response_done("short", 200)
-    c.response_done("long", 12_000)
-    c.dispatch(1.0)
-    assert sorted(r for r, _ in pool.admitted) == ["short-0", "short-1"]
+    # without sibling scheduling: the head of the queue, as before
+    assert sorted(r for r, _ in dispatch_one_round(siblings=False).admitted) == ["short-0", "short-1"]
 
 
-def test_off_by_default_and_set_from_the_job_file(tmp_path):
+def test_off_by_default_and_set_from_the_job_file():
     assert CoordinatorRules(NoOffload(), TickCadence(), None, LengthStats(10)).siblings is False
     spec = load_spec("examples/simulate/paper-h100.yaml")
     assert scheduling.coordinator_rules(spec).siblings is False

@@ -165,8 +165,10 @@ def test_token_frames_round_trip_and_reject_malformed():
 
 
 @pytest.mark.integration
-def test_workers_with_synthetic_engines_complete_a_step_through_binary_frames(tmp_path):
-    """Coordinator + weight publisher on loopback, two real WorkerAgents with synthetic engines."""
+@pytest.mark.parametrize("siblings", [False, True])
+def test_workers_with_synthetic_engines_complete_a_step_through_binary_frames(tmp_path, siblings):
+    """Coordinator + weight publisher on loopback, two real WorkerAgents with synthetic engines (with
+    sibling scheduling too: the queue outgrows the 16 slots, so its whole-queue dispatch runs live)."""
     torch = pytest.importorskip("torch")
     from rlboost.rollout.live import CoordinatorConfig, LiveCoordinator, RolloutRequest
     from rlboost.trainer.server import build_app
@@ -191,6 +193,7 @@ def test_workers_with_synthetic_engines_complete_a_step_through_binary_frames(tm
             engine_batch=8,
             eos_id=EOS,
             max_new_tokens=64,
+            sibling_scheduling=siblings,
         )
         coord = LiveCoordinator(cfg)
         pub = WeightPublisher()

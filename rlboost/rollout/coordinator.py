@@ -246,7 +246,8 @@ class Coordinator:
     def _dispatch_longest(self, views: list, now: float) -> None:
         """Sibling scheduling: of the whole queue, the longest predicted start first (Seer's
         longest-first), and each group's responses spread over engines (policies/dispatch.py)."""
-        pool = self.pool
+        pool, model = self.pool, self.siblings
+        assert model is not None
         free = sum(v.free for v in views)
         head = pool.queue_head(min(pool.queue_len(), QUEUE_LOOK))
         if not head:
@@ -254,7 +255,7 @@ class Coordinator:
         reqs = pool.req_views(head, now)
         groups = pool.groups(head)
         exp = self.group_lengths.predict(
-            self.siblings,  # type: ignore[arg-type]
+            model,
             groups,
             np.fromiter((r.generated for r in reqs), np.float64, len(reqs)),
             np.fromiter((r.budget_left for r in reqs), np.float64, len(reqs)),

@@ -11,6 +11,7 @@ the simulator's predictions mean something:
 - tail_batching.py RollPacker-style over-launch and long rounds
 - lengths.py       statistics of finished lengths (remaining-length predictions); the synthetic
                    workload's own lengths are rlboost/contracts/lengths.py
+- siblings.py      remaining lengths from a response's finished GRPO siblings (rollout.sibling_scheduling)
 - placement.py     which spot candidate to bid for next
 - fleet.py         how many spot workers to hold, by the job's objective
 - reconcile.py     launching toward the fleet's target, with per-candidate capacity backoff

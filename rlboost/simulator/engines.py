@@ -10,6 +10,7 @@ decodes at the batch's size until its last response ends.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from rlboost.contracts.perf import EngineModel
@@ -57,6 +58,7 @@ class ModelledEngine:
         "noticed",
         "offer",
         "offloaded",
+        "spec",
         "speed",
         "stall",
         "started",
@@ -92,6 +94,9 @@ class ModelledEngine:
         self.kill_at = INF  # when the market kills it (notice lead over)
         self.killed_at = INF  # the poll that killed it; the next poll reaps it and billing ends
         self.views: dict[tuple[int, bool], Any] = {}  # (load, accepting) -> ModelledPool.view_info
+        # where the job speculates: seconds per token of each live response at its load
+        # (simulator/speculation.py); None: one token per decode step
+        self.spec: Callable[[ModelledEngine], float] | None = None
 
     def advance(self, t: float) -> None:
         start = max(self.last, self.stall)
@@ -105,7 +110,10 @@ class ModelledEngine:
         return self.decoded + (t - start) / self.step_s if self.live and t > start else self.decoded
 
     def set_load(self) -> None:
-        self.step_s = self.model.step_time(self.batch_size()) / self.speed
+        if self.spec is None:
+            self.step_s = self.model.step_time(self.batch_size()) / self.speed
+        else:  # `decoded` then counts tokens per response, not decode steps
+            self.step_s = self.spec(self) / self.speed
 
     def batch_size(self) -> int:
         """Sequences a decode step runs: the live ones, or a static engine's whole batch while it runs."""
@@ -128,6 +136,7 @@ class Fleet:
 
     def __init__(self, static: bool) -> None:
         self.static = static  # the job's engine batches statically (torch)
+        self.spec: Callable[[ModelledEngine], float] | None = None  # given to every engine (ModelledEngine.spec)
         self.engines: list[ModelledEngine] = []
         self.alive: list[ModelledEngine] = []
         self.by_id: dict[str, ModelledEngine] = {}  # the coordinator names engines by id
@@ -135,6 +144,7 @@ class Fleet:
     def add(self, eid: str, kind: str, model: EngineModel, offer: Offer | None, t: float) -> ModelledEngine:
         assert eid not in self.by_id, f"two engines named {eid}"
         e = ModelledEngine(len(self.engines), eid, kind, model, offer, t, self.static)
+        e.spec = self.spec
         self.engines.append(e)
         self.alive.append(e)
         self.by_id[eid] = e

@@ -5,7 +5,9 @@ prefill pauses decoding (`stall`). Progress is counted in decode steps (`decoded
 admitted when the engine had run `p` steps and needing `m` more tokens ends when `decoded` reaches
 `p + m`: each engine keeps those targets in a heap and the replay schedules one event, its next end.
 A static engine (torch, rlboost/contracts/engine.py STATIC_BATCH_ENGINES) takes a batch only when empty and
-decodes at the batch's size until its last response ends.
+decodes at the batch's size until its last response ends. Where the job speculates
+(simulator/speculation.py) a step is a verification pass and `decoded` counts tokens per response: the
+engine's `step_s` is then seconds per token at its load (`spec`), the rest unchanged.
 """
 
 from __future__ import annotations

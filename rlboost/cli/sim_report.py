@@ -20,10 +20,15 @@ def ratio(a: float, b: float) -> str:
 def results_table(results: list[SimResult], title: str) -> Table:
     base = next((r for r in results if r.policy.name == "on-demand"), None)
     t = narrow_table(title)
-    cols = ("steps/h", "trained tok/s", "$", "tokens/$", "thr vs OD", "tok/$ vs OD", "preempt", "migrated")
+    cols: tuple[str, ...] = ("steps/h", "trained tok/s", "$", "tokens/$", "thr vs OD", "tok/$ vs OD", "preempt")
+    cols = (*cols, "migrated")
+    # speculative decoding's columns only where a replay speculated (rollout.speculative.method)
+    spec = any(r.speculation is not None for r in results)
+    if spec:
+        cols = (*cols, "tok/pass", "accepted")
     add_columns(t, "policy", *cols, numbers=cols)
     for r in results:
-        t.add_row(
+        row = [
             r.policy.name,
             f"{r.steps_per_hour:.1f}",
             f"{r.tokens_per_s:,.0f}",
@@ -33,7 +38,11 @@ def results_table(results: list[SimResult], title: str) -> Table:
             ratio(r.tokens_per_dollar, base.tokens_per_dollar) if base else "-",
             str(r.preemptions),
             str(r.migrations),
-        )
+        ]
+        if spec:
+            sp = r.speculation
+            row += [f"{sp['tokens_per_pass']:.2f}", f"{sp['acceptance']:.0%}"] if sp else ["1.00", "-"]
+        t.add_row(*row)
     t.caption = "; ".join(f"{r.policy.name}: {r.policy.label}" for r in results)
     return t
 
@@ -271,6 +280,13 @@ def results_json(results: list[SimResult]) -> list[dict]:
                 "time_scale": r.time_scale,
             }
         )
+        sp = r.speculation
+        if sp is not None:  # only where the replay speculated: other outputs stay as they were
+            out[-1]["speculation"] = {
+                "tokens_per_pass": round(sp["tokens_per_pass"], 4),
+                "acceptance": round(sp["acceptance"], 4),
+                "drafted_per_pass": round(sp["drafted_per_pass"], 4),
+            }
     return out
 
 

@@ -159,6 +159,15 @@ class EngineModel:
             per_gpu = 1.0
         return (self._t1 + self._slope * (per_gpu - 1.0)) / self.speed
 
+    def pass_time(self, tokens: int | float, live: int) -> float:
+        """Seconds of one forward pass over `tokens` tokens of `live` sequences (a speculative
+        verification pass: each sequence's last token and its drafted ones), costed as a decode step of
+        that many sequences (an upper bound: contracts/speculation_perf.py says why). A sequence's tokens
+        stay on one GPU: with fewer sequences than replicas each busy GPU runs tokens / live of them.
+        With one token per sequence it is step_time(live)."""
+        live = max(1, live)
+        return self.step_time(tokens * max(live, self.replicas) / live)
+
     def rate(self, n: int | float) -> float:
         """Aggregate tokens/s with n live sequences."""
         return 0.0 if n <= 0 else n / self.step_time(n)

@@ -11,7 +11,8 @@ the same scheduling core (rlboost/rollout/) as the live process:
     CoreShare         (cores.py)               a local job's processes sharing this machine's cores
 
 and the models of what it does not run: engines (engines.py: continuous batching at step_time(n),
-prefill stalls; a torch engine batches statically, each batch after a dispatch round trip), training
+prefill stalls; a torch engine batches statically, each batch after a dispatch round trip; speculative
+decoding where the job asks, speculation.py), training
 (tokens / train rate), boots, weight pulls and the step's fixed overhead (`simulate:` in the job file).
 `README.md` ("One decision path") names the functions the live system and the replay both call.
 

@@ -5,11 +5,14 @@ prefill pauses decoding (`stall`). Progress is counted in decode steps (`decoded
 admitted when the engine had run `p` steps and needing `m` more tokens ends when `decoded` reaches
 `p + m`: each engine keeps those targets in a heap and the replay schedules one event, its next end.
 A static engine (torch, rlboost/contracts/engine.py STATIC_BATCH_ENGINES) takes a batch only when empty and
-decodes at the batch's size until its last response ends.
+decodes at the batch's size until its last response ends. Where the job speculates
+(simulator/speculation.py) a step is a verification pass and `decoded` counts tokens per response: the
+engine's `step_s` is then seconds per token at its load (`spec`), the rest unchanged.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from rlboost.contracts.perf import EngineModel
@@ -57,6 +60,7 @@ class ModelledEngine:
         "noticed",
         "offer",
         "offloaded",
+        "spec",
         "speed",
         "stall",
         "started",
@@ -92,6 +96,9 @@ class ModelledEngine:
         self.kill_at = INF  # when the market kills it (notice lead over)
         self.killed_at = INF  # the poll that killed it; the next poll reaps it and billing ends
         self.views: dict[tuple[int, bool], Any] = {}  # (load, accepting) -> ModelledPool.view_info
+        # where the job speculates: seconds per token of each live response at its load
+        # (simulator/speculation.py); None: one token per decode step
+        self.spec: Callable[[ModelledEngine], float] | None = None
 
     def advance(self, t: float) -> None:
         start = max(self.last, self.stall)
@@ -105,7 +112,10 @@ class ModelledEngine:
         return self.decoded + (t - start) / self.step_s if self.live and t > start else self.decoded
 
     def set_load(self) -> None:
-        self.step_s = self.model.step_time(self.batch_size()) / self.speed
+        if self.spec is None:
+            self.step_s = self.model.step_time(self.batch_size()) / self.speed
+        else:  # `decoded` then counts tokens per response, not decode steps
+            self.step_s = self.spec(self) / self.speed
 
     def batch_size(self) -> int:
         """Sequences a decode step runs: the live ones, or a static engine's whole batch while it runs."""
@@ -128,6 +138,7 @@ class Fleet:
 
     def __init__(self, static: bool) -> None:
         self.static = static  # the job's engine batches statically (torch)
+        self.spec: Callable[[ModelledEngine], float] | None = None  # given to every engine (ModelledEngine.spec)
         self.engines: list[ModelledEngine] = []
         self.alive: list[ModelledEngine] = []
         self.by_id: dict[str, ModelledEngine] = {}  # the coordinator names engines by id
@@ -135,6 +146,7 @@ class Fleet:
     def add(self, eid: str, kind: str, model: EngineModel, offer: Offer | None, t: float) -> ModelledEngine:
         assert eid not in self.by_id, f"two engines named {eid}"
         e = ModelledEngine(len(self.engines), eid, kind, model, offer, t, self.static)
+        e.spec = self.spec
         self.engines.append(e)
         self.alive.append(e)
         self.by_id[eid] = e

@@ -27,6 +27,7 @@ from rlboost.simulator.cores import CoreShare
 from rlboost.simulator.engines import Fleet, MemoView, ModelledEngine
 from rlboost.simulator.events import INF, EventQueue
 from rlboost.simulator.presets import SimPolicy
+from rlboost.simulator.speculation import Speculation
 from rlboost.simulator.step_state import StepState
 
 _any = np.logical_or.reduce  # ndarray.any() without its Python-level wrapper (small arrays, often)
@@ -53,6 +54,15 @@ class ModelledPool:
         self.restarted_tokens = 0  # tokens thrown away (restart policy, tail batching)
         self._pnow_key: tuple | None = None
         self._pnow = np.zeros(0)
+        sp = spec.rollout.speculative
+        # speculative decoding where the job asks for it and the policy models it (`sync`: veRL's default)
+        self.speculation = (
+            Speculation(sp.method, sp.max_tokens, lambda: self.step)
+            if policy.speculate and sp.method != "none"
+            else None
+        )
+        if self.speculation is not None:
+            fleet.spec = self.speculation.seconds_per_token
         cores.reschedule = self.schedule
         q.on("ready", self.on_ready)
         q.on("tick", self.on_tick)
@@ -313,8 +323,11 @@ class ModelledPool:
             self.complete(s, i)
         if finished:
             self.coord.slots_changed()
-        n = e.batch_n if e.static and live else len(live)  # e.set_load(), inlined: once per engine event
-        e.step_s = e.model.step_time(max(1, n)) / e.speed
+        if e.spec is None:
+            n = e.batch_n if e.static and live else len(live)  # e.set_load(), inlined: once per engine event
+            e.step_s = e.model.step_time(max(1, n)) / e.speed
+        else:
+            e.set_load()
         self.schedule(e)
         if finished:
             self._after_completions(s)
@@ -327,6 +340,12 @@ class ModelledPool:
         s.held[i] = end
         s.open -= 1
         self.coord.response_done(i // s.group_size, end)
+        if self.speculation is not None:  # its siblings now draft from more of the group's text
+            for idx in self.speculation.siblings(s, i):
+                e = self.fleet.engines[idx]
+                e.advance(self.q.now)
+                e.set_load()
+                self.schedule(e)
 
     def _after_completions(self, s: StepState) -> None:
         if self.coord.abandon_due(s.open):

@@ -25,6 +25,8 @@ class SimPolicy:
     # how many of max_workers to hold: None = all of them (a fixed fleet), "job" = the job file's
     # rollout.objective, or "cost" / "throughput" (rlboost/rollout/policies/fleet.py, as the controller)
     objective: str | None = None
+    # decode with the job file's rollout.speculative (False: never, as veRL's default for `sync`)
+    speculate: bool = True
     label: str = ""
 
 
@@ -39,6 +41,7 @@ PRESETS: dict[str, SimPolicy] = {
             False,
             spot=False,
             sync=True,
+            speculate=False,
             label="synchronous colocated step (veRL/TRL): generate, logprobs, train, sync weights",
         ),
         SimPolicy(

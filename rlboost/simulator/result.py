@@ -37,6 +37,24 @@ class SimResult:
         return self.trained_tokens / self.dollars if self.dollars > 0 else 0.0
 
     @property
+    def speculation(self) -> dict[str, float] | None:
+        """Speculative decoding over the replay's steps (None: it did not speculate): tokens per response
+        per verification pass (1.0 = plain decoding), the share of drafted tokens accepted, and the
+        counts (response-passes, drafted, accepted)."""
+        per_step = [x["speculation"] for x in self.step_log if "speculation" in x]
+        if not per_step:
+            return None
+        passes, drafted, accepted = (sum(x[k] for x in per_step) for k in ("passes", "drafted", "accepted"))
+        return {
+            "tokens_per_pass": (passes + accepted) / passes if passes > 0 else 1.0,
+            "acceptance": accepted / drafted if drafted > 0 else 0.0,
+            "drafted_per_pass": drafted / passes if passes > 0 else 0.0,
+            "passes": passes,
+            "drafted": drafted,
+            "accepted": accepted,
+        }
+
+    @property
     def mean_spot_workers(self) -> float:
         """Spot workers held (booting or serving), averaged over the job's time."""
         if not self.timeline or self.job_s <= 0:

@@ -75,6 +75,7 @@ class TrainerReplay:
         self.first_step_t: float | None = None
         self.last_step_end = 0.0
         self.step_log: list[dict] = []
+        self._spec_seen = {"passes": 0.0, "drafted": 0.0, "accepted": 0.0}  # speculation totals at the last step end
         self.pool.hooks = StepHooks(self.generation_done, self._abandoned)
         self.pool.trainer_may_train = self.train_more
         coordinator.on_group_done = lambda: self.train_more(self.pool.step)  # type: ignore[arg-type]
@@ -217,6 +218,10 @@ class TrainerReplay:
                 "long": bool(s.tail_round.long) if s.tail_round is not None else False,
             }
         )
+        if self.pool.speculation is not None:  # only then: a replay without it records what it always did
+            now_totals = self.pool.speculation.totals.as_dict()
+            self.step_log[-1]["speculation"] = {k: round(v - self._spec_seen[k], 3) for k, v in now_totals.items()}
+            self._spec_seen = now_totals
         self.trained_tokens += total
         self.steps_done += 1
         self.last_step_end = now

@@ -12,17 +12,18 @@ would otherwise hold one worker per core the trainer leaves free). Every step st
 workers and the reserved engine hold its weights (RLBOOST_WAIT_ENGINES), so boot time is not
 measured; a step that started without them fails the run. Per run: the median step time over steps
 2.. (step 1 runs on the offload policy's prior for the training rate; from step 2 on, on the measured
-rate); per policy: the median of the runs. Prints both and the ratio none / predictive (> 1: the
-offload pays). CPU-bound: the numbers mean something only on an otherwise idle machine.
+rate); per policy: the median of the runs, which alternate between the policies. Prints both and the
+ratio none / predictive (> 1: the offload pays). CPU-bound: the numbers mean something only on an
+otherwise idle machine.
 
 The simulator's prediction of the same ratio, for the same job files: before the live runs, one
 process on this machine measures tiny-gpt's component rates (decode tokens/s of one sequence and of a
 full engine batch, prefill tokens/s, GRPO training tokens/s, the optimizer step) and writes them into
 the job file's `perf:` and `simulate:` sections, which the live runs use as their priors too. After
 them, `rlboost simulate` replays both job files with 2 constant workers and the response lengths the
-live runs recorded (`--lengths`). Nothing is fitted to the live step times: the rates come from
-single-process measurements (the live job shares 2 cores between 4 processes, which the model does
-not know).
+live runs recorded (`--lengths`); as for any local tiny-gpt job it measures the rest of the platform
+itself (the cores the processes share, the torch engine's dispatch round trip, the trainer's serving
+cost; the job file's values stand). Nothing is fitted to the live step times.
 """
 
 from __future__ import annotations
@@ -191,12 +192,11 @@ def main() -> None:
         args.n_layer, args.n_embd, args.engine_batch, args.warm_start_steps = 1, 32, 4, 2
     calibration = calibrate(args)
     print(f"calibration (one process, this machine): {json.dumps(calibration)}", flush=True)
-    results: dict[str, list[dict]] = {}
+    results: dict[str, list[dict]] = {"predictive": [], "none": []}
     with tempfile.TemporaryDirectory(prefix="bench-offload-lengths-") as d:
         lengths = Path(d) / "rollouts.jsonl"
-        for policy in ("predictive", "none"):
-            results[policy] = []
-            for i in range(args.runs):
+        for i in range(args.runs):
+            for policy in results:  # alternating: load from elsewhere on the shared cores hits both alike
                 r = one_run(policy, i, args, calibration, lengths)
                 results[policy].append(r)
                 print(

@@ -6,6 +6,8 @@
 The model is Qwen2.5-0.5B's architecture (24 layers, hidden 896, 14 heads / 2 KV heads, MLP 4864,
 vocabulary 151,936, tied embeddings: 494 M parameters) with random weights and a tokenizer trained
 here (nothing is downloaded); `--small` swaps in a 2-layer model so the script can be tried on a CPU.
+Without a CUDA GPU (and without `--small`) it prints that it skipped and exits 0; `--smoke` runs either
+command at its smallest size (the CI smoke tier, tests/test_benchmarks_smoke.py).
 
 `parts` measures, on the GPU:
 - the torch engine in bf16: generated tokens/s at two batch sizes, and whether a response continued
@@ -463,7 +465,22 @@ def main() -> None:
     j.add_argument("--engine-batch", type=int, default=128)
     j.add_argument("--timeout", type=float, default=600)
     j.add_argument("--out", type=Path)
+    for sp in (p, j):
+        sp.add_argument("--smoke", action="store_true", help="the smallest sizes (CI's smoke tier); needs a GPU too")
     args = ap.parse_args()
+    import torch
+
+    if not args.small and not torch.cuda.is_available():
+        # CI and CPU machines: nothing to measure, and not a failure (`--small` tries it on the CPU)
+        print("bench_gpu: no CUDA GPU here (torch.cuda.is_available() is False): skipped", flush=True)
+        return
+    if args.smoke:
+        args.small = True
+        args.new_tokens, args.group_size = 8, 2
+        if args.cmd == "parts":
+            args.batches, args.groups, args.skip_nccl = [2, 4], 2, True
+        else:
+            args.prompts, args.steps, args.engine_batch, args.timeout = 2, 2, 8, min(args.timeout, 300)
     {"parts": parts, "job": job}[args.cmd](args)
 
 

@@ -4,22 +4,26 @@ trainer's engine hands its tail to the spot workers and the trainer trains finis
 and off (`none`: the trainer's engine generates until the step's last response, then it trains).
 
     .venv/bin/python benchmarks/bench_offload_live.py [--runs 3] [--steps 6] [--max-new-tokens 64]
+    .venv/bin/python benchmarks/bench_offload_live.py --smoke   # the smallest job: checks it runs
 
-Each run is a real `rlboost launch` (trainer, reserved engine and workers as local processes). Every
-step starts only once both workers and the reserved engine hold its weights (RLBOOST_WAIT_ENGINES),
-so boot time is not measured. Per run: the median step time over steps 2.. (step 1 runs on the offload
-policy's prior for the training rate; from step 2 on, on the measured rate); per policy: the median
-of the runs. Prints both and the ratio none / predictive (> 1: the offload pays). CPU-bound: the
-numbers mean something only on an otherwise idle machine.
+Each run is a real `rlboost launch` (trainer, reserved engine and workers as local processes). The
+fleet is fixed (min_workers = max_workers = --workers: on a machine with fewer free cores the fleet
+would otherwise hold one worker per core the trainer leaves free). Every step starts only once all
+workers and the reserved engine hold its weights (RLBOOST_WAIT_ENGINES), so boot time is not
+measured; a step that started without them fails the run. Per run: the median step time over steps
+2.. (step 1 runs on the offload policy's prior for the training rate; from step 2 on, on the measured
+rate); per policy: the median of the runs, which alternate between the policies. Prints both and the
+ratio none / predictive (> 1: the offload pays). CPU-bound: the numbers mean something only on an
+otherwise idle machine.
 
 The simulator's prediction of the same ratio, for the same job files: before the live runs, one
 process on this machine measures tiny-gpt's component rates (decode tokens/s of one sequence and of a
 full engine batch, prefill tokens/s, GRPO training tokens/s, the optimizer step) and writes them into
 the job file's `perf:` and `simulate:` sections, which the live runs use as their priors too. After
 them, `rlboost simulate` replays both job files with 2 constant workers and the response lengths the
-live runs recorded (`--lengths`). Nothing is fitted to the live step times: the rates come from
-single-process measurements (the live job shares 2 cores between 4 processes, which the model does
-not know).
+live runs recorded (`--lengths`); as for any local tiny-gpt job it measures the rest of the platform
+itself (the cores the processes share, the torch engine's dispatch round trip, the trainer's serving
+cost; the job file's values stand). Nothing is fitted to the live step times.
 """
 
 from __future__ import annotations
@@ -60,6 +64,9 @@ def job_dict(name: str, policy: str, args: argparse.Namespace, calibration: dict
         "trainer": {"hourly_price": 10.0, "accelerators": ACCELERATOR},
         "model": {"block_size": 4 * args.max_new_tokens, "n_layer": args.n_layer, "n_embd": args.n_embd},
         "rollout": {
+            # a fixed fleet: on a machine with fewer free cores than workers the fleet would hold fewer
+            # (one per core the trainer leaves free) and every step would wait for the missing ones
+            "min_workers": args.workers,
             "max_workers": args.workers,
             "engine_batch": args.engine_batch,
             "offload_policy": policy,
@@ -110,7 +117,12 @@ def one_run(policy: str, i: int, args: argparse.Namespace, calibration: dict, le
         tmp = Path(d)
         home = tmp / "home"
         name = f"bo-{policy}-{i}"
-        env = {**os.environ, "RLBOOST_HOME": str(home), "RLBOOST_WAIT_ENGINES": str(args.workers)}
+        env = {
+            **os.environ,
+            "RLBOOST_HOME": str(home),
+            "RLBOOST_WAIT_ENGINES": str(args.workers),
+            "RLBOOST_WAIT_ENGINES_S": str(args.wait_engines_s),
+        }
         env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
         job = write_job(tmp, job_dict(name, policy, args, calibration))
         proc = subprocess.run(
@@ -125,6 +137,9 @@ def one_run(policy: str, i: int, args: argparse.Namespace, calibration: dict, le
         store = StateStore(home / "state.db")
         steps = store.steps(store.get_job(name).id)
         store.close()
+        short = [s.step for s in steps if (s.spot_workers or 0) < args.workers]
+        if short:  # a step that gave up waiting for its workers measures another job
+            raise SystemExit(f"{name}: steps {short} started with fewer than {args.workers} spot workers")
         with lengths.open("a") as out:
             for rec in home.rglob("rollouts.jsonl"):
                 out.write(rec.read_text())
@@ -168,16 +183,20 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--warm-start-steps", type=int, default=20)
     ap.add_argument("--timeout", type=float, default=1800)
+    ap.add_argument("--wait-engines-s", type=float, default=120, help="a step's wait for all workers before failing")
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--smoke", action="store_true", help="the smallest job, one run each (the CI smoke tier)")
     args = ap.parse_args()
+    if args.smoke:  # every part runs (calibration, both policies, the replays); the figures mean nothing
+        args.runs, args.steps, args.prompts, args.group_size, args.max_new_tokens = 1, 2, 4, 2, 8
+        args.n_layer, args.n_embd, args.engine_batch, args.warm_start_steps = 1, 32, 4, 2
     calibration = calibrate(args)
     print(f"calibration (one process, this machine): {json.dumps(calibration)}", flush=True)
-    results: dict[str, list[dict]] = {}
+    results: dict[str, list[dict]] = {"predictive": [], "none": []}
     with tempfile.TemporaryDirectory(prefix="bench-offload-lengths-") as d:
         lengths = Path(d) / "rollouts.jsonl"
-        for policy in ("predictive", "none"):
-            results[policy] = []
-            for i in range(args.runs):
+        for i in range(args.runs):
+            for policy in results:  # alternating: load from elsewhere on the shared cores hits both alike
                 r = one_run(policy, i, args, calibration, lengths)
                 results[policy].append(r)
                 print(

@@ -1,8 +1,9 @@
 """`rlboost simulate JOB` against `rlboost launch JOB` of a local job (default: examples/local.yaml),
 each run several times, alternating: dollars and trained tokens/s (steps 2..N), medians and their ratio.
 
-    .venv/bin/python benchmarks/bench_sim_local.py --runs 3 [--job examples/local.yaml] [--workers N] [--json]
+    .venv/bin/python benchmarks/bench_sim_local.py --runs 3 [--job examples/local.yaml] [--workers N] [--steps N]
 
+(--json: the runs and medians as JSON.) --steps N overrides the job's algorithm.steps.
 --workers N holds exactly N spot workers (min_workers = max_workers = N; 0: the trainer alone), to
 take the job's fleet policy out of the comparison and see what each worker adds, live and simulated.
 
@@ -58,10 +59,14 @@ def simulated(job: Path) -> dict:
     }
 
 
-def with_workers(job: Path, n: int, out_dir: Path) -> Path:
-    """The job file with exactly n spot workers (its trace and other paths still resolve)."""
+def with_overrides(job: Path, workers: int | None, steps: int | None, out_dir: Path) -> Path:
+    """The job file with exactly `workers` spot workers and `steps` steps, where given (its trace and
+    other paths still resolve)."""
     raw = yaml.safe_load(job.read_text())
-    raw["rollout"].update({"min_workers": n, "max_workers": n})
+    if workers is not None:
+        raw["rollout"].update({"min_workers": workers, "max_workers": workers})
+    if steps is not None:
+        raw["algorithm"]["steps"] = steps
     trace = raw.get("local", {}).get("trace")
     if trace:
         raw["local"]["trace"] = str((job.parent / trace).resolve())
@@ -75,10 +80,11 @@ def main() -> None:
     ap.add_argument("--job", type=Path, default=ROOT / "examples" / "local.yaml")
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--workers", type=int, default=None, help="hold exactly N spot workers")
+    ap.add_argument("--steps", type=int, default=None, help="algorithm.steps (default: the job file's)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
-    if args.workers is not None:
-        args.job = with_workers(args.job, args.workers, Path(tempfile.mkdtemp()))
+    if args.workers is not None or args.steps is not None:
+        args.job = with_overrides(args.job, args.workers, args.steps, Path(tempfile.mkdtemp()))
     runs: dict[str, list[dict]] = {"live": [], "simulated": []}
     for i in range(args.runs):
         runs["live"].append(live(args.job))

@@ -10,10 +10,14 @@ threaded on purpose (torch.set_num_threads(1)), as a trainer process on a 2-core
 from __future__ import annotations
 
 import argparse
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's rlboost, as the other scripts
 
 from rlboost.contracts.spec import JobSpec
 from rlboost.models.torch_engine import TorchEngine

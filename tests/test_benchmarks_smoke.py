@@ -43,10 +43,12 @@ SMOKE = [
     Smoke("bench_paper.py", "--steps 3", (rf"\| hf \| 2 \| rlboost \| {NUM} \|", r"largest spread: .*% \(within 5%\)")),
     Smoke("bench_policies.py", "--jobs examples/simulate/gcp-a100.yaml --hours 1 --policies on-demand rlboost",
           (rf"\| rlboost \| {NUM} \| {NUM} \|",)),
+    Smoke("bench_siblings.py", "--steps 1 --workers 1", (rf"\| paper-h100 \| 1 \| on \| {NUM} \| {NUM}x",)),
     Smoke("bench_sim_local.py", "--runs 1 --workers 1 --steps 3", (rf"tokens_per_s +{NUM} +{NUM} +{NUM}",)),
     Smoke("bench_sim_speed.py", "replay-cpu -n 1 --hours 0.25", (rf"median of 1: {NUM} CPU s",)),
     Smoke("bench_sim_speed.py", "time -n 1 -- {python} -m rlboost.cli.main simulate examples/simulate/gcp-a100.yaml "
           "--hours 0.25 --json", (rf"median of 1: wall {NUM} s, CPU {NUM} s",)),
+    Smoke("bench_tail.py", "--smoke", (rf"\| paper \| 1 \| rlboost \| group \| {NUM} \| {NUM}x", r"The critical path")),
     Smoke("bench_weight_broadcast.py", "--mib 8 --members 2 --runs 1", (rf"ratio broadcast/HTTP {NUM}",)),
     Smoke("bench_weights.py", "fanout --mib 2 --workers 2 --runs 1", (rf'"bench": "fanout".*"time_ratio": {NUM}',)),
     Smoke("bench_weights.py", "delta --mlp-params 1048576 --runs 1",

@@ -4,7 +4,6 @@ where nothing drafts; in a replay that speculates the trainer's engine hands ove
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
@@ -20,10 +19,10 @@ from rlboost.rollout.policies.speculation import draft_length, expected_yield
 from rlboost.simulator import PRESETS
 from rlboost.simulator import cli as sim_cli
 from rlboost.simulator.modelled_pool import ModelledPool
+from tests.test_sim_speculation import _job as speculating_job
 
 H100 = EngineModel.for_accelerator(DEFAULT_PERF["H100"], count=1, max_batch=128)
 NODE = EngineModel.for_accelerator(DEFAULT_PERF["H100"], count=8, max_batch=128)
-PAPER = Path(__file__).resolve().parents[1] / "examples/simulate/paper-h100.yaml"
 
 
 def test_nothing_drafted_changes_nothing():
@@ -111,13 +110,9 @@ def test_the_predictive_offload_hands_over_sooner_when_the_tail_drafts():
 
 
 def _job(tmp_path: Path, method: str) -> Path:
-    doc = yaml.safe_load(PAPER.read_text())
-    data = tmp_path / "prompts.jsonl"
-    data.write_text("".join(json.dumps({"question": f"q{i}", "answer": "1"}) + "\n" for i in range(512)))
-    doc["task"]["path"] = str(data)
-    doc["algorithm"]["prompts_per_step"] = 64  # small: the test is about the mechanism
-    doc["rollout"]["speculative"] = {"method": method, "max_tokens": 4}
-    job = tmp_path / f"{method}.yaml"
+    job = speculating_job(tmp_path, method)  # the paper's job, small
+    doc = yaml.safe_load(job.read_text())
+    doc["algorithm"]["prompts_per_step"] = 64  # enough that the trainer's engine has a tail to hand over
     job.write_text(yaml.safe_dump(doc))
     return job
 

@@ -272,19 +272,37 @@ def _speculative_times(
     """pool_finish_s's seconds per token at each load k/gpus when the engines draft. A pass over x tokens
     per GPU costs a decode step of x sequences (EngineModel.pass_time); a sequence's tokens stay on one
     GPU, so below one sequence per GPU each busy GPU runs one. The pass cost is flat and then linear in x,
-    so the chosen K falls as the load rises: from the first load that drafts nothing on, st stands."""
+    so the K the rule picks falls as the load rises: it is asked only where K may change (bisection),
+    and where it is 0 st stands."""
     t1, slope, batch, full = shape
+    per_seq = np.maximum(load, 1.0)
 
-    def per_gpu(x: float) -> float:
-        return t1 + slope * max(x - 1.0, 0.0) if x <= batch else x / batch * full
+    def per_gpu(x: np.ndarray | float) -> np.ndarray:
+        x = np.asarray(x, dtype=np.float64)
+        return np.where(x <= batch, t1 + slope * np.maximum(x - 1.0, 0.0), x / batch * full)
 
+    def k_at(j: int) -> int:
+        u = float(per_seq[j])
+        return draft_length(d.accept, j + 1, d.max_tokens, lambda n, k=j + 1: float(per_gpu(n / k * u)))
+
+    ks = np.zeros(load.size, dtype=np.int64)
+    spans = [(0, load.size - 1, k_at(0), k_at(load.size - 1))]
+    while spans:
+        lo, hi, k_lo, k_hi = spans.pop()
+        ks[lo], ks[hi] = k_lo, k_hi
+        if k_lo == k_hi:
+            ks[lo : hi + 1] = k_lo
+        elif hi - lo > 1:
+            mid = (lo + hi) // 2
+            k_mid = k_at(mid)
+            spans += [(lo, mid, k_lo, k_mid), (mid, hi, k_mid, k_hi)]
+    drafting = ks > 0
+    if not drafting.any():
+        return st
     out = st.copy()
-    for j in range(load.size):
-        k, per_seq = j + 1, max(float(load[j]), 1.0)
-        draft = draft_length(d.accept, k, d.max_tokens, lambda n, k=k, u=per_seq: per_gpu(n / k * u))
-        if draft == 0:
-            break
-        out[j] = per_gpu(per_seq * (draft + 1)) / expected_yield(d.accept, draft)
+    k = ks[drafting]
+    yields = np.array([expected_yield(d.accept, int(x)) for x in range(d.max_tokens + 1)])
+    out[drafting] = per_gpu(per_seq[drafting] * (k + 1)) / yields[k]
     return out
 
 

@@ -324,6 +324,7 @@ class Coordinator:
             reserved_context=p.reserved_context,
             reserved_rate=p.reserved_rate,
             stats=self.stats,
+            drafting=self.pool.drafting(),
         )
 
     def offload_now(self, now: float, reserved: list[str]) -> None:

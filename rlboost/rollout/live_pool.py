@@ -26,7 +26,7 @@ from rlboost.contracts.perf import AcceleratorPerf, EngineModel, engine_model
 from rlboost.rollout.book import Response, RolloutBook
 from rlboost.rollout.policies.lengths import LengthStats
 from rlboost.rollout.policies.views import EngineView, ReqView
-from rlboost.rollout.pool import EngineInfo, Held, ProgressInputs
+from rlboost.rollout.pool import Drafting, EngineInfo, Held, ProgressInputs
 
 log = logging.getLogger("rlboost.coordinator")
 
@@ -200,6 +200,11 @@ class LivePool:
             reserved_context=float(ctx),
             reserved_rate=sum(e.tokens_per_s for e in views if e.kind == "reserved"),
         )
+
+    def drafting(self) -> Drafting | None:
+        """None: the offload policy predicts plain decoding. The engines' acceptance comes from the
+        drafted and accepted token counts they report; it is wired here where those reports arrive."""
+        return None
 
     # ---- EnginePool: dispatch --------------------------------------------------------------------
     def open_engines(self, now: float) -> list[EngineView]:

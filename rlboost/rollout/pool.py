@@ -16,6 +16,7 @@ from typing import Protocol
 
 import numpy as np
 
+from rlboost.rollout.policies.offload import Drafting
 from rlboost.rollout.policies.views import EngineView, ReqView
 
 Item = Hashable  # a pool's handle of one response of the step
@@ -94,6 +95,10 @@ class EnginePool(Protocol):
         """Responses waiting for an engine."""
 
     def progress_inputs(self, now: float) -> ProgressInputs: ...
+
+    def drafting(self) -> Drafting | None:
+        """How the engines speculate: their measured acceptance and most drafted tokens per pass, which
+        the offload policy's prediction of the remote pool's finish uses (None: plain decoding)."""
 
     # ---- dispatch -----------------------------------------------------------------------------------
     def open_engines(self, now: float) -> list[EngineView]:

@@ -22,7 +22,7 @@ from rlboost.contracts.perf import SYNC_COSTS
 from rlboost.contracts.spec import JobSpec
 from rlboost.rollout.coordinator import Coordinator
 from rlboost.rollout.policies.views import EngineView, ReqView
-from rlboost.rollout.pool import EngineInfo, Held, ProgressInputs
+from rlboost.rollout.pool import Drafting, EngineInfo, Held, ProgressInputs
 from rlboost.simulator.cores import CoreShare
 from rlboost.simulator.engines import Fleet, MemoView, ModelledEngine
 from rlboost.simulator.events import INF, EventQueue
@@ -530,3 +530,9 @@ class ModelledPool:
             reserved_context=float((s.prompt_len[open_idx] + gen)[on_reserved].sum()),
             reserved_rate=sum(e.model.rate(len(e.live)) for e in reserved),
         )
+
+    def drafting(self) -> Drafting | None:
+        """The engines' measured acceptance (Speculation.meter: the drafted and accepted tokens they
+        would report) where the replay speculates, as the live pool's engines report theirs."""
+        sp = self.speculation
+        return None if sp is None else Drafting(sp.meter.rate, sp.max_tokens)

@@ -14,6 +14,10 @@ Deterministic: expected values, no random draws, so every replay reproduces.
 
 A sibling finishing changes the acceptance of its group's other responses: ModelledPool calls
 `siblings_changed` so that their engines re-pick K and re-time their next event at once.
+
+The drafted and accepted tokens counted per engine also feed an `AcceptanceMeter` (the live
+coordinator's estimator), which ModelledPool.drafting hands the offload policy: the acceptance measured
+where engines draft, i.e. in a step's tail, where more siblings have finished than at its start.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from rlboost.contracts.speculation_perf import ACCEPTANCE, AcceptanceModel
-from rlboost.rollout.policies.speculation import draft_length, expected_yield
+from rlboost.rollout.policies.speculation import AcceptanceMeter, draft_length, expected_yield
 
 if TYPE_CHECKING:
     from rlboost.simulator.engines import ModelledEngine
@@ -65,6 +69,9 @@ class Speculation:
     ) -> None:
         self.method, self.max_tokens, self.step, self.acceptance = method, max_tokens, step, acceptance
         self.totals = SpeculationTotals()
+        # what the engines' reports of drafted and accepted tokens measure, as the live coordinator's
+        # meter would: the acceptance where drafting happens (a step's tail), for the offload policy
+        self.meter = AcceptanceMeter(prior=acceptance.rate(method, 0.0))
         self._loads: dict[int, _Load] = {}
         self._yields: dict[tuple[float, int], float] = {}
 
@@ -82,6 +89,8 @@ class Speculation:
         t.passes += passes
         t.drafted += passes * prev.k
         t.accepted += gained * prev.live - passes
+        if prev.k > 0:  # an engine that drafts nothing reports nothing
+            self.meter.update(passes * prev.k, gained * prev.live - passes)
 
     def _yield(self, a: float, k: int) -> float:
         key = (a, k)

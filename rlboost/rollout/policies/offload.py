@@ -18,7 +18,9 @@ Policies (pure; the coordinator and the simulator feed them the same numbers):
                (E[remaining | generated so far] from the learned length distribution; the aggregate
                remote rate and, for the tail, the per-sequence rate) no later than the trainer would
                finish training the whole step. That equalises both sides' finish times for this very
-               step, reacts to workers joining or leaving mid-step, and needs no warm-up.
+               step, reacts to workers joining or leaving mid-step, and needs no warm-up. Where the
+               engines speculate, the remotes' tail is timed with their own drafting rule at the
+               acceptance they measure (pool_finish_s), since drafting speeds up exactly that tail.
 """
 
 from __future__ import annotations
@@ -31,7 +33,17 @@ import numpy as np
 
 from rlboost.contracts.perf import EngineModel
 from rlboost.rollout.policies.lengths import LengthStats
+from rlboost.rollout.policies.speculation import draft_length, expected_yield
 from rlboost.rollout.policies.views import EngineView
+
+
+@dataclass(frozen=True)
+class Drafting:
+    """How the pool's engines speculate (rollout.speculative): the per-token acceptance of their drafts,
+    as measured from the drafted and accepted tokens they report, and the most tokens drafted per pass."""
+
+    accept: float
+    max_tokens: int
 
 
 @dataclass(frozen=True)
@@ -51,6 +63,7 @@ class StepProgress:
     remote_models: tuple[EngineModel, ...] = ()  # models of the ready remote engines (when known)
     handoff_prefill_s: float = 0.0  # re-prefill of the reserved engine's partial responses, remotely
     reserved_rate: float = 0.0  # the reserved engine's decode tokens/s now
+    drafting: Drafting | None = None  # the engines speculate (None: plain decoding)
 
 
 @dataclass(frozen=True)
@@ -192,7 +205,7 @@ class PredictiveOffload:
         if p.remote_rate <= 0:
             return float("inf")
         if p.remaining_sample is not None and p.remote_models:
-            return pool_finish_s(p.remaining_sample, p.remote_models) + p.handoff_prefill_s
+            return pool_finish_s(p.remaining_sample, p.remote_models, p.drafting) + p.handoff_prefill_s
         tail = p.max_remaining / p.remote_seq_rate if p.remote_seq_rate > 0 else 0.0
         return max(p.remaining_tokens / p.remote_rate, tail)
 
@@ -224,11 +237,15 @@ class PredictiveOffload:
             self.train_tokens_per_s = sorted(self._rate_samples)[len(self._rate_samples) // 2]
 
 
-def pool_finish_s(remaining: np.ndarray, models: Sequence[EngineModel]) -> float:
+def pool_finish_s(remaining: np.ndarray, models: Sequence[EngineModel], drafting: Drafting | None = None) -> float:
     """Seconds for a pool of engines to generate `remaining` tokens per sequence, all starting now,
     with continuous batching and the load kept balanced (tail migration): while k sequences are left,
     each advances one token per step_time(k spread over the pool's GPUs). Exact for a fluid pool:
-        T = sum_k (r_(k) - r_(k+1)) * step_time(k)   over the remaining lengths sorted descending."""
+        T = sum_k (r_(k) - r_(k+1)) * step_time(k)   over the remaining lengths sorted descending.
+
+    Where the engines speculate (`drafting`), a sequence's time per token at load k is the engines' own
+    rule's: K = draft_length(accept, k, max_tokens, pass cost), then pass_time(k * (K + 1)) /
+    expected_yield(accept, K); a full batch drafts nothing, so this only shortens the tail."""
     if remaining.size == 0:
         return 0.0
     if not models:
@@ -244,7 +261,49 @@ def pool_finish_s(remaining: np.ndarray, models: Sequence[EngineModel]) -> float
     st = t1 + slope * np.maximum(load - 1.0, 0.0)
     full = t1 + slope * (batch - 1.0)
     st = np.where(load <= batch, st, load / batch * full)  # beyond the batch: queueing at the full rate
+    if drafting is not None:
+        st = _speculative_times(st, load, drafting, (t1, slope, batch, full))
     return float(np.dot(step, st))
+
+
+def _speculative_times(
+    st: np.ndarray, load: np.ndarray, d: Drafting, shape: tuple[float, float, float, float]
+) -> np.ndarray:
+    """pool_finish_s's seconds per token at each load k/gpus when the engines draft. A pass over x tokens
+    per GPU costs a decode step of x sequences (EngineModel.pass_time); a sequence's tokens stay on one
+    GPU, so below one sequence per GPU each busy GPU runs one. The pass cost is flat and then linear in x,
+    so the K the rule picks falls as the load rises: it is asked only where K may change (bisection),
+    and where it is 0 st stands."""
+    t1, slope, batch, full = shape
+    per_seq = np.maximum(load, 1.0)
+
+    def per_gpu(x: np.ndarray | float) -> np.ndarray:
+        x = np.asarray(x, dtype=np.float64)
+        return np.where(x <= batch, t1 + slope * np.maximum(x - 1.0, 0.0), x / batch * full)
+
+    def k_at(j: int) -> int:
+        u = float(per_seq[j])
+        return draft_length(d.accept, j + 1, d.max_tokens, lambda n, k=j + 1: float(per_gpu(n / k * u)))
+
+    ks = np.zeros(load.size, dtype=np.int64)
+    spans = [(0, load.size - 1, k_at(0), k_at(load.size - 1))]
+    while spans:
+        lo, hi, k_lo, k_hi = spans.pop()
+        ks[lo], ks[hi] = k_lo, k_hi
+        if k_lo == k_hi:
+            ks[lo : hi + 1] = k_lo
+        elif hi - lo > 1:
+            mid = (lo + hi) // 2
+            k_mid = k_at(mid)
+            spans += [(lo, mid, k_lo, k_mid), (mid, hi, k_mid, k_hi)]
+    drafting = ks > 0
+    if not drafting.any():
+        return st
+    out = st.copy()
+    k = ks[drafting]
+    yields = np.array([expected_yield(d.accept, int(x)) for x in range(d.max_tokens + 1)])
+    out[drafting] = per_gpu(per_seq[drafting] * (k + 1)) / yields[k]
+    return out
 
 
 def make_offload(name: str, *, train_tokens_per_s: float, overlap: bool, min_box_s: float = 5.0) -> OffloadPolicy:
@@ -298,11 +357,12 @@ def step_progress(
     reserved_context: float,
     reserved_rate: float,
     stats: LengthStats,
+    drafting: Drafting | None = None,
 ) -> StepProgress:
     """What the offload policy sees, from one clock's measurements (the live coordinator's and the
     simulator's alike): the ready remote engines (remote_rates), every unfinished response's generated
     tokens and remaining budget, the step's tokens so far, and the context (prompt + partial) that
-    would move off the reserved engine."""
+    would move off the reserved engine, and how the engines draft (None: they do not)."""
     unfinished = int(generated.size)
     exp = stats.expected_remaining(generated, budget_left) if unfinished else np.zeros(0)
     remote_full_rates, remote_seq_rates, models = remote_rates(remote)
@@ -320,6 +380,7 @@ def step_progress(
         remote_models=models,
         handoff_prefill_s=reserved_context / prefill_rate if prefill_rate > 0 else 0.0,
         reserved_rate=reserved_rate,
+        drafting=drafting,
     )
 
 

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from rlboost.contracts.lengths import LengthModel
 from rlboost.contracts.mounts import mounted_name
 from rlboost.contracts.perf import AcceleratorPerf, EngineModel, engine_model, split_accelerator, train_rate
-from rlboost.contracts.protocol import MOUNTED_PATH_KEY
+from rlboost.contracts.protocol import MOUNTED_PATH_KEY, Speculation
 from rlboost.contracts.provider_kinds import provider_kind
 from rlboost.contracts.spec import JobSpec
 from rlboost.rollout.policies.fleet import FleetDecision, FleetGoal, FleetPolicy, Objective, StepSample
@@ -132,6 +132,7 @@ def coordinator_config(spec: JobSpec, eos_id: int) -> CoordinatorConfig:
         perf=perf_table(spec),
         flush_s=spec.rollout.flush_s,
         tick=tick_cadence(spec),
+        speculative=Speculation.model_validate(spec.rollout.speculative.model_dump()),
     )
 
 

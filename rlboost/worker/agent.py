@@ -259,14 +259,7 @@ class WorkerAgent:
                 break
             msg = P.coord_msg.validate_json(frame.data)
             if isinstance(msg, P.Generate):
-                if not self.draining:
-                    # a new assignment supersedes an abort that arrived after the request had ended
-                    self.aborted.difference_update(g.rid for g in msg.requests)
-                    for g in msg.requests:
-                        if g.group is not None and g.group in msg.siblings:
-                            self.siblings[g.rid] = msg.siblings[g.group]
-                    self.pending.extend(msg.requests)
-                    self.work.set()
+                self._take(msg)
             elif isinstance(msg, P.Abort):
                 self.aborted.update(msg.rids)
             elif isinstance(msg, P.NewVersion):
@@ -278,6 +271,17 @@ class WorkerAgent:
         if self.draining or self.exit_reason:
             return
         raise Disconnected(f"connection closed ({ws.close_code})")
+
+    def _take(self, msg: P.Generate) -> None:
+        if self.draining:
+            return
+        # a new assignment supersedes an abort that arrived after the request had ended
+        self.aborted.difference_update(g.rid for g in msg.requests)
+        for g in msg.requests:
+            if g.group is not None and g.group in msg.siblings:
+                self.siblings[g.rid] = msg.siblings[g.group]
+        self.pending.extend(msg.requests)
+        self.work.set()
 
     # ---- weights -----------------------------------------------------------------------
     def _request_version(self, version: int, offer: P.Offer | None = None) -> None:

@@ -17,6 +17,8 @@ from rlboost.contracts.engine import GenRequest
 from rlboost.contracts.sampling import request_seed
 from rlboost.contracts.spec import AlgorithmSpec, ModelSpec, SpeculativeSpec, TaskSpec
 from rlboost.models.drafting import NgramIndex
+from tests.test_engine_contract import Recorder
+from tests.test_engine_contract import run as _run
 from tests.torch_threads import one_thread  # noqa: F401  (autouse: single-threaded torch)
 
 BUDGET = 40
@@ -30,25 +32,6 @@ def _requests(prompts: list[list[int]], group_size: int = 3, budget: int = BUDGE
             rid = f"s0-p{p}-g{g}"
             out.append(GenRequest(rid, list(prompt), budget, request_seed(5, rid), group=f"p{p}"))
     return out
-
-
-class Streams:
-    """Tokens and logprobs per request, checked to arrive in order without gaps."""
-
-    def __init__(self, requests: list[GenRequest]) -> None:
-        self.ids = {r.rid: [] for r in requests}
-        self.lps = {r.rid: [] for r in requests}
-        self.start = {r.rid: r.position0 for r in requests}
-
-    def __call__(self, rid: str, offset: int, ids: list[int], lps: list[float]) -> None:
-        assert offset == self.start[rid] + len(self.ids[rid]) and ids and len(ids) == len(lps)
-        self.ids[rid].extend(ids)
-        self.lps[rid].extend(lps)
-
-
-def _run(engine, requests, abort: Callable[[str], bool] = lambda rid: False) -> tuple[Streams, dict]:
-    s = Streams(requests)
-    return s, engine.generate(requests, s, abort, 1.0)
 
 
 def _tiny_engines(weights: str) -> Callable[[str], object]:
@@ -69,7 +52,7 @@ def _tiny_engines(weights: str) -> Callable[[str], object]:
     return build
 
 
-def _assert_same(a: Streams, b: Streams) -> None:
+def _assert_same(a: Recorder, b: Recorder) -> None:
     assert a.ids == b.ids
     for rid in a.ids:
         np.testing.assert_allclose(a.lps[rid], b.lps[rid], rtol=0, atol=1e-9)
@@ -116,7 +99,7 @@ def test_aborted_mid_draft_and_continued_elsewhere_equals_the_uninterrupted_run(
     text = plain.ids[r.rid]
     siblings = [list(text)]  # a sibling with the same text: drafts of several tokens per step
     first = build("group")
-    rec = Streams([r])
+    rec = Recorder([r])
     req = GenRequest(r.rid, r.prompt, BUDGET, r.seed, group=r.group, siblings=siblings)
     reasons = first.generate([req], rec, lambda rid: len(rec.ids[rid]) >= 5, 1.0)
     partial = rec.ids[r.rid]

@@ -230,16 +230,13 @@ class TorchEngine:
             # Feed each live row its newest token and its draft, right-aligned; finished rows and the
             # rest of the width get masked-out PADs so the batch keeps its shape
             w = 1 + max((len(d) for d in drafts.values()), default=0)
-            feed = torch.full((len(reqs), w), PAD, dtype=torch.long)
-            pos = torch.zeros((len(reqs), w), dtype=torch.long)
-            real = torch.zeros((len(reqs), w), dtype=torch.bool)
+            feed, pos, real = [[PAD] * w for _ in reqs], [[0] * w for _ in reqs], [[False] * w for _ in reqs]
             for i in live:
                 n, p0 = len(next_tok[i]), len(reqs[i].prompt) + len(reqs[i].prefix) + made[i] - 1
-                feed[i, w - n :] = torch.tensor(next_tok[i])
-                pos[i, w - n :] = torch.arange(p0, p0 + n)
-                real[i, w - n :] = True
-            idx, positions = feed.to(self.device), pos.to(self.device)
-            mask = torch.cat([mask, real.to(self.device)], dim=1)
+                feed[i][w - n :], pos[i][w - n :], real[i][w - n :] = next_tok[i], range(p0, p0 + n), [True] * n
+            idx = torch.tensor(feed, device=self.device)
+            positions = torch.tensor(pos, device=self.device)
+            mask = torch.cat([mask, torch.tensor(real, device=self.device)], dim=1)
 
     def _count(self, rid: str, drafted: int, accepted: int) -> None:
         c = self.drafts[rid]

@@ -5,12 +5,13 @@ and none, on the reverse and the add task.
     .venv/bin/python benchmarks/bench_speculation_live.py [--runs 3] [--steps 4] [--max-new-tokens 64]
     .venv/bin/python benchmarks/bench_speculation_live.py --smoke    # the smallest size, for CI
 
-Each run is a real `rlboost launch --record-rollouts`. Per run: the median step time over steps 2.. (step
-1 includes the engine's start), and from metrics.jsonl the drafted and accepted tokens and the mean tokens
-a response gained per forward pass that verified a draft for it (spec_tokens_per_pass); per method: the
-median of the runs' step times. Prints, per task, the ratio step(none) / step(method) (> 1: speculation
-pays) and checks that every method recorded the same responses as `none` (speculation is lossless; the
-engines run in float64). CPU-bound: the step times mean something only on an otherwise idle machine.
+Each run is a real `rlboost launch --record-rollouts`, the methods taking turns. Per run: the median
+step time (and generation time) over steps 2.. (step 1 includes the engine's start), and from
+metrics.jsonl the drafted and accepted tokens and the mean tokens a response gained per forward pass
+that verified a draft for it (spec_tokens_per_pass); per method: the median of the runs' step times.
+Prints, per task, the ratio step(none) / step(method) (> 1: speculation pays) and checks that every
+method recorded the same responses as `none` (lossless; the engines run in float64). CPU-bound: the
+step times mean something only on an otherwise idle machine.
 """
 
 from __future__ import annotations
@@ -116,7 +117,10 @@ def main() -> None:
         args.warm_start_steps = 5
     summary: dict = {}
     for task in args.tasks.split(","):
-        runs = {m: [one_run(task, m, i, args) for i in range(args.runs)] for m in METHODS}
+        runs: dict[str, list[dict]] = {m: [] for m in METHODS}
+        for i in range(args.runs):  # round-robin: a drift in the machine's load falls on every method alike
+            for m in METHODS:
+                runs[m].append(one_run(task, m, i, args))
         base = runs["none"][0]["responses"]
         for m, rs in runs.items():
             if any(r["responses"] != base for r in rs):
@@ -128,6 +132,7 @@ def main() -> None:
             line = {
                 "step_s": [round(r["step_s"], 3) for r in rs],
                 "median_step_s": round(med[m], 3),
+                "median_gen_s": round(statistics.median(r["gen_s"] for r in rs), 3),
                 "speedup_vs_none": round(med["none"] / med[m], 3),
                 "drafted": r0["drafted"],
                 "accepted": r0["accepted"],
@@ -135,8 +140,9 @@ def main() -> None:
             }
             summary[task][m] = line
             print(f"{task:>8} {m:>6}: step {line['step_s']} s, median {med[m]:.2f}s "
-                  f"({line['speedup_vs_none']:.2f}x none), drafted {r0['drafted']}, accepted {r0['accepted']}, "
-                  f"tokens/pass {r0['tokens_per_pass']}", flush=True)
+                  f"({line['speedup_vs_none']:.2f}x none), generation {line['median_gen_s']:.2f}s, "
+                  f"drafted {r0['drafted']}, accepted {r0['accepted']}, tokens/pass {r0['tokens_per_pass']}",
+                  flush=True)
     print("responses identical with and without speculation: yes")
     if args.out:
         args.out.write_text(json.dumps({"args": vars(args) | {"out": str(args.out)}, "results": summary}, indent=1))

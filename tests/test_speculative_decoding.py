@@ -176,3 +176,22 @@ def test_drafter_proposes_what_followed_the_longest_matching_suffix(docs, contex
     suf = context[len(context) - n :]
     # some occurrence of the longest matching suffix is followed by exactly the proposal
     assert any(d[e - n : e] == suf and d[e : e + k] == prop for d in docs for e in range(n, len(d)))
+
+
+def test_a_batch_that_fills_the_engine_decodes_plain() -> None:
+    """The static batch computes every row, finished or not: drafting K tokens makes the pass (K + 1)
+    times wider, which costs a second pass's worth once it passes the engine's batch (the rule's cost
+    without a measurement). A full batch never drafts; one of half the engine's batch drafts."""
+    from rlboost.models.torch_engine import TorchEngine
+    from rlboost.trainer.learner import Learner
+
+    spec = ModelSpec()
+    state = Learner(spec, AlgorithmSpec(), TaskSpec(), seed=1).state_dict()
+    requests = _requests(PROMPTS)  # 9 requests
+    drafted = {}
+    for max_batch in (9, 18):
+        e = TorchEngine(spec, dtype="float64", max_batch=max_batch, speculative=SpeculativeSpec(method="ngram"))
+        e.load_weights(1, state)
+        _run(e, requests)
+        drafted[max_batch] = _drafted(e)[0]
+    assert drafted[9] == 0 and drafted[18] > 0

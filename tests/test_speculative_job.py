@@ -24,14 +24,15 @@ STEPS = 2
 def write_job(tmp: Path, name: str, method: str) -> Path:
     job = {
         "name": name,
-        # 12 prompts x 4 in batches of 8: later batches draft from siblings the coordinator already holds
         "algorithm": {"prompts_per_step": 12, "group_size": 4, "max_new_tokens": 24, "steps": STEPS,
                       "seed": 11, "warm_start_steps": 30},
         "task": {"name": "reverse", "min_len": 3, "max_len": 6},
         "rollout": {
             "max_workers": 0,  # the trainer's own engine: the same engine path as a spot worker's
             "engine_dtype": "float64",
-            "engine_batch": 8,
+            # an engine sized for more than a step's 48 responses: its (static) batches leave room to draft
+            # in the same forward pass (rollout/policies/speculation.py's cost: one pass per 128 tokens)
+            "engine_batch": 128,
             "offload_policy": "none",
             "speculative": {"method": method, "max_tokens": 4},
         },

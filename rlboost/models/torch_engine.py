@@ -9,7 +9,8 @@ bit for bit in practice; in float32, batch shape can flip a near-tie.
 
 Speculative decoding (rollout.speculative, README "Speculative decoding"): each decode step may feed a
 live row its last token plus up to K drafted ones (models/drafting.py; K from the pure rule in
-rollout/policies/speculation.py, from this engine's measured acceptance and how many rows are live),
+rollout/policies/speculation.py, from this engine's measured acceptance and the pass's cost: every row
+of the static batch, finished or not, is computed, so a full batch decodes plain),
 right-aligned and masked to the step's widest draft. Every fed position is sampled with the seeded rule
 at its response position; drafted tokens are kept left to right while each equals the token sampled
 where it stands, plus the sampled token at the first miss, so the tokens are the ones plain decoding
@@ -135,11 +136,16 @@ class TorchEngine:
         return reasons
 
     def _draft(self, drafter: BatchDrafter | None, reqs: list[GenRequest], rows: list[int], made: list[int]):
-        """Each live row's drafted tokens for this step (K from the acceptance measured so far and how
-        many rows are live: speculate in the tail, not in a full batch)."""
-        if drafter is None:
+        """Each live row's drafted tokens for this step: K from the acceptance measured so far and the
+        cost of the forward pass. The static batch computes every one of its rows, finished or not, so
+        K drafted tokens cost a pass over len(reqs) * (K + 1) tokens: a batch that fills the engine
+        decodes plain, a smaller one (e.g. a step's tail, migrated to an engine of its own) drafts."""
+        if drafter is None or not rows:
             return {}
-        k = draft_length(self.meter.rate, len(rows), self.speculative.max_tokens, self._step_cost)
+        scale = len(reqs) / len(rows)  # the pass's tokens per live row's token
+        k = draft_length(
+            self.meter.rate, len(rows), self.speculative.max_tokens, lambda n: self._step_cost(round(n * scale))
+        )
         if k == 0:
             return {}
         out = {}

@@ -105,6 +105,26 @@ class TorchEngine:
         )
         return toks.tolist(), lps.tolist()
 
+    def _sample_fed(
+        self, logits: torch.Tensor, rows: list[int], drafted: list[int], seeds: np.ndarray, starts: list[int],
+        temperature: float,
+    ) -> dict[int, list[tuple[int, float]]]:
+        """(token, logprob) at every fed position of `rows` (logits [B, width, V], right-aligned): a row
+        with d drafted tokens has d + 1, the j-th drawn at response position start + j with the request's
+        seed, whatever was fed before it."""
+        width = logits.shape[1]
+        flat = [(i, j) for i, d in zip(rows, drafted) for j in range(d + 1)]
+        cols = [width - 1 - d + j for i, d in zip(rows, drafted) for j in range(d + 1)]
+        rows_t = torch.tensor([i for i, _ in flat], device=self.device)
+        pos = np.array([p + j for p, d in zip(starts, drafted) for j in range(d + 1)], dtype=np.uint64)
+        toks, lps = self._sample(
+            logits[rows_t, torch.tensor(cols, device=self.device)], seeds[[i for i, _ in flat]], pos, temperature
+        )
+        out: dict[int, list[tuple[int, float]]] = {}
+        for (i, _), tok, lp in zip(flat, toks, lps, strict=True):
+            out.setdefault(i, []).append((tok, lp))
+        return out
+
     def load_weights(self, version: int, tensors: Mapping[str, object]) -> None:
         """Copy a full set of weights into the existing module, casting to the compute dtype.
 
@@ -188,17 +208,9 @@ class TorchEngine:
                 return reasons
             width = 1 + max((len(d) for d in drafts.values()), default=0)  # the fed columns with logits
             logits, past = self._forward(idx, positions, mask, past, width)
-            # Sample every fed position of every active row: position j of row i is response position
-            # made + j, drawn with the request's seed whatever was fed before it
-            flat = [(i, j) for i in active for j in range(1 + len(drafts.get(i, ())))]
-            rows_t = torch.tensor([i for i, _ in flat], device=self.device)
-            cols_t = torch.tensor([width - 1 - len(drafts.get(i, ())) + j for i, j in flat], device=self.device)
-            seeds_f = seeds[[i for i, _ in flat]]
-            pos_f = np.array([reqs[i].position0 + made[i] + j for i, j in flat], dtype=np.uint64)
-            toks, lps = self._sample(logits[rows_t, cols_t], seeds_f, pos_f, temperature)
-            sampled: dict[int, list[tuple[int, float]]] = {}
-            for (i, _), tok, lp in zip(flat, toks, lps, strict=True):
-                sampled.setdefault(i, []).append((tok, lp))
+            starts = [reqs[i].position0 + made[i] for i in active]
+            sampled = self._sample_fed(logits, active, [len(drafts.get(i, ())) for i in active], seeds, starts,
+                                       temperature)
             keep = torch.ones((len(reqs), width), dtype=torch.bool, device=self.device)
             next_tok: list[list[int]] = [[] for _ in reqs]
             for i in active:

@@ -330,7 +330,7 @@ def test_schema_version(home: Path) -> None:
     path = s.path
     s.close()
     db = sqlite3.connect(path)
-    assert db.execute("PRAGMA user_version").fetchone()[0] == state.SCHEMA_VERSION == 5
+    assert db.execute("PRAGMA user_version").fetchone()[0] == state.SCHEMA_VERSION == 6
     # v5: which rlboost last migrated it (a newer store's error names it), and the store's own id
     assert db.execute("SELECT value FROM meta WHERE key = 'written_by'").fetchone()[0] == state.rlboost_version()
     assert len(db.execute("SELECT value FROM meta WHERE key = 'store_id'").fetchone()[0]) == 32
@@ -338,7 +338,7 @@ def test_schema_version(home: Path) -> None:
     db.execute("PRAGMA user_version = 99")
     db.commit()
     db.close()
-    newer = r"written by rlboost 7\.1\.0 \(store schema 99; this rlboost .* reads up to 5\): upgrade rlboost"
+    newer = r"written by rlboost 7\.1\.0 \(store schema 99; this rlboost .* reads up to 6\): upgrade rlboost"
     with pytest.raises(StateError, match=newer):
         StateStore(path)
 

@@ -135,6 +135,10 @@ class MetricsLog:
             # weights.transport: the last finished broadcast ({version, delivered, missed}), else null
             "broadcast": rec.broadcast,
             "migrated": rec.migrated,
+            # rollout.speculative (null when off): drafted tokens verified, accepted, tokens per verifying pass
+            "spec_drafted": rec.spec_drafted,
+            "spec_accepted": rec.spec_accepted,
+            "spec_tokens_per_pass": rec.spec_tokens_per_pass,
             "reward_errors": rec.reward_errors,  # a custom reward's failures so far (each scored 0)
             "preemptions": preemptions,  # so far in the job
             "dollars": round(dollars, 4),  # so far in the job

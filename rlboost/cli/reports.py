@@ -236,6 +236,9 @@ def _step_json(s: StepRow) -> dict[str, Any]:
         "offload_s": s.offload_s,
         "tail_train_s": s.tail_train_s,
         "idle_s": s.trainer_idle_s,
+        "spec_drafted": s.spec_drafted,
+        "spec_accepted": s.spec_accepted,
+        "spec_tokens_per_pass": s.spec_tokens_per_pass,
     }
 
 
@@ -378,10 +381,16 @@ def _steps_table(js: JobStatus) -> Table:
     # offload: seconds into the step when the trainer's engine handed its work to the spot workers;
     # tail train / idle: after that, seconds the trainer trained finished groups / waited for rollouts
     cols = ("step", "weights", "reward", "tokens", "responses", "migrated", "seconds", "offload", "tail train", "idle")
+    # speculative decoding, where it was on: drafted tokens, accepted, tokens per verifying forward pass
+    spec = any(s.spec_drafted is not None for s in js.recent_steps)
+    if spec:
+        cols = (*cols, "drafted", "accepted", "tok/pass")
     add_columns(table, *cols, numbers=cols)
     for s in js.recent_steps:
         # with no offload there was no tail to train in or wait through (the trainer records 0 for both)
         tail = ["-", "-"] if s.offload_s is None else [_fmt(s.tail_train_s, ".1f"), _fmt(s.trainer_idle_s, ".1f")]
+        if spec:
+            tail += [_fmt(s.spec_drafted), _fmt(s.spec_accepted), _fmt(s.spec_tokens_per_pass, ".2f")]
         table.add_row(
             str(s.step),
             str(s.version),

@@ -29,7 +29,7 @@ from rlboost.cli.step_metrics import StepMetrics, StepRow, step_columns, step_fi
 from rlboost.contracts.env_names import Env
 from rlboost.providers.base import InstanceState, LaunchRequest
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 
 JOB_STATUSES = ("pending", "running", "succeeded", "failed", "stopped")
 ACTIVE_STATUSES = ("pending", "running")
@@ -146,8 +146,18 @@ CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 INSERT INTO meta (key, value) VALUES ('store_id', lower(hex(randomblob(16))))
 """
 
+# v6: speculative decoding per step (NULL when rollout.speculative.method is none, and before): drafted
+# tokens verified, of which accepted, and the mean tokens a response gained per pass that verified a draft.
+_SCHEMA_V6 = """
+ALTER TABLE steps ADD COLUMN spec_drafted INTEGER;
+ALTER TABLE steps ADD COLUMN spec_accepted INTEGER;
+ALTER TABLE steps ADD COLUMN spec_tokens_per_pass REAL
+"""
+
 # Future schema changes: add {N: "ALTER TABLE ..."} here and bump SCHEMA_VERSION.
-_MIGRATIONS: dict[int, str] = {1: _SCHEMA_V1, 2: _SCHEMA_V2, 3: _SCHEMA_V3, 4: _SCHEMA_V4, 5: _SCHEMA_V5}
+_MIGRATIONS: dict[int, str] = {
+    1: _SCHEMA_V1, 2: _SCHEMA_V2, 3: _SCHEMA_V3, 4: _SCHEMA_V4, 5: _SCHEMA_V5, 6: _SCHEMA_V6
+}
 
 _INSERT_EVENT = "INSERT INTO events (job_id, instance_id, type, detail, clock, wall) VALUES (?, ?, ?, ?, ?, ?)"
 

@@ -29,6 +29,11 @@ class StepMetrics:
     spot_workers: int | None = None  # spot workers serving when the step started
     gen_tokens: int | None = None  # tokens generated during the step, by every engine
     spot_tokens: int | None = None  # of which spot workers generated
+    # speculative decoding (None when off): drafted tokens verified, of which accepted, and the mean
+    # tokens a response gained per forward pass that verified a draft for it
+    spec_drafted: int | None = None
+    spec_accepted: int | None = None
+    spec_tokens_per_pass: float | None = None
 
     @classmethod
     def of(cls, rec: StepRecord, clock: float) -> StepMetrics:

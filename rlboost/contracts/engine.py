@@ -23,11 +23,25 @@ class GenRequest:
     max_new_tokens: int  # remaining budget, not counting `prefix`
     seed: int
     prefix: list[int] = field(default_factory=list)  # tokens already generated elsewhere
+    group: str | None = None  # GRPO group (prompt): co-batched siblings draft from each other
+    # tokens of siblings generated elsewhere (as the coordinator held them at dispatch), for drafting;
+    # requests of one group may share these list objects
+    siblings: list[list[int]] = field(default_factory=list)
 
     @property
     def position0(self) -> int:
         """Response position of the first token this engine will generate."""
         return len(self.prefix)
+
+
+@dataclass
+class DraftCounts:
+    """Speculative decoding of one response on one engine: drafted tokens verified, of which accepted,
+    and the forward passes that verified a draft for it (each gains it accepted + 1 tokens)."""
+
+    drafted: int = 0
+    accepted: int = 0
+    passes: int = 0
 
 
 def check_requests(requests: list[GenRequest], max_len: int | None) -> None:
@@ -76,4 +90,7 @@ class Engine(Protocol):
     ) -> dict[str, FinishReason]:
         """Generate for all requests (batched); stream through on_tokens; return finish reasons.
 
-        Checks should_abort(rid) between decode steps and stops such requests ("aborted")."""
+        Checks should_abort(rid) between decode steps and stops such requests ("aborted").
+
+        An engine that drafts (speculative decoding) also keeps `drafts: dict[rid, DraftCounts]` for the
+        requests of its calls, which the worker reports (and removes) when it reports their ends."""

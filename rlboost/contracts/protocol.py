@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, model_validator
 
 PROTOCOL_VERSION = 1
 MAX_FRAME_BYTES = 8 * 1024 * 1024
@@ -24,6 +24,10 @@ Rid = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.
 TokenIds = Annotated[list[Annotated[int, Field(ge=0, lt=1 << 31)]], Field(max_length=MAX_IDS)]
 Logprobs = Annotated[list[Annotated[float, Field(allow_inf_nan=False)]], Field(max_length=MAX_IDS)]
 Rate = Annotated[float, Field(ge=0, le=1e12, allow_inf_nan=False)]  # finite: it feeds scheduling arithmetic
+Count = Annotated[int, Field(ge=0, lt=1 << 31)]
+GroupKey = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.:-]+$")]
+# siblings' tokens one generate frame may carry for drafting (the coordinator sends fewer: SIBLING_TOKENS)
+MAX_SIBLING_TOKENS = 1 << 19
 WorkerId = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")]
 
 
@@ -78,6 +82,20 @@ class Finished(Msg):
     rids: Annotated[list[Rid], Field(max_length=100_000)]
     reasons: Annotated[list[Literal["eos", "length", "aborted"]], Field(max_length=100_000)]
     lengths: Annotated[list[Annotated[int, Field(ge=0)]], Field(max_length=100_000)]
+    # speculative decoding, per rid where the engine drafted (else empty): drafted tokens verified, of
+    # which accepted, and the forward passes that verified a draft for it
+    drafted: Annotated[list[Count], Field(max_length=100_000)] = Field(default_factory=list)
+    accepted: Annotated[list[Count], Field(max_length=100_000)] = Field(default_factory=list)
+    draft_passes: Annotated[list[Count], Field(max_length=100_000)] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _draft_counts(self) -> Finished:
+        n = {len(self.drafted), len(self.accepted), len(self.draft_passes)}
+        if n != {0} and n != {len(self.rids)}:
+            raise ValueError("drafted, accepted and draft_passes: one each per rid, or none")
+        if any(a > d for a, d in zip(self.accepted, self.drafted)):
+            raise ValueError("more tokens accepted than drafted")
+        return self
 
 
 class Draining(Msg):
@@ -105,6 +123,14 @@ worker_msg = TypeAdapter(WorkerMsg)
 MOUNTED_PATH_KEY = "path_in_mount"
 
 
+class Speculation(Msg):
+    """rollout.speculative as engines get it (the job file's SpeculativeSpec; this module imports nothing
+    of ours)."""
+
+    method: Literal["none", "group", "ngram"] = "none"
+    max_tokens: Annotated[int, Field(ge=1, le=64)] = 4
+
+
 class Welcome(Msg):
     type: Literal["welcome"] = "welcome"
     worker_id: str
@@ -120,6 +146,7 @@ class Welcome(Msg):
     # send tokens as binary frames (rlboost/contracts/token_frames.py) using GenSpec.handle; JSON otherwise
     binary_tokens: bool = False
     flush_s: Annotated[float, Field(gt=0, le=10)] = 0.02  # how often to send the tokens produced
+    speculative: Speculation = Speculation()  # rollout.speculative
 
 
 class GenSpec(Msg):
@@ -132,11 +159,21 @@ class GenSpec(Msg):
     seed: int
     version: int
     handle: Annotated[int, Field(ge=0, lt=1 << 32)] | None = None  # names the request in binary frames
+    group: GroupKey | None = None  # its GRPO group: Generate.siblings[group] drafts for it
 
 
 class Generate(Msg):
     type: Literal["generate"] = "generate"
     requests: list[GenSpec]
+    # speculative decoding by group: tokens of the requests' siblings generated elsewhere, as the
+    # coordinator held them when it sent this, per group (once per frame, whatever the requests)
+    siblings: Annotated[dict[GroupKey, list[TokenIds]], Field(max_length=100_000)] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _bounded(self) -> Generate:
+        if sum(len(s) for seqs in self.siblings.values() for s in seqs) > MAX_SIBLING_TOKENS:
+            raise ValueError(f"siblings carry more than {MAX_SIBLING_TOKENS} tokens")
+        return self
 
 
 class Abort(Msg):

@@ -9,6 +9,7 @@ StepTiming is the rollout coordinator's part of it (what `Coordinator.end_step` 
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, model_validator
@@ -60,6 +61,12 @@ class StepRecord(BaseModel):
     trainer_idle_s: float | None = None
     gen_tokens: int | None = None
     spot_tokens: int | None = None
+    # speculative decoding (rollout.speculative.method not none; else None), over the step's responses:
+    # drafted tokens verified, of which accepted, and the mean tokens a response gained per forward
+    # pass that verified a draft for it (None: nothing was drafted)
+    spec_drafted: int | None = None
+    spec_accepted: int | None = None
+    spec_tokens_per_pass: float | None = None
 
     @property
     def timed(self) -> bool:
@@ -80,3 +87,16 @@ class StepRecord(BaseModel):
             if old in d:
                 d[new] = d.pop(old)
         return d
+
+
+def speculation_figures(counts: Iterable[tuple[int, int, int]]) -> dict[str, Any]:
+    """StepRecord's spec_* fields from each response's (drafted, accepted, passes that verified a draft):
+    a pass gains a response its accepted tokens plus the one sampled after them."""
+    drafted = accepted = passes = 0
+    for d, a, n in counts:
+        drafted, accepted, passes = drafted + d, accepted + a, passes + n
+    return {
+        "spec_drafted": drafted,
+        "spec_accepted": accepted,
+        "spec_tokens_per_pass": round((accepted + passes) / passes, 3) if passes else None,
+    }

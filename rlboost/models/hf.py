@@ -103,16 +103,18 @@ def forward(
     attn_mask: Tensor,
     past: Any | None = None,
     use_cache: bool = False,
-    last_only: bool = False,
+    last_only: bool | int = False,
 ) -> tuple[Tensor, Any]:
-    """TinyGPT's convention over an HF model: returns (logits [B, T or 1, V], cache or None)."""
+    """TinyGPT's convention over an HF model: returns (logits [B, T or last_only, V], cache or None).
+    last_only: True or n keeps the logits of the last n positions (the engine verifying n - 1 drafted
+    tokens needs all n), False every position's."""
     if use_cache and past is None:
         from transformers import DynamicCache
 
         past = DynamicCache()
     kwargs: dict[str, Any] = {}
     if last_only:
-        kwargs["logits_to_keep"] = 1  # prefill of a long prompt needs only the last row's logits
+        kwargs["logits_to_keep"] = int(last_only)  # prefill of a long prompt needs only the last row's logits
     out = model(
         input_ids=idx,
         attention_mask=attn_mask.long(),

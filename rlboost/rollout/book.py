@@ -39,6 +39,11 @@ class Response:
     dispatches: int = 0
     handle: int = -1  # set by RolloutBook.add
     group: str | None = None  # GRPO group (prompt) id, when the caller tracks groups
+    # speculative decoding, summed over the engines that generated it: drafted tokens verified, of
+    # which accepted, and the forward passes that verified a draft for it
+    drafted: int = 0
+    accepted: int = 0
+    draft_passes: int = 0
     _book: RolloutBook | None = field(default=None, repr=False)
     _tok: list[int] = field(default_factory=list, repr=False)
     _lp: list[float] = field(default_factory=list, repr=False)

@@ -71,6 +71,7 @@ class CoordinatorConfig:
     binary_tokens: bool = True  # ask workers for binary token frames
     flush_s: float = 0.02  # how often workers send tokens
     sibling_scheduling: bool = False  # rollout.sibling_scheduling (rollout/policies/siblings.py)
+    speculative: P.Speculation = field(default_factory=P.Speculation)  # rollout.speculative, for the engines
 
 
 class LiveCoordinator(Coordinator):
@@ -86,6 +87,7 @@ class LiveCoordinator(Coordinator):
             ),
         )
         self.cfg = cfg
+        self.pool.send_siblings = cfg.speculative.method == "group"
         self.clock = clock
         self.version = -1  # latest published version
         self.offloaded = asyncio.Event()  # set when the reserved engine handed over this step
@@ -325,6 +327,7 @@ class LiveCoordinator(Coordinator):
             engine_batch=c.engine_batch,
             binary_tokens=c.binary_tokens,
             flush_s=c.flush_s,
+            speculative=c.speculative,
         )
 
     @staticmethod
@@ -359,6 +362,7 @@ class LiveCoordinator(Coordinator):
         elif isinstance(msg, P.Finished):
             if not len(msg.rids) == len(msg.reasons) == len(msg.lengths):
                 raise ProtocolViolation("finished: rids, reasons and lengths differ in length")
+            self._count_drafts(conn, msg)
             for rid, reason, length in zip(msg.rids, msg.reasons, msg.lengths):
                 self.book.finish(conn.id, rid, reason, length)
                 conn.dispatched_at.pop(rid, None)
@@ -389,6 +393,13 @@ class LiveCoordinator(Coordinator):
             log.info("engine %s draining (%s): %d responses continue elsewhere", conn.id, msg.reason, len(moved))
         elif isinstance(msg, P.Hello):
             raise ProtocolViolation("second hello on one connection")
+
+    def _count_drafts(self, conn: EngineConn, msg: P.Finished) -> None:
+        """Speculative decoding counts of the responses this engine held (before their ends complete them)."""
+        for rid, d, a, n in zip(msg.rids, msg.drafted, msg.accepted, msg.draft_passes):
+            r = self.book.responses.get(rid)
+            if r is not None and r.engine == conn.id and not r.done:
+                r.drafted, r.accepted, r.draft_passes = r.drafted + d, r.accepted + a, r.draft_passes + n
 
     async def _writer(self, conn: EngineConn) -> None:
         while True:

@@ -100,6 +100,10 @@ class EngineConn:
     writer: asyncio.Task | None = None
 
 
+# siblings' tokens one generate frame carries at most (a few hundred kB of JSON)
+SIBLING_TOKENS = 1 << 16
+
+
 class LivePool:
     """The connected engines and the book of the step's responses (the coordinator's EnginePool)."""
 
@@ -119,6 +123,7 @@ class LivePool:
         self.dirty: set[str] = set()  # engines that may have free slots since the last dispatch
         self.full_dispatch = True  # look at every engine in the next dispatch round
         self.on_drop: Callable[[EngineConn, str], None] = lambda conn, why: None
+        self.send_siblings = False  # rollout.speculative.method group: requests carry their siblings' tokens
 
     # ---- messages --------------------------------------------------------------------------
     def post(self, conn: EngineConn, text: str) -> None:
@@ -299,11 +304,36 @@ class LivePool:
                         seed=r.seed,
                         version=r.version,
                         handle=r.handle,
+                        group=r.group,
                     )
                     for r in batch
-                ]
+                ],
+                siblings=self.siblings_of(batch) if self.send_siblings else {},
             )
             self.post(conn, msg.model_dump_json())
+
+    def siblings_of(self, batch: Sequence[Response]) -> dict[str, list[list[int]]]:
+        """The tokens this coordinator holds of the batch's siblings (same step and group, not in the
+        batch), per group, for the engine to draft from: finished ones first, then the longest, at most
+        SIBLING_TOKENS in all, so a generate frame stays small."""
+        groups = {(r.step, r.group) for r in batch if r.group is not None}
+        if not groups:
+            return {}
+        sent = {r.rid for r in batch}
+        sibs = [
+            r for r in self.book.responses.values()
+            if (r.step, r.group) in groups and r.rid not in sent and r.generated > 0
+        ]
+        sibs.sort(key=lambda r: (not r.done, -r.generated))
+        out: dict[str, list[list[int]]] = {}
+        budget = SIBLING_TOKENS
+        for r in sibs:
+            n = r.generated
+            if n > budget:
+                continue
+            budget -= n
+            out.setdefault(str(r.group), []).append(r.tokens)
+        return out
 
     # ---- EnginePool: migration, offload, tail batching ----------------------------------------------
     def engine_infos(self, now: float) -> list[EngineInfo]:

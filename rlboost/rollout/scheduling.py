@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from rlboost.contracts.lengths import LengthModel
 from rlboost.contracts.mounts import mounted_name
 from rlboost.contracts.perf import AcceleratorPerf, EngineModel, engine_model, split_accelerator, train_rate
-from rlboost.contracts.protocol import MOUNTED_PATH_KEY
+from rlboost.contracts.protocol import MOUNTED_PATH_KEY, Speculation
 from rlboost.contracts.provider_kinds import provider_kind
 from rlboost.contracts.spec import JobSpec
 from rlboost.rollout.policies.fleet import FleetDecision, FleetGoal, FleetPolicy, Objective, StepSample
@@ -140,6 +140,7 @@ def coordinator_config(spec: JobSpec, eos_id: int) -> CoordinatorConfig:
         flush_s=spec.rollout.flush_s,
         tick=tick_cadence(spec),
         sibling_scheduling=spec.rollout.sibling_scheduling,
+        speculative=Speculation.model_validate(spec.rollout.speculative.model_dump()),
     )
 
 

@@ -29,7 +29,7 @@ from rlboost.contracts.provider_kinds import provider_kind
 from rlboost.contracts.sampling import request_id
 from rlboost.contracts.spec import JobSpec
 from rlboost.contracts.status import TrainerStatus
-from rlboost.contracts.step_record import StepRecord
+from rlboost.contracts.step_record import StepRecord, speculation_figures
 from rlboost.contracts.worker_env import WorkerEnv
 from rlboost.rollout import scheduling
 from rlboost.rollout.live import LiveCoordinator, RolloutRequest
@@ -461,6 +461,11 @@ class TrainerRuntime:
             reward_errors=self.task.custom.error_count if self.task.custom else 0,
             **{k: float(metrics[k]) for k in ("kl", "entropy", "clip_frac") if k in metrics},
             **(timing.model_dump(include=_TIMING_IN_RECORD) if timing is not None else {}),
+            **(
+                speculation_figures((r.drafted, r.accepted, r.draft_passes) for r in responses)
+                if self.spec.rollout.speculative.method != "none"
+                else {}
+            ),
         )
 
     async def shutdown(self, runner: web.AppRunner) -> None:
@@ -505,7 +510,8 @@ class RolloutRecorder:
         for r in responses:
             rec = {
                 k: getattr(r, k)
-                for k in ("rid", "step", "version", "prompt", "tokens", "logprobs", "finish", "engines", "dispatches")
+                for k in ("rid", "step", "version", "prompt", "tokens", "logprobs", "finish", "engines", "dispatches",
+                          "drafted", "accepted", "draft_passes")
             }
             self.file.write(json.dumps(rec) + "\n")
         self.file.flush()

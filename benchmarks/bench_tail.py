@@ -28,9 +28,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from rlboost.contracts.spec import JobSpec, load_spec
+from rlboost.contracts.speculation import draft_length, expected_yield
 from rlboost.contracts.speculation_perf import ACCEPTANCE
 from rlboost.rollout import scheduling
-from rlboost.rollout.policies.speculation import draft_length, expected_yield
 from rlboost.simulator import PRESETS
 from rlboost.simulator import cli as sim_cli
 from rlboost.simulator.result import SimResult

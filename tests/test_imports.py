@@ -4,8 +4,7 @@ packages below it (read with ast, so lazy imports inside functions count too, an
     contracts            shared by every node: job file, wire protocol and frames, weight manifest, digests,
                          TLS, sampling, worker environment, status document; imports nothing of ours
     templates            what a node runs at boot (files, read by providers)
-    models               the models both nodes run, and the torch engine (which takes its draft length
-                         from rollout's pure speculation policy, as the simulator does)
+    models               the models both nodes run, and the torch engine
     weights              weight transfer, both ends: publish, delta, track, pull, store, serve to peers
     rollout              the rollout coordinator and the scheduling core (pure policies)
     trainer              the trainer node: learner, tasks, the trainer process and its server
@@ -28,7 +27,7 @@ NS = "rlboost"  # the one top-level package; ALLOWED names its subpackages
 ALLOWED: dict[str, set[str]] = {
     "contracts": set(),
     "templates": set(),
-    "models": {"contracts", "rollout"},  # the torch engine's draft length: rollout/policies/speculation.py
+    "models": {"contracts", "rollout"},  # the torch engine's draft length: contracts/speculation.py
     "weights": {"contracts"},
     "rollout": {"contracts"},
     "trainer": {"contracts", "models", "weights", "rollout"},

@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 
 from rlboost.contracts.perf import DEFAULT_PERF, EngineModel
 from rlboost.contracts.spec import load_spec
+from rlboost.contracts.speculation import draft_length, expected_yield
 from rlboost.rollout.policies.offload import Drafting, PredictiveOffload, StepProgress, pool_finish_s
-from rlboost.rollout.policies.speculation import draft_length, expected_yield
 from rlboost.simulator import PRESETS
 from rlboost.simulator import cli as sim_cli
 from rlboost.simulator.modelled_pool import ModelledPool

@@ -13,13 +13,13 @@ import yaml
 from rlboost.cli.sim_report import results_json
 from rlboost.contracts.perf import DEFAULT_PERF, EngineModel
 from rlboost.contracts.spec import load_spec
+from rlboost.contracts.speculation import draft_length, expected_yield
 from rlboost.contracts.speculation_perf import (
     ACCEPTANCE,
     GROUP_MEAN_LENGTH,
     NGRAM_MEAN_LENGTH,
     rate_from_mean_length,
 )
-from rlboost.rollout.policies.speculation import draft_length, expected_yield
 from rlboost.simulator import PRESETS
 from rlboost.simulator import cli as sim_cli
 from rlboost.simulator.engines import ModelledEngine

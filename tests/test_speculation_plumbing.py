@@ -10,6 +10,7 @@ from pydantic import ValidationError
 
 from rlboost.contracts import protocol as P
 from rlboost.contracts.engine import DraftCounts
+from rlboost.contracts.speculation import AcceptanceMeter
 from rlboost.rollout import live_pool
 from rlboost.rollout.book import Response, RolloutBook
 from rlboost.rollout.policies.lengths import LengthStats
@@ -87,6 +88,7 @@ def test_coordinator_sums_counts_over_the_engines_a_response_ran_on() -> None:
                             speculative=P.Speculation(method="group"))
     coord = LiveCoordinator(cfg)
     assert coord.pool.send_siblings and coord._welcome("w").speculative.method == "group"
+    assert coord.pool.drafting() is None  # nothing drafted yet: the offload predicts plain decoding
     b = coord.book
     b.add([Response(rid="a", step=0, version=0, prompt=[1, 3], max_new_tokens=9, seed=1, group="p0")])
 
@@ -107,6 +109,23 @@ def test_coordinator_sums_counts_over_the_engines_a_response_ran_on() -> None:
     )
     r = b.responses["a"]
     assert (r.drafted, r.accepted, r.draft_passes) == (7, 3, 2)
+    # the offload's view of the pool: the measured acceptance (e9's counts ignored), the job's max K
+    d = coord.pool.drafting()
+    assert d is not None and d.max_tokens == P.Speculation().max_tokens
+    seen = AcceptanceMeter()
+    seen.update(4, 2)
+    seen.update(3, 1)
+    assert d.accept == seen.rate < AcceptanceMeter().rate  # 3 of 7 accepted pulls the prior (0.5) down
+
+
+def test_a_live_pool_that_does_not_speculate_predicts_plain_decoding() -> None:
+    from rlboost.rollout.live import CoordinatorConfig, LiveCoordinator
+
+    cfg = CoordinatorConfig(job_seed=0, temperature=1.0, chunk_tokens=8, heartbeat_s=1, heartbeat_timeout_s=4,
+                            weights_url="", model={}, engine_dtype="float32", engine_batch=8, eos_id=EOS)
+    coord = LiveCoordinator(cfg)
+    coord.pool.count_drafts(10, 10)
+    assert coord.pool.drafting() is None
 
 
 def test_step_figures_count_tokens_per_verifying_pass() -> None:

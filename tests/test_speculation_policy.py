@@ -1,11 +1,11 @@
-"""The adaptive speculation rule (rlboost/rollout/policies/speculation.py)."""
+"""The adaptive speculation rule (rlboost/contracts/speculation.py)."""
 
 from __future__ import annotations
 
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rlboost.rollout.policies.speculation import AcceptanceMeter, batch_step_cost, draft_length, expected_yield
+from rlboost.contracts.speculation import AcceptanceMeter, batch_step_cost, draft_length, expected_yield
 
 
 def test_expected_yield_matches_the_geometric_series():

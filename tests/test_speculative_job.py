@@ -31,7 +31,7 @@ def write_job(tmp: Path, name: str, method: str) -> Path:
             "max_workers": 0,  # the trainer's own engine: the same engine path as a spot worker's
             "engine_dtype": "float64",
             # an engine sized for more than a step's 48 responses: its (static) batches leave room to draft
-            # in the same forward pass (rollout/policies/speculation.py's cost: one pass per 128 tokens)
+            # in the same forward pass (contracts/speculation.py's cost: one pass per 128 tokens)
             "engine_batch": 128,
             "offload_policy": "none",
             "speculative": {"method": method, "max_tokens": 4},

@@ -1,6 +1,6 @@
 """How often drafted tokens are accepted: the simulator's speculative-decoding model, from cited measurements.
 
-Speculative decoding here is lossless (rlboost/rollout/policies/speculation.py), so what it changes is
+Speculative decoding here is lossless (rlboost/contracts/speculation.py), so what it changes is
 speed: a verification pass with K drafted tokens yields 1 + (accepted) tokens per response. With a
 per-token acceptance probability `a` (drafts accepted left to right until the first miss) the mean
 is (1 - a^(K+1)) / (1 - a) (Leviathan et al. 2023, eq. 1; `expected_yield` there). Papers and

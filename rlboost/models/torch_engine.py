@@ -9,7 +9,7 @@ bit for bit in practice; in float32, batch shape can flip a near-tie.
 
 Speculative decoding (rollout.speculative, README "Speculative decoding"): each decode step may feed a
 live row its last token plus up to K drafted ones (models/drafting.py; K from the pure rule in
-rollout/policies/speculation.py, from this engine's measured acceptance and the pass's cost: every row
+contracts/speculation.py, from this engine's measured acceptance and the pass's cost: every row
 of the static batch, finished or not, is computed, so a full batch decodes plain),
 right-aligned and masked to the step's widest draft. Every fed position is sampled with the seeded rule
 at its response position; drafted tokens are kept left to right while each equals the token sampled
@@ -28,11 +28,11 @@ import torch
 from rlboost.contracts.engine import DraftCounts, FinishReason, GenRequest, OnTokens, check_requests
 from rlboost.contracts.sampling import sample
 from rlboost.contracts.spec import ModelSpec, SpeculativeSpec
+from rlboost.contracts.speculation import AcceptanceMeter, batch_step_cost, draft_length
 from rlboost.models import sampling_torch
 from rlboost.models.drafting import BatchDrafter
 from rlboost.models.tiny_gpt import TinyGPT, from_spec, left_pad
 from rlboost.models.vocab import EOS, PAD
-from rlboost.rollout.policies.speculation import AcceptanceMeter, batch_step_cost, draft_length
 
 _DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16, "float16": torch.float16}
 

@@ -88,6 +88,7 @@ class LiveCoordinator(Coordinator):
         )
         self.cfg = cfg
         self.pool.send_siblings = cfg.speculative.method == "group"
+        self.pool.draft_max_tokens = cfg.speculative.max_tokens if cfg.speculative.method != "none" else 0
         self.clock = clock
         self.version = -1  # latest published version
         self.offloaded = asyncio.Event()  # set when the reserved engine handed over this step
@@ -396,10 +397,13 @@ class LiveCoordinator(Coordinator):
 
     def _count_drafts(self, conn: EngineConn, msg: P.Finished) -> None:
         """Speculative decoding counts of the responses this engine held (before their ends complete them)."""
+        drafted = accepted = 0
         for rid, d, a, n in zip(msg.rids, msg.drafted, msg.accepted, msg.draft_passes):
             r = self.book.responses.get(rid)
             if r is not None and r.engine == conn.id and not r.done:
                 r.drafted, r.accepted, r.draft_passes = r.drafted + d, r.accepted + a, r.draft_passes + n
+                drafted, accepted = drafted + d, accepted + a
+        self.pool.count_drafts(drafted, accepted)  # the offload's prediction of the pool (drafting())
 
     async def _writer(self, conn: EngineConn) -> None:
         while True:

@@ -23,6 +23,7 @@ from aiohttp import web
 
 from rlboost.contracts import protocol as P
 from rlboost.contracts.perf import AcceleratorPerf, EngineModel, engine_model
+from rlboost.contracts.speculation import AcceptanceMeter
 from rlboost.rollout.book import Response, RolloutBook
 from rlboost.rollout.policies.lengths import LengthStats
 from rlboost.rollout.policies.views import EngineView, ReqView
@@ -124,6 +125,8 @@ class LivePool:
         self.full_dispatch = True  # look at every engine in the next dispatch round
         self.on_drop: Callable[[EngineConn, str], None] = lambda conn, why: None
         self.send_siblings = False  # rollout.speculative.method group: requests carry their siblings' tokens
+        self.draft_max_tokens = 0  # rollout.speculative.max_tokens where the job speculates, else 0
+        self.acceptance = AcceptanceMeter()  # the engines' reported drafts (drafting())
 
     # ---- messages --------------------------------------------------------------------------
     def post(self, conn: EngineConn, text: str) -> None:
@@ -207,9 +210,16 @@ class LivePool:
         )
 
     def drafting(self) -> Drafting | None:
-        """None: the offload policy predicts plain decoding. The engines' acceptance comes from the
-        drafted and accepted token counts they report; it is wired here where those reports arrive."""
-        return None
+        """The engines' acceptance, from the drafted and accepted token counts they report with each
+        batch's ends (count_drafts); None (the offload policy predicts plain decoding) where the job does
+        not speculate or no engine has drafted yet (the vllm engine never does)."""
+        if self.draft_max_tokens <= 0 or self.acceptance.drafted <= 0:
+            return None
+        return Drafting(self.acceptance.rate, self.draft_max_tokens)
+
+    def count_drafts(self, drafted: int, accepted: int) -> None:
+        if drafted > 0:  # a batch that drafted nothing says nothing about acceptance
+            self.acceptance.update(drafted, accepted)
 
     # ---- EnginePool: dispatch --------------------------------------------------------------------
     def open_engines(self, now: float) -> list[EngineView]:

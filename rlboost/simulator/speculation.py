@@ -2,7 +2,7 @@
 
 Where the job speculates (`rollout.speculative.method` group or ngram, and the policy does: `sync`
 models veRL's default, no speculation), each engine, whenever its load changes, picks K with the live
-engine's rule (rlboost/rollout/policies/speculation.py `draft_length`) from the mean acceptance of the
+engine's rule (rlboost/contracts/speculation.py `draft_length`) from the mean acceptance of the
 responses it holds, its live count and the cost of a forward pass from the performance table
 (contracts/perf.py `EngineModel.pass_time`). Each response's acceptance comes from the cited model
 (contracts/speculation_perf.py): its method and the fraction of its siblings that have finished.
@@ -28,8 +28,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from rlboost.contracts.speculation import AcceptanceMeter, draft_length, expected_yield
 from rlboost.contracts.speculation_perf import ACCEPTANCE, AcceptanceModel
-from rlboost.rollout.policies.speculation import AcceptanceMeter, draft_length, expected_yield
 
 if TYPE_CHECKING:
     from rlboost.simulator.engines import ModelledEngine

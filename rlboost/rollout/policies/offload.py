@@ -32,8 +32,8 @@ from typing import Literal, Protocol
 import numpy as np
 
 from rlboost.contracts.perf import EngineModel
+from rlboost.contracts.speculation import draft_length, expected_yield
 from rlboost.rollout.policies.lengths import LengthStats
-from rlboost.rollout.policies.speculation import draft_length, expected_yield
 from rlboost.rollout.policies.views import EngineView
 
 

@@ -8,7 +8,9 @@ and none, on the reverse and the add task.
 Each run is a real `rlboost launch --record-rollouts`, the methods taking turns. Per run: the median
 step time (and generation time) over steps 2.. (step 1 includes the engine's start), and from
 metrics.jsonl the drafted and accepted tokens and the mean tokens a response gained per forward pass
-that verified a draft for it (spec_tokens_per_pass); per method: the median of the runs' step times.
+that verified a draft for it (spec_tokens_per_pass); per method: the median of the runs' step times,
+and (unless --no-predict) `rlboost simulate`'s prediction of the same median step: the method's first
+run's job file, `--lengths` its rollouts.jsonl (lengths and measured acceptance), calibrated here.
 Prints, per task, the ratio step(none) / step(method) (> 1: speculation pays) and checks that every
 method recorded the same responses as `none` (lossless; the engines run in float64). CPU-bound: the
 step times mean something only on an otherwise idle machine.
@@ -28,6 +30,13 @@ from pathlib import Path
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from rlboost.contracts.spec import load_spec  # noqa: E402
+from rlboost.simulator import PRESETS  # noqa: E402
+from rlboost.simulator import cli as sim_cli  # noqa: E402
+from rlboost.simulator.local_calibration import Calibration  # noqa: E402
+
 METHODS = ("none", "group", "ngram")
 
 
@@ -77,6 +86,7 @@ def one_run(task: str, method: str, i: int, args: argparse.Namespace) -> dict:
             raise SystemExit(f"{name} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
         [metrics] = list(home.rglob("metrics.jsonl"))
         [rollouts] = list(home.rglob("rollouts.jsonl"))
+        recorded = rollouts.read_text()
         rows = [json.loads(line) for line in metrics.read_text().splitlines() if '"step_s"' in line]
         responses = {
             r["rid"]: r["tokens"] for r in (json.loads(line) for line in rollouts.read_text().splitlines())
@@ -93,7 +103,23 @@ def one_run(task: str, method: str, i: int, args: argparse.Namespace) -> dict:
         "accepted": accepted,
         "tokens_per_pass": round(statistics.mean(per_pass), 3) if per_pass else None,
         "responses": responses,
+        "job": job_dict(name, task, method, args),
+        "rollouts": recorded,
     }
+
+
+def predicted_step_s(run: dict, steps: int, cal: Calibration | None) -> tuple[float, Calibration | None]:
+    """`rlboost simulate`'s median step (steps 2..) for a run's job file, with `--lengths` its recorded
+    rollouts (their lengths, and the acceptance its drafts measured), calibrated on this machine once
+    (`cal`, reused for the other runs of a task)."""
+    with tempfile.TemporaryDirectory(prefix="bench-spec-sim-") as d:
+        job, rollouts = Path(d) / "job.yaml", Path(d) / "rollouts.jsonl"
+        job.write_text(yaml.safe_dump(run["job"]))
+        rollouts.write_text(run["rollouts"])
+        rp = sim_cli.prepare(load_spec(job), None, lengths=rollouts, steps=steps, calibrated=cal or True)
+        [res] = rp.simulate([PRESETS["on-demand"]])  # the trainer's own engine alone, as the live job
+    log = [x for x in res.step_log if x["step"] >= 2] or res.step_log[1:] or res.step_log  # as the live runs
+    return statistics.median(x["step_s"] for x in log), rp.calibration
 
 
 def main() -> None:
@@ -110,6 +136,7 @@ def main() -> None:
     ap.add_argument("--temperature", type=float, default=1.0, help="algorithm.temperature (sampling)")
     ap.add_argument("--timeout", type=float, default=1800)
     ap.add_argument("--smoke", action="store_true", help="the smallest size: 1 run, 2 steps, short responses")
+    ap.add_argument("--no-predict", action="store_true", help="skip the simulator's prediction of the ratios")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
     if args.smoke:
@@ -126,6 +153,10 @@ def main() -> None:
             if any(r["responses"] != base for r in rs):
                 raise SystemExit(f"{task}: method {m} recorded other responses than none: not lossless")
         med = {m: statistics.median(r["step_s"] for r in rs) for m, rs in runs.items()}
+        pred: dict[str, float] = {}
+        cal = None
+        for m, rs in ([] if args.no_predict else runs.items()):  # from each method's first run
+            pred[m], cal = predicted_step_s(rs[0], args.steps, cal)
         summary[task] = {}
         for m, rs in runs.items():
             r0 = rs[0]
@@ -138,10 +169,14 @@ def main() -> None:
                 "accepted": r0["accepted"],
                 "tokens_per_pass": r0["tokens_per_pass"],
             }
+            if pred:
+                line["simulated_step_s"] = round(pred[m], 3)
+                line["simulated_speedup_vs_none"] = round(pred["none"] / pred[m], 3)
             summary[task][m] = line
             print(f"{task:>8} {m:>6}: step {line['step_s']} s, median {med[m]:.2f}s "
                   f"({line['speedup_vs_none']:.2f}x none), generation {line['median_gen_s']:.2f}s, "
-                  f"drafted {r0['drafted']}, accepted {r0['accepted']}, tokens/pass {r0['tokens_per_pass']}",
+                  f"drafted {r0['drafted']}, accepted {r0['accepted']}, tokens/pass {r0['tokens_per_pass']}"
+                  + (f"; simulated {pred[m]:.2f}s ({line['simulated_speedup_vs_none']:.2f}x none)" if pred else ""),
                   flush=True)
     print("responses identical with and without speculation: yes")
     if args.out:

@@ -125,3 +125,30 @@ def test_a_speculating_replay_reproduces(tmp_path):
     a = _replays(tmp_path, "group")["rlboost"]
     b = _replays(tmp_path, "group")["rlboost"]
     assert a.step_log == b.step_log and a.dollars == b.dollars and a.speculation == b.speculation
+
+
+def test_a_recorded_run_gives_the_replay_its_measured_acceptance(tmp_path):
+    """`--lengths` with a recorded run's rollouts.jsonl that drafted: the replay's engines draft at that
+    run's accepted / drafted (simulate.acceptance), not the cited rates; a run that drafted nothing, or a
+    job file's own simulate.acceptance, leaves the job as it is."""
+    rows = [{"tokens": [1] * n, "drafted": d, "accepted": a} for n, d, a in [(900, 40, 2), (1500, 60, 3), (700, 0, 0)]]
+    drafted_run = tmp_path / "drafted.jsonl"
+    drafted_run.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    plain_run = tmp_path / "plain.jsonl"
+    plain_run.write_text("".join(json.dumps({"tokens": [1] * n}) + "\n" for n in (900, 1500, 700)))
+    spec = load_spec(_job(tmp_path, "group"))
+
+    def prepared(lengths: Path, spec=spec):
+        return sim_cli.prepare(spec, None, lengths=lengths, constant_workers=1, steps=3, calibrated=False)
+
+    low = prepared(drafted_run)
+    assert low.spec.simulate.acceptance == pytest.approx(5 / 100)
+    assert prepared(plain_run).spec.simulate.acceptance is None
+    own = spec.model_copy(update={"simulate": spec.simulate.model_copy(update={"acceptance": 0.3})})
+    assert prepared(drafted_run, own).spec.simulate.acceptance == 0.3
+    # the replays: at 5 % drafting gains almost nothing (the shared rule hardly drafts), the cited rates much
+    measured = low.replay(PRESETS["on-demand"]).speculation
+    cited = prepared(plain_run).replay(PRESETS["on-demand"]).speculation
+    assert measured is not None and cited is not None
+    assert measured["drafted"] == 0 or measured["acceptance"] == pytest.approx(0.05, abs=1e-9)
+    assert measured["tokens_per_pass"] < 1.1 < cited["tokens_per_pass"]

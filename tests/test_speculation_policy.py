@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rlboost.contracts.speculation import AcceptanceMeter, batch_step_cost, draft_length, expected_yield
+from rlboost.contracts.speculation import AcceptanceMeter, PassCost, batch_step_cost, draft_length, expected_yield
 
 
 def test_expected_yield_matches_the_geometric_series():
@@ -44,3 +45,23 @@ def test_the_meter_moves_from_its_prior_toward_what_it_sees():
     for _ in range(50):
         m.update(drafted=4, accepted=0)
     assert m.rate < 0.1
+
+
+def test_pass_cost_answers_from_measurements_and_the_prior_between() -> None:
+    """PassCost: the prior alone until a pass is measured; a measured size its running mean; between
+    two measured sizes linear; beyond them the prior's shape scaled to the nearest measurement."""
+    cost = PassCost(batch_step_cost(64), keep=0.5)
+    assert cost(64) == cost(10) == 1.0 and cost(65) == 2.0  # the memory-bound prior
+    assert not cost.knows_plain(64)
+    cost.observe(64, 0.010)
+    assert cost.knows_plain(64) and cost.knows_plain(100) and not cost.knows_plain(32)
+    assert cost(64) == 0.010 and cost(32) == 0.010 and cost(128) == pytest.approx(0.020)  # scaled prior
+    cost.observe(256, 0.016)
+    assert cost(160) == pytest.approx(0.013)  # half-way between the measured 64 and 256
+    assert cost(512) == pytest.approx(0.032)  # the prior's doubling, from the measured 256
+    # what draft_length makes of it (64 live rows): a pass over 4x the tokens costs 1.6x, so at acceptance
+    # 0.3 one drafted token pays and three do not; at 0.1 none does. The prior alone would draft 3.
+    assert draft_length(0.3, 64, 3, cost) == 1 and draft_length(0.1, 64, 3, cost) == 0
+    assert draft_length(0.3, 64, 3, batch_step_cost(256)) == 3
+    cost.observe(64, 0.020)
+    assert cost(64) == pytest.approx(0.015)  # running mean (keep 0.5)

@@ -195,3 +195,41 @@ def test_a_batch_that_fills_the_engine_decodes_plain() -> None:
         _run(e, requests)
         drafted[max_batch] = _drafted(e)[0]
     assert drafted[9] == 0 and drafted[18] > 0
+
+
+class PassTimer:
+    """An engine's timer (TorchEngine(timer=...)) on which a decode pass lasts cost(tokens it feeds):
+    it is read at a pass's start and end, so every second reading adds the pass under way."""
+
+    def __init__(self, cost: Callable[[int], float]) -> None:
+        self.cost, self.t, self.engine, self.started = cost, 0.0, None, False
+
+    def __call__(self) -> float:
+        if self.started:
+            self.t += self.cost(self.engine.fed_tokens)
+        self.started = not self.started
+        return self.t
+
+
+@pytest.mark.parametrize("wide", ["flat", "proportional"])
+def test_the_engine_drafts_where_its_measured_passes_say_it_pays(wide: str) -> None:
+    """The draft length weighs the engine's own measured pass times (PassCost), not only the prior's
+    memory-bound shape. A request whose sibling wrote its text (every draft accepted): where a pass
+    over (K + 1)x the tokens costs what a plain pass does, it drafts to the end; where it costs (K + 1)x
+    (a CPU, a full GPU), even perfect drafts only tie with plain decoding, so after the first draft's
+    pass is measured nothing more is drafted. Either way the response is plain decoding's."""
+    build = _tiny_engines("long")
+    (r,) = _requests(PROMPTS[:1], group_size=1)
+    plain, _ = _run(build("none"), [r])
+    text = plain.ids[r.rid]
+    timer = PassTimer((lambda n: 1.0) if wide == "flat" else (lambda n: float(n)))
+    e = build("group")
+    timer.engine, e.timer = e, timer
+    again, _ = _run(e, [GenRequest(r.rid, r.prompt, BUDGET, r.seed, group=r.group, siblings=[list(text)])])
+    _assert_same(again, plain)
+    drafted, accepted = _drafted(e)
+    assert accepted == drafted and e.pass_cost.seen  # the decode passes were measured
+    if wide == "flat":
+        assert drafted >= len(text) // 2
+    else:
+        assert 0 < drafted <= 4  # the first draft (the prior thought it free), then plain decoding

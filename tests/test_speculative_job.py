@@ -69,7 +69,11 @@ def test_same_responses_with_and_without_speculation(tmp_path):
         rows = [r for r in spec if r["step"] == step]
         assert m["spec_drafted"] == sum(r["drafted"] for r in rows)
         assert m["spec_accepted"] == sum(r["accepted"] for r in rows)
-        assert m["spec_tokens_per_pass"] >= 1
+        # the engine drafts only where its measured passes say it pays: a step may verify no draft at all
+        if m["spec_drafted"]:
+            assert m["spec_tokens_per_pass"] >= 1
+        else:
+            assert m["spec_tokens_per_pass"] is None
     assert all(m["spec_drafted"] is None for m in plain_metrics)
     assert [s["spec_drafted"] for s in spec_status["recent_steps"]] == [m["spec_drafted"] for m in spec_metrics]
     shown = run_cli("status", "spec-on", home=tmp_path / "spec-on", check=True).stdout

@@ -17,7 +17,7 @@ Pure and clock-free: the torch engine and the simulator call the same function.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 def expected_yield(accept: float, k: int) -> float:
@@ -51,6 +51,46 @@ def batch_step_cost(capacity: int) -> Callable[[int], float]:
     costs), so speculating is free while live * (K + 1) fits the batch the engine was sized for."""
     cap = max(1, capacity)
     return lambda n: float(-(-max(n, 1) // cap))
+
+
+@dataclass
+class PassCost:
+    """Seconds of one forward pass by the tokens it feeds, as an engine measures its own passes, for
+    draft_length. A measured size answers with its running mean; a size between two measured ones, by
+    linear interpolation; any other, the prior's shape (batch_step_cost) scaled to the nearest measured
+    size; before any measurement, the prior itself (only ratios matter to draft_length). Why measured:
+    the prior is a memory-bound GPU's shape, and on a CPU a pass over 4x the tokens costs ~1.6x
+    (BENCHMARKS, live speculative decoding), so a prior alone drafts where drafting costs time. An
+    engine measures a plain pass first (knows_plain), then drafts what the prior finds free, so every
+    width is tried once before it is judged."""
+
+    prior: Callable[[int], float]
+    keep: float = 0.8  # weight of the running mean against a new measurement
+    seen: dict[int, float] = field(default_factory=dict)
+
+    def knows_plain(self, tokens: int) -> bool:
+        """Whether a pass over at most `tokens` (a plain pass of that many rows) has been measured: until
+        one has, the prior's flat shape would price a plain pass like the widest measured one."""
+        return any(n <= tokens for n in self.seen)
+
+    def observe(self, tokens: int, seconds: float) -> None:
+        old = self.seen.get(tokens)
+        self.seen[tokens] = seconds if old is None else old * self.keep + seconds * (1.0 - self.keep)
+
+    def __call__(self, tokens: int) -> float:
+        seen = self.seen
+        if not seen:
+            return self.prior(tokens)
+        if tokens in seen:
+            return seen[tokens]
+        below = max((n for n in seen if n < tokens), default=None)
+        above = min((n for n in seen if n > tokens), default=None)
+        if below is not None and above is not None:
+            f = (tokens - below) / (above - below)
+            return seen[below] + f * (seen[above] - seen[below])
+        near = below if below is not None else above
+        assert near is not None
+        return seen[near] * self.prior(tokens) / self.prior(near)
 
 
 @dataclass

@@ -20,6 +20,7 @@ change nothing). The engine stays static-batch: a batch runs to its longest resp
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Mapping
 
 import numpy as np
@@ -28,7 +29,7 @@ import torch
 from rlboost.contracts.engine import DraftCounts, FinishReason, GenRequest, OnTokens, check_requests
 from rlboost.contracts.sampling import sample
 from rlboost.contracts.spec import ModelSpec, SpeculativeSpec
-from rlboost.contracts.speculation import AcceptanceMeter, batch_step_cost, draft_length
+from rlboost.contracts.speculation import AcceptanceMeter, PassCost, batch_step_cost, draft_length
 from rlboost.models import sampling_torch
 from rlboost.models.drafting import BatchDrafter
 from rlboost.models.tiny_gpt import TinyGPT, from_spec, left_pad
@@ -48,6 +49,7 @@ class TorchEngine:
         device: str | None = None,
         eos_id: int | None = None,
         speculative: SpeculativeSpec | None = None,
+        timer: Callable[[], float] = time.perf_counter,  # times decode passes (PassCost); tests inject one
     ) -> None:
         if dtype not in _DTYPES:
             raise ValueError(f"dtype must be one of {', '.join(_DTYPES)}, got {dtype!r}")
@@ -76,8 +78,10 @@ class TorchEngine:
         self._params = dict(self.model.named_parameters())
         self.speculative = speculative or SpeculativeSpec()
         self.meter = AcceptanceMeter()  # acceptance of this engine's drafts, for the draft length
-        # a forward pass over up to max_batch tokens costs one decode step (memory-bound)
-        self._step_cost = batch_step_cost(max_batch)
+        # a forward pass's cost by the tokens it feeds: measured on this engine's decode passes, with a
+        # memory-bound prior (a pass over up to max_batch tokens costs one decode step) until then
+        self.pass_cost = PassCost(batch_step_cost(max_batch))
+        self.timer, self.fed_tokens = timer, 0  # fed_tokens: the tokens of the pass under way
         self.drafts: dict[str, DraftCounts] = {}  # per request of its calls; the worker reports and removes them
 
     def _forward(
@@ -160,11 +164,11 @@ class TorchEngine:
         cost of the forward pass. The static batch computes every one of its rows, finished or not, so
         K drafted tokens cost a pass over len(reqs) * (K + 1) tokens: a batch that fills the engine
         decodes plain, a smaller one (e.g. a step's tail, migrated to an engine of its own) drafts."""
-        if drafter is None or not rows:
-            return {}
+        if drafter is None or not rows or not self.pass_cost.knows_plain(len(reqs)):
+            return {}  # (a plain pass first: the widths drafting feeds are priced against one)
         scale = len(reqs) / len(rows)  # the pass's tokens per live row's token
         k = draft_length(
-            self.meter.rate, len(rows), self.speculative.max_tokens, lambda n: self._step_cost(round(n * scale))
+            self.meter.rate, len(rows), self.speculative.max_tokens, lambda n: self.pass_cost(round(n * scale))
         )
         if k == 0:
             return {}
@@ -207,10 +211,16 @@ class TorchEngine:
             if not active:
                 return reasons
             width = 1 + max((len(d) for d in drafts.values()), default=0)  # the fed columns with logits
+            # timed: a decode pass where the engine drafts (the first pass prefills the prompts)
+            timed = past is not None and drafter is not None
+            self.fed_tokens = len(reqs) * width
+            t0 = self.timer() if timed else 0.0
             logits, past = self._forward(idx, positions, mask, past, width)
             starts = [reqs[i].position0 + made[i] for i in active]
             sampled = self._sample_fed(logits, active, [len(drafts.get(i, ())) for i in active], seeds, starts,
                                        temperature)
+            if timed:  # sampled to Python lists: the pass is done, on any device
+                self.pass_cost.observe(self.fed_tokens, self.timer() - t0)
             keep = torch.ones((len(reqs), width), dtype=torch.bool, device=self.device)
             next_tok: list[list[int]] = [[] for _ in reqs]
             for i in active:

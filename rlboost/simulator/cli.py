@@ -10,6 +10,7 @@ from pathlib import Path
 
 from rlboost.contracts.lengths import LengthModel
 from rlboost.contracts.spec import JobSpec
+from rlboost.contracts.speculation_perf import recorded_acceptance
 from rlboost.providers.pricing import Offer, spot_offers, trainer_offer
 from rlboost.providers.spot_market import BUILTIN_TRACE, AvailabilityTrace, constant_trace, load_trace
 from rlboost.simulator.core import Simulation
@@ -126,6 +127,9 @@ def prepare(
         )
     trainer, spots = trainer_offer(spec), spot_offers(spec)  # priced as the job file says
     length_model = LengthModel.from_recorded(lengths) if lengths else None
+    seen = recorded_acceptance(lengths) if lengths else None
+    if seen is not None and spec.simulate.acceptance is None:  # what the recorded run's drafts measured
+        spec = spec.model_copy(update={"simulate": spec.simulate.model_copy(update={"acceptance": seen})})
     cal = None
     if calibrated is not False and needs_calibration(spec):
         if isinstance(calibrated, Calibration):

@@ -27,7 +27,7 @@ from rlboost.simulator.cores import CoreShare
 from rlboost.simulator.engines import Fleet, MemoView, ModelledEngine
 from rlboost.simulator.events import INF, EventQueue
 from rlboost.simulator.presets import SimPolicy
-from rlboost.simulator.speculation import Speculation
+from rlboost.simulator.speculation import Speculation, acceptance_model
 from rlboost.simulator.step_state import StepState
 
 _any = np.logical_or.reduce  # ndarray.any() without its Python-level wrapper (small arrays, often)
@@ -57,7 +57,7 @@ class ModelledPool:
         sp = spec.rollout.speculative
         # speculative decoding where the job asks for it and the policy models it (`sync`: veRL's default)
         self.speculation = (
-            Speculation(sp.method, sp.max_tokens, lambda: self.step)
+            Speculation(sp.method, sp.max_tokens, lambda: self.step, acceptance=acceptance_model(self.sim))
             if policy.speculate and sp.method != "none"
             else None
         )

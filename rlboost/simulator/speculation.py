@@ -28,12 +28,19 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from rlboost.contracts.spec import SimulateSpec
 from rlboost.contracts.speculation import AcceptanceMeter, draft_length, expected_yield
-from rlboost.contracts.speculation_perf import ACCEPTANCE, AcceptanceModel
+from rlboost.contracts.speculation_perf import ACCEPTANCE, AcceptanceModel, measured
 
 if TYPE_CHECKING:
     from rlboost.simulator.engines import ModelledEngine
     from rlboost.simulator.step_state import StepState
+
+
+def acceptance_model(sim: SimulateSpec) -> AcceptanceModel:
+    """The job's measured acceptance (simulate.acceptance, e.g. from a recorded run) where it gives one,
+    else the cited model."""
+    return ACCEPTANCE if sim.acceptance is None else measured(sim.acceptance)
 
 
 @dataclass

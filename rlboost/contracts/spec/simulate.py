@@ -43,3 +43,7 @@ class SimulateSpec(Strict):
     # machine: each busy one runs at min(1, cores / busy) of its own rate; a fraction where other work
     # takes part of the machine). None: a node each.
     cpu_cores: Annotated[float, Field(gt=0, le=100_000)] | None = None
+    # Per-token acceptance of drafted tokens where the job speculates (rollout.speculative), whatever the
+    # siblings. None: the cited model (contracts/speculation_perf.py); `--lengths` from a recorded run
+    # that drafted sets it to that run's accepted / drafted.
+    acceptance: Annotated[float, Field(ge=0, lt=1)] | None = None

@@ -88,9 +88,7 @@ def one_run(task: str, method: str, i: int, args: argparse.Namespace) -> dict:
         [rollouts] = list(home.rglob("rollouts.jsonl"))
         recorded = rollouts.read_text()
         rows = [json.loads(line) for line in metrics.read_text().splitlines() if '"step_s"' in line]
-        responses = {
-            r["rid"]: r["tokens"] for r in (json.loads(line) for line in rollouts.read_text().splitlines())
-        }
+        responses = {r["rid"]: r["tokens"] for r in (json.loads(line) for line in recorded.splitlines())}
     later = [r for r in rows if r["step"] >= 2] or rows
     drafted = sum(r["spec_drafted"] or 0 for r in rows)
     accepted = sum(r["spec_accepted"] or 0 for r in rows)

@@ -23,6 +23,14 @@ command at its smallest size (the CI smoke tier, tests/test_benchmarks_smoke.py)
 `--profile FILE` adds a torch.profiler table of 16 decode steps at batch 256 (FILE) and a cProfile
 table of the same (FILE with .py.txt); `--skip-nccl` leaves out the NCCL check.
 
+`spec` measures grouped speculative decoding in a step's tail (issue 38): G groups of S responses, the
+last of each generated with `none`, `group` and `ngram` drafting while its S - 1 siblings' tokens ride
+along as the coordinator sends them; seconds, tokens per row and decode pass, drafted / accepted, whether
+every response equals `none`'s, and the pass cost the engine measured by tokens fed. A random model is
+not confident, so the final norm is scaled (`--alphas`) and the sampled tokens' mean entropy reported.
+
+    python benchmarks/bench_gpu.py spec --new-tokens 128 --alphas 20 40 --dtypes bfloat16 float32 --full-step
+
 `job` runs `rlboost launch` on a local job with this model: the trainer (hf learner on the GPU, its own
 torch engine) and two local "spot" workers (torch engine on the same GPU), weights to the workers over
 the chosen transport, the built-in spot trace with preemptions (time_scale 360). It prints the launch's
@@ -363,6 +371,139 @@ def parts(args: argparse.Namespace) -> None:
         args.out.write_text(json.dumps(info, indent=2))
 
 
+def _spec_engine(spec, dtype: str, method: str, max_tokens: int, rows: int, alpha: float):
+    """A torch engine whose final norm is scaled by alpha, so that its random weights sample with a trained
+    policy's confidence (the mean per-token entropy is measured and reported, not assumed); the decode
+    passes are counted."""
+    import torch
+
+    from rlboost.contracts.spec import SpeculativeSpec
+    from rlboost.models.torch_engine import TorchEngine
+
+    drafting = SpeculativeSpec(method=method, max_tokens=max_tokens)
+    engine = TorchEngine(spec, dtype=dtype, max_batch=rows, speculative=drafting)
+    norm = next(p for n, p in engine.model.named_parameters() if n.endswith("norm.weight") and ".layers." not in n)
+    with torch.no_grad():
+        norm.mul_(alpha)
+    engine.passes = 0  # type: ignore[attr-defined]
+    forward = engine._forward
+
+    def counted(*a, **k):
+        engine.passes += 1  # type: ignore[attr-defined]
+        return forward(*a, **k)
+
+    engine._forward = counted  # type: ignore[method-assign]
+    return engine
+
+
+def _timed_generate(engine, reqs) -> dict:
+    got: dict[str, list[int]] = {r.rid: [] for r in reqs}
+    nll: list[float] = []
+
+    def on_tokens(rid, offset, ids, lps):
+        got[rid].extend(ids)
+        nll.extend(-lp for lp in lps)
+
+    engine.passes = 0
+    _sync()
+    t0 = time.perf_counter()
+    engine.generate(reqs, on_tokens, lambda rid: False)
+    _sync()
+    dt = time.perf_counter() - t0
+    n = sum(len(v) for v in got.values())
+    drafted = sum(c.drafted for c in engine.drafts.values())
+    accepted = sum(c.accepted for c in engine.drafts.values())
+    engine.drafts.clear()
+    return {
+        "tokens": got,
+        "seconds": round(dt, 3),
+        "tokens_per_s": round(n / dt, 1),
+        "passes": engine.passes,
+        # per row and decode pass (the first pass is the prefill): 1.0 without drafts
+        "tokens_per_row_pass": round(n / len(reqs) / max(1, engine.passes - 1), 2),
+        "drafted": drafted,
+        "accepted": accepted,
+        "entropy_nats": round(sum(nll) / max(1, len(nll)), 3),
+    }
+
+
+def spec_parts(args: argparse.Namespace) -> None:
+    """Grouped speculative decoding on the GPU (issue 38, part 7); see `_spec_config`."""
+    import torch
+
+    from rlboost.contracts.spec import ModelSpec
+
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    info: dict = {"torch": torch.__version__, "gpu": gpu, "groups": args.groups, "group_size": args.group_size}
+    info |= {"new_tokens": args.new_tokens, "max_tokens": args.max_tokens}
+    with tempfile.TemporaryDirectory() as d:
+        spec = ModelSpec(kind="hf", path=str(make_model(Path(d) / "m", args.small)), dtype="bfloat16")
+        for dtype in args.dtypes:
+            for alpha in args.alphas if dtype == args.dtypes[0] else args.alphas[:1]:
+                info[f"{dtype}-alpha{alpha:g}"] = _spec_config(spec, dtype, alpha, args)
+                if torch.cuda.is_available():
+                    torch.cuda.empty_cache()
+    if args.out:
+        args.out.write_text(json.dumps(info, indent=2))
+
+
+def _spec_config(spec, dtype: str, alpha: float, args: argparse.Namespace) -> dict:
+    """G groups of S responses; a step's tail is the last response of each group, its S - 1 siblings
+    already generated (plain, one batch) and sent with it as GenRequest.siblings, as the coordinator
+    sends them. The tail (G rows) is generated with each method on a fresh engine (its pass costs
+    measured from nothing), then, at the first alpha, the whole step (G x S rows, no sibling done) with
+    --step-methods (none twice: whether two fresh engines give the same tokens). Reports seconds, tokens
+    per row and decode pass, drafted / accepted, whether every response equals `none`'s, and the pass
+    cost the engine measured by tokens fed."""
+    from rlboost.contracts.engine import GenRequest
+
+    g, s, new, key = args.groups, args.group_size, args.new_tokens, f"{dtype}-alpha{alpha:g}"
+    res: dict = {}
+    eng = _spec_engine(spec, dtype, "none", args.max_tokens, g * s, alpha)
+    prompts = _prompts(g, 64, eng.model.config.vocab_size, seed=1)
+
+    def req(i: int, j: int, sib: list[list[int]] | None = None) -> GenRequest:
+        return GenRequest(f"g{i}s{j}", prompts[i], new, seed=1000 * i + j, group=f"g{i}", siblings=sib or [])
+
+    def fresh(method: str):
+        e = _spec_engine(spec, dtype, method, args.max_tokens, g * s, alpha)
+        e.generate([GenRequest("w", prompts[0], 4, seed=0)], lambda *a: None, lambda rid: False)
+        return e
+
+    def record(name: str, out: dict, base: dict) -> None:
+        same = [out["tokens"][r] == base["tokens"][r] for r in base["tokens"]]
+        row = {k: v for k, v in out.items() if k != "tokens"}
+        row |= {"identical_to_none": f"{sum(same)}/{len(same)}"}
+        row |= {"speedup_vs_none": round(base["seconds"] / out["seconds"], 2)}
+        res[name] = row
+        print(json.dumps({key: {name: row}}), flush=True)
+
+    # warm-up at the full batch's shape (CUDA's lazy loading and kernel choice: the first config's
+    # timings were 3x slow without it)
+    warm = [GenRequest(f"w{i}", prompts[i % g], 32, seed=i) for i in range(g * s)]
+    eng.generate(warm, lambda *a: None, lambda rid: False)
+    sib = _timed_generate(eng, [req(i, j) for i in range(g) for j in range(s - 1)])
+    res["siblings_plain"] = {k: v for k, v in sib.items() if k != "tokens"}
+    siblings = {i: [sib["tokens"][f"g{i}s{j}"] for j in range(s - 1)] for i in range(g)}
+    tail = [req(i, s - 1, siblings[i]) for i in range(g)]
+    base = None
+    for method in args.methods:
+        e = eng if method == "none" else fresh(method)
+        out = _timed_generate(e, tail)
+        if args.again:  # the same tail again on this engine: every shape met once already
+            out = _timed_generate(e, tail)
+        base = base or out
+        record(f"tail-{method}", out, base)
+        res[f"tail-{method}"]["pass_cost_ms"] = {n: round(1000 * t, 2) for n, t in sorted(e.pass_cost.seen.items())}
+    if args.full_step and alpha == args.alphas[0]:
+        step_base = None
+        for n, method in enumerate(args.step_methods):
+            out = _timed_generate(fresh(method), [req(i, j) for i in range(g) for j in range(s)])
+            step_base = step_base or out
+            record(f"step{n}-{method}", out, step_base)
+    return res
+
+
 REWARD = """
 def score(prompt, response, row):
     # a random model answers nothing right: reward length up to 40 characters, so groups differ
@@ -465,7 +606,20 @@ def main() -> None:
     j.add_argument("--engine-batch", type=int, default=128)
     j.add_argument("--timeout", type=float, default=600)
     j.add_argument("--out", type=Path)
-    for sp in (p, j):
+    sp_ = sub.add_parser("spec", help="grouped speculative decoding in a step's tail (issue 38 part 7)")
+    sp_.add_argument("--small", action="store_true")
+    sp_.add_argument("--groups", type=int, default=8)
+    sp_.add_argument("--group-size", type=int, default=8)
+    sp_.add_argument("--new-tokens", type=int, default=256)
+    sp_.add_argument("--max-tokens", type=int, default=8, help="rollout.speculative.max_tokens (K)")
+    sp_.add_argument("--alphas", type=float, nargs="+", default=[12.0, 24.0], help="final-norm scales (confidence)")
+    sp_.add_argument("--dtypes", nargs="+", default=["bfloat16", "float32"], help="float32: the first alpha only")
+    sp_.add_argument("--methods", nargs="+", default=["none", "group", "ngram"])
+    sp_.add_argument("--full-step", action="store_true", help="also the whole step (G x S rows), first alpha")
+    sp_.add_argument("--step-methods", nargs="+", default=["none", "none", "group"], help="(none twice: determinism)")
+    sp_.add_argument("--again", action="store_true", help="time each tail's second run on its engine")
+    sp_.add_argument("--out", type=Path)
+    for sp in (p, j, sp_):
         sp.add_argument("--smoke", action="store_true", help="the smallest sizes (CI's smoke tier); needs a GPU too")
     args = ap.parse_args()
     import torch
@@ -479,9 +633,11 @@ def main() -> None:
         args.new_tokens, args.group_size = 8, 2
         if args.cmd == "parts":
             args.batches, args.groups, args.skip_nccl = [2, 4], 2, True
+        elif args.cmd == "spec":
+            args.groups, args.alphas, args.dtypes = 2, args.alphas[:1], args.dtypes[:1]
         else:
             args.prompts, args.steps, args.engine_batch, args.timeout = 2, 2, 8, min(args.timeout, 300)
-    {"parts": parts, "job": job}[args.cmd](args)
+    {"parts": parts, "job": job, "spec": spec_parts}[args.cmd](args)
 
 
 if __name__ == "__main__":

@@ -38,6 +38,7 @@ SMOKE = [
     Smoke("bench_coordinator.py", "--engines 8 --procs 1 --steps 1 --per-engine 8 --migrate 8 --max-new 64",
           (rf'"tokens_per_s": {NUM}', rf'"migrate_redispatched_s": {NUM}')),
     Smoke("bench_gpu.py", "parts --smoke", (r'"tokens_per_s"', r'"streamed_tokens_per_s"'), gpu=True),
+    Smoke("bench_gpu.py", "spec --smoke", (r'"tail-group"', r'"identical_to_none"'), gpu=True),
     Smoke("bench_offload_live.py", "--smoke", (rf"live, median step time: .* ratio none/offload {NUM}",
                                                rf"simulated, median step time: .* ratio none/offload {NUM}")),
     Smoke("bench_paper.py", "--steps 3", (rf"\| hf \| 2 \| rlboost \| {NUM} \|", r"largest spread: .*% \(within 5%\)")),

@@ -28,6 +28,7 @@ def run_cli(
     proc = subprocess.run(
         [sys.executable, "-m", "rlboost.cli.main", *args],
         env=env,
+        stdin=subprocess.DEVNULL,  # never a terminal: a command that would ask refuses instead of waiting
         capture_output=True,
         text=True,
         timeout=timeout,

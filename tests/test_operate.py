@@ -364,7 +364,9 @@ def test_rm_refuses_an_active_job_and_removes_an_ended_one(home):
 
     refused = run_cli("rm", "ops-rm", home=home)  # the name means the newest run: the active one
     assert refused.returncode == 1 and "is running" in refused.stderr and f"rlboost down {live}" in refused.stderr
-    assert run_cli("rm", str(old), home=home, check=True).stdout.strip() == f"removed job ops-rm (id {old})"
+    unasked = run_cli("rm", str(old), home=home)  # stdin is not a terminal: nobody to ask
+    assert unasked.returncode == 2 and "pass --yes" in unasked.stderr and run_dir.exists()
+    assert run_cli("rm", str(old), "--yes", home=home, check=True).stdout.strip() == f"removed job ops-rm (id {old})"
     assert not run_dir.exists()
     assert "no job with id" in run_cli("status", str(old), home=home).stderr
     assert [j["id"] for j in run_json("status", home=home)["jobs"]] == [live]
@@ -383,7 +385,10 @@ def test_gc_older_than_removes_only_old_ended_jobs(home):
     store.close()
     bad = run_cli("gc", "--older-than", "soon", home=home)
     assert bad.returncode == 2 and "7d" in bad.stderr
-    out = run_cli("gc", "--older-than", "7d", home=home, check=True).stdout
+    unasked = run_cli("gc", "--older-than", "7d", home=home)  # stdin is not a terminal: nobody to ask
+    assert unasked.returncode == 2 and "pass --yes" in unasked.stderr
+    assert {j["name"] for j in run_json("status", home=home)["jobs"]} == {"ops-ancient", "ops-recent", "ops-active"}
+    out = run_cli("gc", "--older-than", "7d", "-y", home=home, check=True).stdout
     assert f"removed 1 ended job(s) older than 7d: ops-ancient (id {ids['ops-ancient']})" in out
     left = {j["name"] for j in run_json("status", home=home)["jobs"]}
     assert left == {"ops-recent", "ops-active"}

@@ -30,6 +30,16 @@ def parse_age(text: str) -> float:
 
 def remove_job(store: StateStore, job: JobRow) -> None:
     """Delete an ended job's records and run directory (NotRemovable says why not)."""
+    job_removable(store, job)
+    try:
+        store.delete_job(job.id)
+    except ValueError as e:  # became active or live since the checks above
+        raise NotRemovable(f"job {job.name} (id {job.id}): {e}") from None
+    shutil.rmtree(job_run_dir(job), ignore_errors=True)
+
+
+def job_removable(store: StateStore, job: JobRow) -> None:
+    """NotRemovable unless the job has ended and none of its instances may still be up."""
     ref = f"{job.name} (id {job.id})"
     if job.active:
         raise NotRemovable(
@@ -42,11 +52,6 @@ def remove_job(store: StateStore, job: JobRow) -> None:
             f"job {ref} still has {len(live)} instance(s) not confirmed gone "
             f"({', '.join(i.id for i in live)}); run `rlboost gc` first"
         )
-    try:
-        store.delete_job(job.id)
-    except ValueError as e:  # became active or live since the checks above
-        raise NotRemovable(f"job {ref}: {e}") from None
-    shutil.rmtree(job_run_dir(job), ignore_errors=True)
 
 
 def ended_before(store: StateStore, age_s: float, *, now: float | None = None) -> list[JobRow]:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from rlboost.contracts.dataset_files import dataset_format
 from rlboost.contracts.mounts import find_mount, source_path
+from rlboost.contracts.provider_kinds import provider_kind
 from rlboost.contracts.spec import JobSpec
 from rlboost.providers.base import Role
 
@@ -36,3 +37,38 @@ def _needs_data(path: Path, mounts: dict[str, str]) -> bool:
             return path.suffix.lower() in (".parquet", "")
         path = local
     return dataset_format(path) != "jsonl"
+
+
+# what each extra installs that rlboost imports (the module, not the distribution), found without
+# importing it; tests/test_declared_dependencies.py checks each against pyproject.toml's extras
+EXTRA_MODULES: dict[str, tuple[str, ...]] = {
+    "local": ("torch",),
+    "hf": ("transformers",),
+    "vllm": ("vllm",),
+    "data": ("pyarrow", "datasets"),
+}
+
+
+def extras_here(spec: JobSpec) -> list[tuple[str, str]]:
+    """(job-file field, extra) for each extra this machine needs besides its provider's own library
+    (which preflight checks: the local provider's torch, a cloud's SDK): where the provider's instances
+    run here (`provider: local`), the trainer and every worker import the job's engine and model here.
+    A cloud's nodes pip-install their extras themselves (bootstrap.pip_spec)."""
+    if not provider_kind(spec.provider).runs_here:
+        return []
+    out = [("rollout.engine: vllm", "vllm")] if spec.rollout.engine == "vllm" else []
+    fields = {"hf": "model.kind: hf", "data": "task.path (parquet or a `datasets` directory)"}
+    out += [(fields.get(x, x), x) for x in node_extras(spec, Role.TRAINER)]
+    return out
+
+
+def missing_extras(spec: JobSpec) -> list[str]:
+    """One line per module the job needs here that is not installed, with the pip command that installs it."""
+    from rlboost.providers import installed
+
+    return [
+        f"{field} needs {module}, which is not installed here; install it with pip install 'rlboost[{extra}]'"
+        for field, extra in extras_here(spec)
+        for module in EXTRA_MODULES[extra]
+        if not installed(module)
+    ]

@@ -69,6 +69,9 @@ class ProviderKind:
     # how long the provider's listing may lag a change (a cloud API's eventual consistency): an
     # instance missing from it is asked for again over this long before it is called gone
     listing_lag_s: float = 30.0
+    # its instances cost real money: `rlboost launch` shows what it will start and asks first (unless
+    # --yes). A provider registered from outside spends unless its record says otherwise.
+    spends_money: bool = True
 
     @property
     def install_hint(self) -> str:
@@ -140,6 +143,7 @@ for _kind in (
         trainer_enrols=True,
         boot_prior_s=2.0,
         listing_lag_s=0.0,  # the processes themselves are looked at
+        spends_money=False,  # processes here, billed on a simulated price table
     ),
     ProviderKind(
         name="skypilot",

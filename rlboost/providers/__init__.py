@@ -24,6 +24,7 @@ __all__ = [
     "PreflightError",
     "credentials",
     "gcp_project",
+    "installed",
     "job_clouds",
     "make_provider",
     "preflight",
@@ -48,9 +49,16 @@ def job_clouds(spec: JobSpec) -> list[str]:
 def preflight(spec: JobSpec, *, check_credentials: bool = True) -> None:
     """Everything that can be known before launching; PreflightError lists each problem and its fix."""
     kind = provider_kind(spec.provider)
+    # the provider's libraries: a cloud's SDK, or (a provider whose instances run here) the trainer's torch
+    problems = [
+        f"provider: {spec.provider!r} needs {module}; install it with {kind.install_hint}"
+        for module in kind.libraries
+        if not installed(module)  # found without importing it (SkyPilot takes seconds to import)
+    ]
     if kind.runs_here:
+        if problems:
+            raise PreflightError("\n".join(problems))
         return
-    problems = []
     allowed = kind.clouds
     if spec.trainer.cloud not in allowed:
         problems.append(
@@ -73,9 +81,6 @@ def preflight(spec: JobSpec, *, check_credentials: bool = True) -> None:
         problems.append(f"trainer.region: provider {spec.provider!r} needs the trainer's region")
     if not spec.trainer.accelerators:
         problems.append("trainer.accelerators: name the trainer's GPUs (e.g. 'A100:8') for a real cloud")
-    for module in kind.libraries:
-        if not _installed(module):  # found without importing it (SkyPilot takes seconds to import)
-            problems.append(f"provider: {spec.provider!r} needs {module}; install it with {kind.install_hint}")
     if check_credentials:
         for cloud, found in credentials(job_clouds(spec)).items():
             if found is None:
@@ -114,7 +119,8 @@ def provider_check(provider: str, env: dict[str, str] | None = None) -> dict[str
     }
 
 
-def _installed(module: str) -> bool:
+def installed(module: str) -> bool:
+    """Is `module` installed? Found without importing it (importlib.util.find_spec)."""
     try:
         return importlib.util.find_spec(module) is not None
     except ModuleNotFoundError:  # a parent package is missing

@@ -8,13 +8,14 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from rich.markup import escape
 
+from rlboost.cli.confirm import Yes, confirm
 from rlboost.cli.output import console, err, examples, fail
 from rlboost.cli.state import StateStore
 
 if TYPE_CHECKING:
     from rlboost.cli.reconcile import GcResult
 
-EXAMPLES = examples("rlboost gc", "rlboost gc --older-than 7d")
+EXAMPLES = examples("rlboost gc", "rlboost gc --older-than 7d --yes")
 
 
 def gc(
@@ -32,11 +33,12 @@ def gc(
             "store's jobs used; without it they are listed and left alone",
         ),
     ] = False,
+    yes: Yes = False,
 ) -> None:
     """Find and terminate orphans: instances of this store's jobs whose controller is gone (crashed,
     killed) that a provider still lists under the job's id, or that the state store still calls live.
     Instances of other stores are listed, never touched unless --all-stores. `--older-than 7d` also
-    removes ended jobs older than that."""
+    removes ended jobs older than that, after asking (-y/--yes: do not ask)."""
     from rlboost.cli.housekeeping import NotRemovable, ended_before, parse_age, remove_job
 
     try:
@@ -44,6 +46,12 @@ def gc(
     except ValueError as e:
         fail(f"--older-than: {e}", 2)
     store = StateStore()
+    if age is not None:  # asked before the sweep: a refusal changes nothing
+        confirm(
+            [f"ended jobs older than {older_than} are deleted (records and run directories), after the orphan sweep"],
+            f"remove ended jobs older than {older_than}?",
+            yes=yes,
+        )
     results = run_gc(store, wait, all_stores=all_stores)
     report_gc(results)
     if age is not None:

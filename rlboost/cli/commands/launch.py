@@ -9,12 +9,13 @@ import secrets
 import signal
 import time
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.markup import escape
 
 from rlboost.cli.commands.gc import report_gc
+from rlboost.cli.confirm import Yes, confirm
 from rlboost.cli.controller_run import (
     ControllerRun,
     job_commands,
@@ -39,22 +40,58 @@ from rlboost.cli.state import JobExistsError, JobRow, StateStore, UnknownJobErro
 from rlboost.cli.step_numbers import checkpointed_steps, resume_message
 from rlboost.contracts.spec import JobSpec, SpecError, load_spec, spec_to_yaml
 
+if TYPE_CHECKING:
+    from rlboost.providers.pricing import Offer
+
 EXAMPLES = examples(
     "rlboost launch examples/local.yaml",
     "rlboost launch --dryrun examples/aws-gcp.yaml",
+    "rlboost launch --yes examples/aws-gcp.yaml",
     "rlboost launch -d job.yaml --set algorithm.steps=10 --env HF_TOKEN",
     "rlboost launch --resume JOB",
 )
 
 
 def _check_provider(spec: JobSpec, dryrun: bool = False) -> None:
-    """Clouds, regions, SDKs and (unless it is a dry run) credentials: before anything is launched."""
+    """Clouds, regions, SDKs, the extras the job imports on this machine and (unless it is a dry run)
+    credentials: before anything is launched, each missing library with the pip command that installs it."""
+    from rlboost.cli.node_extras import missing_extras
     from rlboost.providers import PreflightError, preflight
 
+    problems = []
     try:
         preflight(spec, check_credentials=not dryrun)
     except PreflightError as e:
-        fail(str(e), 2)
+        problems.append(str(e))
+    problems += missing_extras(spec)
+    if problems:
+        fail("\n".join(problems), 2)
+
+
+def _confirm_spending(spec: JobSpec, t_offer: Offer, s_offers: list[Offer], yes: bool) -> None:
+    """A provider whose instances cost money: say what starts, at what on-demand price, and ask
+    (refused without --yes where nobody can answer). Local jobs never ask."""
+    from rlboost.contracts.provider_kinds import provider_kind
+    from rlboost.rollout.scheduling import most_workers, shared_cores
+
+    if not provider_kind(spec.provider).spends_money:
+        return
+    t = spec.trainer
+    where = t_offer.cloud + (f"/{t_offer.region}" if t_offer.region else "")
+    mw = most_workers(spec, shared_cores(spec))
+    regions = sorted({f"{o.cloud}/{o.region or 'any region'}" for o in s_offers})
+    accels = sorted({o.accelerator or "cpu" for o in s_offers})
+    summary = [
+        f"job {spec.name} on provider {spec.provider} starts:",
+        f"  trainer: {t.nodes} × {t.accelerators or 'cpu'} on {where}, on-demand, "
+        f"about ${t_offer.hourly_price:.2f}/h in all",
+        f"  up to {mw} spot worker{'s' if mw != 1 else ''} ({', '.join(accels) or '-'}) in "
+        + (", ".join(regions) or "-"),
+    ]
+    if s_offers and mw:
+        worst = t_offer.hourly_price + mw * max(o.hourly_price for o in s_offers)
+        summary.append(f"  at most about ${worst:.2f}/h with every spot worker up (`--dryrun` prints the plan)")
+    confirm(summary, f"launch job {spec.name} on {spec.provider}?", yes=yes)
 
 
 def _check_sinks(spec: JobSpec) -> None:
@@ -121,8 +158,10 @@ def launch(
             "repeatable; the value is kept secret (never saved with the job, scrubbed from messages)",
         ),
     ] = None,
+    yes: Yes = False,
 ) -> None:
-    """Provision the trainer, train, and keep bidding for spot rollout workers until the job ends."""
+    """Provision the trainer, train, and keep bidding for spot rollout workers until the job ends.
+    On a cloud provider it shows what it starts and asks first (-y/--yes: do not ask)."""
     if resume:
         if overrides or env_options:
             what = "--set" if overrides else "--env"
@@ -146,6 +185,7 @@ def launch(
     if dryrun:
         print_plan(spec, t_offer, s_offers, prices)
         return
+    _confirm_spending(spec, t_offer, s_offers, yes)
     # the overrides are in the values; the header says which came from the command line
     saved = (
         "".join(f"# --set {o}\n" for o in overrides or [])

@@ -341,6 +341,11 @@ class Controller:
                     with contextlib.suppress(httpx.HTTPError):
                         self.http.post(f"{self.trainer_url}/v1/shutdown")
                     return "succeeded", None
+                if status.phase == "failed":  # the trainer ended the job (a reward over its error budget):
+                    with contextlib.suppress(httpx.HTTPError):  # relaunching it would fail the same way
+                        self.http.post(f"{self.trainer_url}/v1/shutdown")
+                    why = self.redact(status.error) or "the trainer failed the job"
+                    return "failed", f"{why}; {self._log_hint()}"
             if self.trainer_exit or time.monotonic() - last_ok > 60:
                 why = (
                     f"trainer exited before the job finished ({self.trainer_exit})"

@@ -30,7 +30,8 @@ class WorkerStatus(BaseModel):
 class TrainerStatus(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    phase: str  # starting | warm-start | rollout | train | done
+    phase: str  # starting | warm-start | rollout | train | done | failed (the trainer ended the job: see error)
+    error: str | None = None  # why, for phase failed (a custom reward over task.reward_error_budget)
     step: int  # the next step to run (counted from 0)
     steps: int
     version: int  # the latest published weights (-1: none yet)

@@ -26,6 +26,7 @@ from aiohttp import web
 from rlboost.contracts import tls
 from rlboost.contracts.env_names import Env
 from rlboost.contracts.provider_kinds import provider_kind
+from rlboost.contracts.rewards import RewardBudgetExceeded
 from rlboost.contracts.sampling import request_id
 from rlboost.contracts.spec import JobSpec
 from rlboost.contracts.status import TrainerStatus
@@ -93,6 +94,8 @@ class TrainerRuntime:
         self.run_dir = run_dir
         self.record_rollouts = record_rollouts
         self.task = make_task(spec.task, spec.model)
+        if self.task.custom is not None:  # the reward's exception text is logged and reported: never these
+            self.task.custom.secrets = [token, *job_secret_env(spec, os.environ).values()]
         if spec.model.kind == "synthetic":  # no torch work: training takes tokens / train rate
             self.learner = SyntheticLearner(scheduling.trainer_tokens_per_s(spec))
         else:
@@ -116,6 +119,7 @@ class TrainerRuntime:
         self.evals: list[dict] = []  # one per evaluated version, in order
         self._eval_running: asyncio.Task | None = None
         self.phase = "starting"
+        self.error: str | None = None  # why the job failed, when the trainer itself ends it (phase "failed")
         self.step = 0
         self.history: list[StepRecord] = []
         self.coord: LiveCoordinator | None = None
@@ -134,6 +138,7 @@ class TrainerRuntime:
         last = self.history[-1] if self.history else None
         doc = {
             "phase": self.phase,
+            "error": self.error,
             "step": self.step,
             "steps": self.spec.algorithm.steps,
             "version": self.publisher.latest if self.publisher.latest is not None else -1,
@@ -338,8 +343,11 @@ class TrainerRuntime:
         overlap = feeder = None
         by_group: dict[str, list] = {}
 
-        def sample_of(r) -> Sample:
-            return Sample(r.prompt, r.tokens, self.task.reward(problems[group_of[r.rid]], r.tokens), group_of[r.rid])
+        def samples_for(rs: list) -> list[Sample]:
+            # one group's responses: a batched (TRL-style) custom reward is called once per group
+            probs = [problems[group_of[r.rid]] for r in rs]
+            rewards = self.task.rewards(probs, [r.tokens for r in rs])
+            return [Sample(r.prompt, r.tokens, x, group_of[r.rid]) for r, x in zip(rs, rewards, strict=True)]
 
         if isinstance(self.learner, SyntheticLearner):  # trains finished groups once offloaded
             overlap = asyncio.create_task(self.learner.train_while_generating(self.coord))
@@ -350,7 +358,7 @@ class TrainerRuntime:
                 def member(r) -> int:  # s3-p4-g10 -> 10: a group's responses in request order
                     return int(r.rid.rsplit("-g", 1)[1])
 
-                return [sample_of(r) for g in groups for r in sorted(by_group[g], key=member)]
+                return [s for g in groups for s in samples_for(sorted(by_group[g], key=member))]
 
             feeder = GroupFeeder(self.learner, self.coord, samples_of)
             overlap = asyncio.create_task(feeder.run())
@@ -388,7 +396,13 @@ class TrainerRuntime:
             if len(samples) != len(responses):
                 raise RuntimeError(f"step {step}: {len(samples)} samples trained for {len(responses)} responses")
         else:  # the synthetic learner trains from token counts
-            samples = [sample_of(r) for r in responses]
+            groups: dict[int, list] = {}
+            for r in responses:
+                groups.setdefault(group_of[r.rid], []).append(r)
+            scored = {r.rid: x for rs in groups.values() for r, x in zip(rs, samples_for(rs), strict=True)}
+            samples = [scored[r.rid] for r in responses]
+        if self.task.custom is not None:  # RewardBudgetExceeded: before this step's update lands
+            self.task.custom.end_step(step + 1)
         async with self.updating:  # a drain checkpoint waits for this step's update to land
             t_fin = time.monotonic()
             if feeder is not None:
@@ -563,6 +577,13 @@ async def main_async(
             await training
         except asyncio.CancelledError:
             return 143
+        except RewardBudgetExceeded as e:
+            # not a crash to relaunch from a checkpoint: the controller reads this phase and fails the job
+            rt.phase, rt.error = "failed", str(e)
+            print(f"error: {e}", flush=True)
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(rt.shutdown_requested.wait(), timeout=linger_s)
+            return 1
         # Keep serving status until the controller has read the final state (or a deadline).
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(rt.shutdown_requested.wait(), timeout=linger_s)

@@ -77,6 +77,13 @@ class Task:
             return self.custom(problem.prompt_text, self.decode_response(response_ids), problem.row)
         return 1.0 if list(response_ids) == [*problem.answer_ids, EOS] else 0.0
 
+    def rewards(self, problems: list[Problem], responses: list[list[int]]) -> list[float]:
+        """The rewards of several responses: one call of a batched (TRL-style) custom reward for them all."""
+        if self.custom is not None and self.custom.style == "trl":
+            texts = [self.decode_response(ids) for ids in responses]
+            return self.custom.batch([p.prompt_text for p in problems], texts, [p.row for p in problems])
+        return [self.reward(p, ids) for p, ids in zip(problems, responses, strict=True)]
+
     def decode_response(self, ids: list[int]) -> str:
         """A response as a custom reward sees it: its text, without the final end-of-sequence."""
         return decode(ids[:-1] if ids and ids[-1] == self.eos_id else ids)
@@ -157,7 +164,8 @@ def make_task(spec: TaskSpec, model: ModelSpec | None = None, alphabet: str = DE
             raise ValueError(f"unknown task {spec.name!r} (known: add, {', '.join(classes)})")
         task = classes[spec.name](spec.min_len, spec.max_len, alphabet)
     if is_import_path(spec.reward):
-        task.custom = CustomReward(spec.reward)
+        source = str(spec.path) if spec.path is not None else spec.name  # veRL's data_source for rows without one
+        task.custom = CustomReward(spec.reward, spec.reward_style, data_source=source, budget=spec.reward_error_budget)
     return task
 
 

@@ -52,6 +52,19 @@ EXAMPLES = examples(
 )
 
 
+def _try_reward(spec: JobSpec, secret_values: list[str]) -> None:
+    """A custom reward, called on a few of the job's rows: a reward that cannot score fails the plan."""
+    from rlboost.cli.reward_check import RewardCheckError, check_reward
+    from rlboost.contracts.dataset_files import DatasetError
+
+    try:
+        lines = check_reward(spec, secret_values)
+    except (RewardCheckError, DatasetError) as e:
+        fail(str(e), 2)
+    for line in lines or []:
+        console.print(line, markup=False, highlight=False)
+
+
 def _check_provider(spec: JobSpec, dryrun: bool = False) -> None:
     """Clouds, regions, SDKs, the extras the job imports on this machine and (unless it is a dry run)
     credentials: before anything is launched, each missing library with the pip command that installs it."""
@@ -183,6 +196,7 @@ def launch(
     t_offer, s_offers, prices = job_offers(spec)  # before any record exists: bad prices or traces fail here
     market = spot_market(spec)
     if dryrun:
+        _try_reward(spec, list(secret_envs.values()))
         print_plan(spec, t_offer, s_offers, prices)
         return
     _confirm_spending(spec, t_offer, s_offers, yes)

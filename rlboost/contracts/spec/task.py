@@ -20,6 +20,13 @@ class TaskSpec(Strict):
     # a built-in verifier, or an import path `module:function` called as
     # function(prompt: str, response: str, row: dict) -> float (rlboost/contracts/rewards.py)
     reward: str = "exact_match"
+    # how a custom reward is called (rlboost/contracts/rewards.py): rlboost f(prompt, response, row), veRL's
+    # compute_score(data_source, solution_str, ground_truth, extra_info), TRL's batched f(prompts, completions,
+    # **columns); auto = from the function's parameter names
+    reward_style: Literal["auto", "rlboost", "verl", "trl"] = "auto"
+    # a step in which more than this share of a custom reward's calls fail stops the job (so does a first
+    # step in which all fail)
+    reward_error_budget: Annotated[float, Field(ge=0, le=1)] = 0.5
     min_len: Annotated[int, Field(ge=1, le=64)] = 3
     max_len: Annotated[int, Field(ge=1, le=64)] = 6
     # ---- jsonl only (the name of the dataset task, whatever the file's format) ----
@@ -83,6 +90,7 @@ class TaskSpec(Strict):
         changed = sorted(k for k in jsonl_only if getattr(self, k) != fields[k].default)
         if self.name != "jsonl" and changed:
             raise ValueError(f"{', '.join(changed)}: apply to name: jsonl only (remove, or set name: jsonl)")
+        self._check_reward_style(fields)
         if self.reward == "math_boxed" and self.name != "jsonl":
             raise ValueError(f"reward math_boxed scores a jsonl dataset; task {self.name!r} uses exact_match")
         if self.eval_path is not None and self.eval_fraction is not None:
@@ -100,3 +108,16 @@ class TaskSpec(Strict):
                 "problems from its own seeded generator; set eval_size instead)"
             )
         return self
+
+    def _check_reward_style(self, fields: dict) -> None:
+        from rlboost.contracts.rewards import detect_style, import_reward, is_import_path
+
+        if not is_import_path(self.reward):
+            keys = ("reward_style", "reward_error_budget")
+            changed = [k for k in keys if getattr(self, k) != fields[k].default]
+            if changed:
+                raise ValueError(f"{', '.join(changed)}: apply to a custom reward (task.reward: module:function)")
+            return
+        # the signature is checked when the job file loads: a reward written for another trainer must not
+        # silently score 0 (import_reward succeeded in the field validator)
+        detect_style(import_reward(self.reward), self.reward_style, self.reward)

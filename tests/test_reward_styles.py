@@ -13,7 +13,6 @@ import numpy as np
 import pytest
 import yaml
 
-from rlboost.cli.reward_check import RewardCheckError, check_reward
 from rlboost.contracts.redact import redact
 from rlboost.contracts.rewards import (
     CustomReward,
@@ -24,6 +23,7 @@ from rlboost.contracts.rewards import (
 )
 from rlboost.contracts.spec import SpecError, TaskSpec, load_spec
 from rlboost.models.vocab import EOS, encode
+from rlboost.trainer.reward_check import RewardCheckError, check_reward
 from rlboost.trainer.tasks import make_task
 
 _names = itertools.count()

@@ -54,14 +54,28 @@ EXAMPLES = examples(
 
 def _try_reward(spec: JobSpec, secret_values: list[str]) -> None:
     """A custom reward, called on a few of the job's rows: a reward that cannot score fails the plan."""
-    from rlboost.cli.reward_check import RewardCheckError, check_reward
-    from rlboost.contracts.dataset_files import DatasetError
+    import json
+    import subprocess
+    import sys
 
+    from rlboost.contracts.redact import redact
+    from rlboost.contracts.rewards import is_import_path
+
+    if not is_import_path(spec.task.reward):
+        return
+    # a process of its own: the check reads the dataset (trainer code) and imports the user's module
+    request = json.dumps({"spec": spec.model_dump(mode="json"), "secrets": secret_values})
+    done = subprocess.run(
+        [sys.executable, "-m", "rlboost.trainer.reward_check"], input=request, capture_output=True, text=True
+    )
     try:
-        lines = check_reward(spec, secret_values)
-    except (RewardCheckError, DatasetError) as e:
-        fail(str(e), 2)
-    for line in lines or []:
+        answer = json.loads(done.stdout)
+    except json.JSONDecodeError:
+        tail = redact(done.stderr.strip()[-2000:], secret_values)
+        fail(f"task.reward {spec.task.reward}: trying it on the job's rows failed (exit {done.returncode}):\n{tail}", 2)
+    if "error" in answer:
+        fail(answer["error"], 2)
+    for line in answer["lines"] or []:
         console.print(line, markup=False, highlight=False)
 
 

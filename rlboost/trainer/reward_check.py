@@ -1,9 +1,14 @@
 """`launch --dryrun` tries a custom reward (`task.reward: module:function`) on a few real rows before
 anything is spent: each row's reference answer as the response (it should score high) and an empty one.
 An exception or a value that is not a number is an error that names task.reward; built-in verifiers
-are not tried."""
+are not tried. It runs on the trainer's side of the layering (it reads the dataset and samples built-in
+tasks), so the CLI runs it as a process (`python -m rlboost.trainer.reward_check`, the job and the secrets
+on stdin, JSON on stdout): the user's reward is imported there, not into the CLI."""
 
 from __future__ import annotations
+
+import json
+import sys
 
 import numpy as np
 
@@ -22,7 +27,7 @@ def _rows(spec: JobSpec) -> list[tuple[str, dict]]:
     task = spec.task
     if task.name == "jsonl":
         assert task.path is not None
-        from rlboost.trainer import datasets
+        from rlboost.trainer import datasets  # (rlboost.trainer: this module's own package)
 
         fields = datasets.Fields(task.prompt_field, task.answer_field, require_answer=False)
         return [(r.prompt, r.row) for r in datasets.load_records(task.path, fields, task.split)[:ROWS]]
@@ -58,3 +63,20 @@ def _try(reward: CustomReward, prompt: str, response: str, row: dict, i: int) ->
             "it would score 0.0 in training. Fix the function, or set task.reward_style if it was written for "
             "another trainer (rlboost, verl, trl)"
         ) from None
+
+
+def main() -> None:
+    """stdin: {"spec": the job as JSON, "secrets": [...]}; stdout: {"lines": [...] | null} or {"error": "..."}."""
+    from rlboost.contracts.dataset_files import DatasetError
+
+    request = json.load(sys.stdin)
+    spec = JobSpec.model_validate(request["spec"])
+    try:
+        out: dict = {"lines": check_reward(spec, request["secrets"])}
+    except (RewardCheckError, DatasetError) as e:
+        out = {"error": str(e)}
+    json.dump(out, sys.stdout)
+
+
+if __name__ == "__main__":
+    main()

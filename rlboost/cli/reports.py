@@ -242,6 +242,10 @@ def _step_json(s: StepRow) -> dict[str, Any]:
     }
 
 
+def _first(*values: int | None) -> int | None:
+    return next((v for v in values if v is not None), None)
+
+
 def _job_status(store: StateStore, job: JobRow, now: float) -> JobStatus:
     snap = Snapshot.of(job.snapshot)
     insts = store.instances(job.id)
@@ -289,10 +293,12 @@ def _job_status(store: StateStore, job: JobRow, now: float) -> JobStatus:
         clock=job.clock,
         workers_live=sum(1 for i in insts if i.role == "worker" and i.state in _LIVE_STATES),
         preemptions=sum(1 for i in insts if "preempted" in (i.state, i.end_reason)),
-        migrated=snap.migrated,
+        # the recorded steps, as cost-report and metrics.jsonl count them: the trainer's own counters
+        # restart with it (down + --resume); before the first step, the live counters
+        migrated=sum(r.migrated for r in steps) if steps else snap.migrated,
         eval=snap.eval,
         reward_errors=snap.reward_errors,
-        tokens_total=job.tokens_total if job.tokens_total is not None else snap.tokens_total,
+        tokens_total=sum(r.tokens for r in steps) if steps else _first(job.tokens_total, snap.tokens_total),
         trainer_url=job.trainer_url,
         metrics_file=str(metrics_file(job)),
         error=job.error,

@@ -30,8 +30,9 @@ def test_every_sample_line_parses_and_labels_are_escaped():
     text = exposition(STATUS)
     samples = [ln for ln in text.splitlines() if not ln.startswith("#")]
     assert samples and all(LINE.match(ln) for ln in samples), [ln for ln in samples if not LINE.match(ln)]
-    assert "rlboost_step 3" in samples and "rlboost_reward 0.25" in samples
-    assert 'rlboost_engines{kind="spot",state="gone"} 1' in samples
+    assert "rlboost_step 3.0" in samples and "rlboost_reward 0.25" in samples
+    assert "rlboost_tokens_total 1200.0" in samples and "# TYPE rlboost_tokens_total counter" in text
+    assert 'rlboost_engines{kind="spot",state="gone"} 1.0' in samples
     assert 'rlboost_engine_tokens_per_second{engine="w\\"1\\n",kind="spot"} 120.5' in samples
     assert not any("w2" in ln for ln in samples if ln.startswith("rlboost_engine_tokens"))  # gone: no rate
     assert "rlboost_reward" not in exposition({**STATUS, "reward": None})  # no value, no sample
@@ -43,9 +44,9 @@ def test_last_evaluation_and_custom_reward_failures():
     text = exposition({**STATUS, "eval": ev, "reward_errors": {"ValueError": 3, "non-finite": 1}})
     samples = [ln for ln in text.splitlines() if not ln.startswith("#")]
     assert all(LINE.match(ln) for ln in samples)
-    assert {"rlboost_eval_version 4", "rlboost_eval_pass_at_1 0.75", "rlboost_eval_mean_reward 0.8"} <= set(samples)
-    assert 'rlboost_reward_errors_total{kind="ValueError"} 3' in samples
-    assert 'rlboost_reward_errors_total{kind="non-finite"} 1' in samples
+    assert {"rlboost_eval_version 4.0", "rlboost_eval_pass_at_1 0.75", "rlboost_eval_mean_reward 0.8"} <= set(samples)
+    assert 'rlboost_reward_errors_total{kind="ValueError"} 3.0' in samples
+    assert 'rlboost_reward_errors_total{kind="non-finite"} 1.0' in samples
 
 
 def test_metrics_route_needs_the_job_token():

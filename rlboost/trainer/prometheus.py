@@ -1,13 +1,18 @@
-"""`GET /metrics` on the trainer: its status in Prometheus' text format (version 0.0.4).
+"""`GET /metrics` on the trainer: its status in Prometheus' text format (version 0.0.4), written by
+prometheus_client (a collector over one status dict, so escaping and number formats are the library's).
 
 The route sits behind the job token like every other (scrape with `authorization: {credentials:
 TOKEN}` in the scrape config). Built from the same status dict as `/v1/status`, so the two never
-disagree; worker ids are escaped label values, never trusted text.
+disagree; worker ids are label values (escaped by the library), never trusted text.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -36,55 +41,68 @@ _EVAL = (
 )
 
 
-def _label(v: Any) -> str:
-    return str(v).replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
-
-
-def _num(v: Any) -> str | None:
+def _num(v: Any) -> float | None:
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         return None
-    return repr(float(v)) if isinstance(v, float) else str(v)
+    return float(v)
+
+
+def _family(name: str, kind: str, help_: str, labels: list[str] | None = None) -> Metric:
+    cls = CounterMetricFamily if kind == "counter" else GaugeMetricFamily
+    return cls(name, help_, labels=labels)
+
+
+def _one(name: str, kind: str, help_: str, value: float) -> Metric:
+    family = _family(name, kind, help_)
+    family.add_metric([], value)
+    return family
+
+
+class _StatusCollector:
+    """prometheus_client's collector protocol over one status dict (built per scrape)."""
+
+    def __init__(self, status: dict[str, Any]) -> None:
+        self.status = status
+
+    def collect(self) -> Iterator[Metric]:
+        status = self.status
+        weights = status.get("weights") or {}
+        ev = status.get("eval") or {}  # the last validation (task.eval_every)
+        for table, source in ((_JOB, status), (_WEIGHTS, weights)):
+            for name, kind, help_, key in table:
+                if (v := _num(source.get(key))) is not None:
+                    yield _one(name, kind, help_, v)
+        for name, help_, key in _EVAL:
+            if (v := _num(ev.get(key))) is not None:
+                yield _one(name, "gauge", help_, v)
+        errors = status.get("reward_errors") or {}
+        if errors:
+            family = _family(
+                "rlboost_reward_errors_total", "counter", "Responses a custom reward failed on (scored 0), by kind.",
+                ["kind"],
+            )
+            for k, n in sorted(errors.items()):
+                family.add_metric([str(k)], float(n))
+            yield family
+        workers = [w for w in status.get("workers") or [] if isinstance(w, dict)]
+        by_state: dict[tuple[str, str], int] = {}
+        for w in workers:
+            key = (str(w.get("kind")), str(w.get("state")))
+            by_state[key] = by_state.get(key, 0) + 1
+        engines = _family("rlboost_engines", "gauge", "Engines by kind (reserved, spot) and state.", ["kind", "state"])
+        for (k, s), n in sorted(by_state.items()):
+            engines.add_metric([k, s], float(n))
+        yield engines
+        rates = _family(
+            "rlboost_engine_tokens_per_second", "gauge", "Decode rate of each connected engine.", ["engine", "kind"]
+        )
+        for w in workers:
+            if w.get("state") != "gone" and (v := _num(w.get("tokens_per_s"))) is not None:
+                rates.add_metric([str(w.get("worker_id")), str(w.get("kind"))], v)
+        yield rates
 
 
 def exposition(status: dict[str, Any]) -> str:
-    out: list[str] = []
-
-    def metric(name: str, kind: str, help_: str, samples: list[tuple[str, str]]) -> None:
-        out.extend((f"# HELP {name} {help_}", f"# TYPE {name} {kind}"))
-        out.extend(f"{name}{labels} {value}" for labels, value in samples)
-
-    for name, kind, help_, key in _JOB:
-        if (v := _num(status.get(key))) is not None:
-            metric(name, kind, help_, [("", v)])
-    weights = status.get("weights") or {}
-    for name, kind, help_, key in _WEIGHTS:
-        if (v := _num(weights.get(key))) is not None:
-            metric(name, kind, help_, [("", v)])
-    ev = status.get("eval") or {}  # the last validation (task.eval_every)
-    for name, help_, key in _EVAL:
-        if (v := _num(ev.get(key))) is not None:
-            metric(name, "gauge", help_, [("", v)])
-    errors = status.get("reward_errors") or {}
-    if errors:
-        metric(
-            "rlboost_reward_errors_total",
-            "counter",
-            "Responses a custom reward failed on (scored 0), by kind.",
-            [(f'{{kind="{_label(k)}"}}', str(int(n))) for k, n in sorted(errors.items())],
-        )
-    workers = [w for w in status.get("workers") or [] if isinstance(w, dict)]
-    by_state: dict[tuple[str, str], int] = {}
-    for w in workers:
-        key = (str(w.get("kind")), str(w.get("state")))
-        by_state[key] = by_state.get(key, 0) + 1
-    metric(
-        "rlboost_engines", "gauge", "Engines by kind (reserved, spot) and state.",
-        [(f'{{kind="{_label(k)}",state="{_label(s)}"}}', str(n)) for (k, s), n in sorted(by_state.items())],
-    )
-    live = [w for w in workers if w.get("state") != "gone" and _num(w.get("tokens_per_s")) is not None]
-    metric(
-        "rlboost_engine_tokens_per_second", "gauge", "Decode rate of each connected engine.",
-        [(f'{{engine="{_label(w.get("worker_id"))}",kind="{_label(w.get("kind"))}"}}', _num(w["tokens_per_s"]) or "0")
-         for w in live],
-    )
-    return "\n".join(out) + "\n"
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_StatusCollector(status))
+    return generate_latest(registry).decode()

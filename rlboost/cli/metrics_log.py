@@ -117,6 +117,10 @@ class MetricsLog:
             "kl": rec.kl,  # token mean of the KL estimate (algorithm.kl_coef > 0), else null
             "entropy": rec.entropy,  # token mean (algorithm.entropy_coeff > 0), else null
             "clip_frac": rec.clip_frac,  # share of tokens whose PPO ratio was clipped
+            "pg_loss": rec.pg_loss,  # the policy-gradient term of loss (null: no optimizer, the synthetic model)
+            "grad_norm": rec.grad_norm,  # before clipping; the mean over the step's updates
+            "lr": rec.lr,  # the learning rate of the step's last update
+            "updates": rec.updates,  # optimizer updates in the step
             "responses": rec.responses,
             "tokens": rec.tokens,
             "len_mean": round(rec.tokens / rec.responses, 2) if rec.responses else None,

@@ -110,6 +110,9 @@ def test_metrics_file_has_eval_lines_and_the_trainer_log_says_so(custom_run):
     assert [r["updates"] for r in steps] == [1] * STEPS
     assert all(r["grad_norm"] > 0 for r in steps)
     assert all(r["pg_loss"] == pytest.approx(r["loss"], abs=1e-9) for r in steps)  # no KL or entropy term
+    recent = j["recent_steps"]  # and the state store's copy, which `rlboost status` shows
+    figures = ("step", "lr", "grad_norm", "pg_loss", "updates")
+    assert [[s[k] for k in figures] for s in recent] == [[r[k] for k in figures] for r in steps]
     log = run_cli("logs", "custom", "-n", "400", home=home, check=True).stdout
     assert f"step   {STEPS}/{STEPS}  reward" in log and "grad_norm" in log and "lr 0.0015" in log
     assert "eval  version   4  pass@1" in log and "(24 held-out problems, greedy" in log

@@ -59,9 +59,18 @@ def test_a_row_carries_the_optimizer_figures_and_a_learner_without_them_writes_n
     assert figures == [(0.1, 0.08, 1.5, 3e-3, 2), (0.1, None, None, None, None)]
 
 
-def test_a_record_written_before_the_optimizer_figures_still_reads():
+def test_a_record_written_before_the_optimizer_figures_still_reads_and_is_not_written_again(tmp_path):
     old = REC.model_dump(exclude={"pg_loss", "grad_norm", "lr", "updates"})
-    assert StepRecord.model_validate(old).grad_norm is None
+    older = StepRecord.model_validate(old)
+    assert older.grad_norm is None
+    # metrics.jsonl as an older rlboost wrote the step: no optimizer keys at all
+    path = tmp_path / "m.jsonl"
+    MetricsLog(path).write(older, clock=60.0, dollars=1.0, preemptions=0)
+    keys = ("pg_loss", "grad_norm", "lr", "updates")
+    path.write_text(json.dumps({k: v for k, v in json.loads(path.read_text()).items() if k not in keys}) + "\n")
+    # resumed by this version: the step's record from the old checkpoint, reported again, is the same step
+    assert not MetricsLog(path).write(older, clock=90.0, dollars=2.0, preemptions=0)
+    assert MetricsLog(path).write(rec(1), clock=90.0, dollars=2.0, preemptions=0)  # run again: new figures
 
 
 def test_a_step_reported_again_unchanged_is_not_repeated_but_a_rerun_is(tmp_path):

@@ -163,5 +163,8 @@ def _eval_key(row: dict[str, Any]) -> str:
 
 
 def _without_totals(row: dict[str, Any]) -> str:
-    """A step's own figures: a re-report of the same step differs only in the job's running totals."""
-    return json.dumps({k: v for k, v in row.items() if k not in ("preemptions", "dollars", "clock_s")})
+    """A step's own figures: a re-report of the same step differs only in the job's running totals. Nulls
+    are left out: a line an older rlboost wrote lacks the keys added since (pg_loss, grad_norm, ...),
+    which the same step's record from that version's checkpoint, reported again, has as null."""
+    totals = ("preemptions", "dollars", "clock_s")
+    return json.dumps({k: v for k, v in row.items() if k not in totals and v is not None})

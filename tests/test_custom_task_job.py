@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from rlboost.trainer.lr_schedule import LrSchedule, lr_at
 from tests.conftest import run_cli, run_json
 
 pytestmark = pytest.mark.integration
@@ -58,6 +59,9 @@ def custom_run(tmp_path_factory):
             "steps": STEPS,
             "seed": 5,
             "warm_start_steps": 60,
+            # the rate by step: 1.5e-3, 3e-3 (warm-up), then a linear decay: 3e-3, 1.5e-3
+            "lr_schedule": "linear",
+            "lr_warmup_steps": 2,
         },
         "task": {
             "name": "reverse",
@@ -100,7 +104,17 @@ def test_metrics_file_has_eval_lines_and_the_trainer_log_says_so(custom_run):
     assert all(r["eval/problems"] == 24 for r in evals)
     errors = [r["reward_errors"] for r in steps]
     assert errors == sorted(errors) and errors[-1] > 0
+    # the optimizer's figures, per step: the scheduled rate, one update, the gradient's norm, the policy term
+    schedule = LrSchedule(3e-3, "linear", 2, STEPS)
+    assert [r["lr"] for r in steps] == pytest.approx([lr_at(k, schedule) for k in range(STEPS)])
+    assert [r["updates"] for r in steps] == [1] * STEPS
+    assert all(r["grad_norm"] > 0 for r in steps)
+    assert all(r["pg_loss"] == pytest.approx(r["loss"], abs=1e-9) for r in steps)  # no KL or entropy term
+    recent = j["recent_steps"]  # and the state store's copy, which `rlboost status` shows
+    figures = ("step", "lr", "grad_norm", "pg_loss", "updates")
+    assert [[s[k] for k in figures] for s in recent] == [[r[k] for k in figures] for r in steps]
     log = run_cli("logs", "custom", "-n", "400", home=home, check=True).stdout
+    assert f"step   {STEPS}/{STEPS}  reward" in log and "grad_norm" in log and "lr 0.0015" in log
     assert "eval  version   4  pass@1" in log and "(24 held-out problems, greedy" in log
     assert "reward my_job_rewards:score raised ValueError: no prompts starting with a; scored 0.0" in log
     assert log.count("raised ValueError") == 1  # logged once per kind

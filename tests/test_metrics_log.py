@@ -28,6 +28,10 @@ REC = StepRecord(
     trainer_idle_s=0.1,
     gen_tokens=50,
     spot_tokens=30,
+    pg_loss=0.08,
+    grad_norm=1.5,
+    lr=3e-3,
+    updates=2,
 )
 
 
@@ -43,6 +47,30 @@ def test_rates_by_source_and_running_totals(tmp_path):
     rates = (row["tokens_per_s"], row["spot_tokens_per_s"], row["reserved_tokens_per_s"])
     assert (row["step"], rates) == (1, (20.0, 15.0, 10.0))
     assert (row["len_mean"], row["len_max"], row["offload_s"], row["dollars"]) == (10.0, 12, 1.0, 1.2346)
+
+
+def test_a_row_carries_the_optimizer_figures_and_a_learner_without_them_writes_nulls(tmp_path):
+    log = MetricsLog(tmp_path / "m.jsonl")
+    log.write(rec(1), clock=60.0, dollars=0.0, preemptions=0)
+    bare = {"pg_loss": None, "grad_norm": None, "lr": None, "updates": None}
+    log.write(rec(2, **bare), clock=90.0, dollars=0.0, preemptions=0)  # the synthetic learner's record
+    rows = [json.loads(x) for x in (tmp_path / "m.jsonl").read_text().splitlines()]
+    figures = [(r["loss"], r["pg_loss"], r["grad_norm"], r["lr"], r["updates"]) for r in rows]
+    assert figures == [(0.1, 0.08, 1.5, 3e-3, 2), (0.1, None, None, None, None)]
+
+
+def test_a_record_written_before_the_optimizer_figures_still_reads_and_is_not_written_again(tmp_path):
+    old = REC.model_dump(exclude={"pg_loss", "grad_norm", "lr", "updates"})
+    older = StepRecord.model_validate(old)
+    assert older.grad_norm is None
+    # metrics.jsonl as an older rlboost wrote the step: no optimizer keys at all
+    path = tmp_path / "m.jsonl"
+    MetricsLog(path).write(older, clock=60.0, dollars=1.0, preemptions=0)
+    keys = ("pg_loss", "grad_norm", "lr", "updates")
+    path.write_text(json.dumps({k: v for k, v in json.loads(path.read_text()).items() if k not in keys}) + "\n")
+    # resumed by this version: the step's record from the old checkpoint, reported again, is the same step
+    assert not MetricsLog(path).write(older, clock=90.0, dollars=2.0, preemptions=0)
+    assert MetricsLog(path).write(rec(1), clock=90.0, dollars=2.0, preemptions=0)  # run again: new figures
 
 
 def test_a_step_reported_again_unchanged_is_not_repeated_but_a_rerun_is(tmp_path):

@@ -193,6 +193,30 @@ def test_steps_table_leaves_tail_columns_empty_without_an_offload(store: StateSt
     assert rows["2"][-3:] == ["0.7", "1.2", "0.4"]
 
 
+def test_steps_table_and_json_show_the_optimizer_figures_where_the_learner_has_them(store: StateStore) -> None:
+    job = store.create_job("optim", "name: optim\nalgorithm:\n  steps: 2\n", "local")
+    store.record_step(job, StepMetrics(1, 1, 0.2, 900, 32, 0, 2.0, 60.0, loss=0.0123, pg_loss=0.0123,
+                                       grad_norm=0.8125, lr=1.5e-3, updates=1))
+    store.record_step(job, StepMetrics(2, 2, 0.3, 900, 32, 0, 2.0, 120.0, loss=-0.004, pg_loss=-0.005,
+                                       grad_norm=0.5, lr=3e-3, updates=4))
+    console = Console(record=True, width=200)
+    render_status(store, "optim", console, now=200.0)
+    text = console.export_text()
+    assert "grad norm" in text
+    rows = {cells[0]: cells for cells in map(str.split, text.splitlines()) if cells[:1] in (["1"], ["2"])}
+    assert rows["1"][-3:] == ["0.0123", "0.812", "0.0015"] and rows["2"][-3:] == ["-0.0040", "0.500", "0.003"]
+    recent = status_json(store, "optim")["jobs"][0]["recent_steps"]
+    assert [(s["pg_loss"], s["grad_norm"], s["lr"], s["updates"]) for s in recent] == [
+        (0.0123, 0.8125, 1.5e-3, 1), (-0.005, 0.5, 3e-3, 4)
+    ]
+    # a learner without them (model.kind synthetic): no such columns
+    other = store.create_job("synth", "name: synth\nalgorithm:\n  steps: 1\n", "local")
+    store.record_step(other, StepMetrics(1, 1, 0.2, 900, 32, 0, 2.0, 60.0))
+    plain = Console(record=True, width=200)
+    render_status(store, "synth", plain, now=200.0)
+    assert "grad norm" not in plain.export_text()
+
+
 def test_workers_table_headers_fold_between_words_at_80_columns(store: StateStore) -> None:
     _populate(store)
     console = Console(record=True, width=80)

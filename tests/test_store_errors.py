@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from rlboost.cli.errors import user_message
-from rlboost.cli.state import StateStore
+from rlboost.cli.state import SCHEMA_VERSION, StateStore
 from tests.conftest import ROOT, run_cli
 
 JOB_FILE = str(ROOT / "examples" / "local.yaml")
@@ -52,10 +52,10 @@ def test_a_newer_store_without_a_version_record_still_says_newer(home):
     StateStore(home / "state.db").close()
     db = sqlite3.connect(home / "state.db")
     db.execute("DROP TABLE meta")  # as a schema after 5 might have changed it
-    db.execute("PRAGMA user_version = 7")
+    db.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
     db.commit()
     db.close()
-    assert_one_line(run_cli("status", home=home), "written by a newer rlboost", "schema 7")
+    assert_one_line(run_cli("status", home=home), "written by a newer rlboost", f"schema {SCHEMA_VERSION + 1}")
 
 
 @pytest.mark.integration

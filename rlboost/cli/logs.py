@@ -4,11 +4,22 @@ Local jobs keep every instance's output in `<run dir>/instances/<id>/log`; a det
 writes `<run dir>/controller.log`. Lines are printed as text, never as rich markup (a log line may
 hold `[...]`). aiohttp's per-request access lines drown everything else, so they are left out
 unless asked for.
+
+Following the controller and the trainer together (`-f`), each finished step is printed once: the
+trainer's line (`step N/M  reward …  loss …  grad_norm …  lr …`), not the controller's progress line
+for the same step (`step N  reward …`). The trainer's is kept because it is written by the process
+that trained the step, the moment it finished, as one plain line (the controller's goes through rich,
+padded and wrapped at the console's width), carries the optimizer's figures (loss, pg_loss, grad_norm,
+lr, updates), is there whether or not the controller runs detached (an attached controller has no log
+file), and its source label tells a restarted trainer's re-run steps (`-trainer-r1 | step 5/…`) apart.
+The controller's other lines (provisioning, preemptions, evaluations, its end) are all kept; following
+the controller alone (`launch` of a node-controlled job) keeps its step lines.
 """
 
 from __future__ import annotations
 
 import contextlib
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -22,6 +33,10 @@ from rlboost.cli.pids import controller_alive
 from rlboost.cli.state import JobRow, StateStore, job_run_dir
 
 ACCESS_MARK = "aiohttp.access"
+CONTROLLER = "controller"  # the controller log's label
+# the controller's per-step progress line (rlboost/cli/progress.py's JobProgress.step) as rich logs it:
+# `[HH:MM:SS] step   3  reward 0.500  tokens …`, the time left blank when it repeats the line above's
+CONTROLLER_STEP = re.compile(r"^\s*(\[[0-9:]+\])?\s*step +\d+ +reward ")
 
 
 class NoLog(Exception):
@@ -44,7 +59,7 @@ def sources(store: StateStore, job: JobRow, instance: str | None) -> list[tuple[
     out = []
     ctl = controller_log(job_run_dir(job))
     if ctl.exists():
-        out.append(("controller", ctl))
+        out.append((CONTROLLER, ctl))
     for inst in store.instances(job.id):
         if inst.role == "trainer" and instance_log(job, inst.id).exists():
             out.append((inst.id, instance_log(job, inst.id)))
@@ -147,21 +162,24 @@ class Follower:
     partial: dict[str, bytes] = field(default_factory=dict)
 
     def drain(self, srcs: list[LogReader], prefix: bool) -> None:
+        # the controller's step lines repeat the trainer's: left out while a trainer's log is followed too
+        skip_steps = any(s.label != CONTROLLER for s in srcs)
         for src in srcs:
             while True:  # a log that appeared since (a restart): from its start
                 got = src.read(self.offsets.get(src.where, 0))
                 if not got:
                     break
                 self.offsets[src.where] = self.offsets.get(src.where, 0) + len(got)
-                self._lines(src.label, self.partial.pop(src.where, b"") + got, src.where, prefix)
+                drop = skip_steps and src.label == CONTROLLER
+                self._lines(src.label, self.partial.pop(src.where, b"") + got, src.where, prefix, drop)
 
-    def _lines(self, label: str, data: bytes, where: str, prefix: bool) -> None:
+    def _lines(self, label: str, data: bytes, where: str, prefix: bool, drop_steps: bool = False) -> None:
         *complete, rest = data.split(b"\n")
         if rest:
             self.partial[where] = rest  # half a line: wait for its end
         for raw in complete:
             line = raw.decode(errors="replace")
-            if keep(line, self.show_all):
+            if keep(line, self.show_all) and not (drop_steps and CONTROLLER_STEP.match(line)):
                 _print(self.console, f"{label} | {line}" if prefix else line)
 
 
@@ -229,7 +247,7 @@ def _follow_node(
             heard = time.monotonic()
             with contextlib.suppress(NoLog, NodeUnreachable):
                 srcs = readers(store, now, instance)
-                f.drain([r for r in srcs if r.label == "controller"] if only else srcs, instance is None and not only)
+                f.drain([r for r in srcs if r.label == CONTROLLER] if only else srcs, instance is None and not only)
             if not now.active:  # its end is recorded after its last lines: nothing more will come
                 return f"job {now.name} (id {now.id}) {now.status}"
         elif time.monotonic() - heard > NODE_SILENCE_S:

@@ -117,6 +117,10 @@ class MetricsLog:
             "kl": rec.kl,  # token mean of the KL estimate (algorithm.kl_coef > 0), else null
             "entropy": rec.entropy,  # token mean (algorithm.entropy_coeff > 0), else null
             "clip_frac": rec.clip_frac,  # share of tokens whose PPO ratio was clipped
+            "pg_loss": rec.pg_loss,  # the policy-gradient term of loss (null: no optimizer, the synthetic model)
+            "grad_norm": rec.grad_norm,  # before clipping; the mean over the step's updates
+            "lr": rec.lr,  # the learning rate of the step's last update
+            "updates": rec.updates,  # optimizer updates in the step
             "responses": rec.responses,
             "tokens": rec.tokens,
             "len_mean": round(rec.tokens / rec.responses, 2) if rec.responses else None,
@@ -159,5 +163,8 @@ def _eval_key(row: dict[str, Any]) -> str:
 
 
 def _without_totals(row: dict[str, Any]) -> str:
-    """A step's own figures: a re-report of the same step differs only in the job's running totals."""
-    return json.dumps({k: v for k, v in row.items() if k not in ("preemptions", "dollars", "clock_s")})
+    """A step's own figures: a re-report of the same step differs only in the job's running totals. Nulls
+    are left out: a line an older rlboost wrote lacks the keys added since (pg_loss, grad_norm, ...),
+    which the same step's record from that version's checkpoint, reported again, has as null."""
+    totals = ("preemptions", "dollars", "clock_s")
+    return json.dumps({k: v for k, v in row.items() if k not in totals and v is not None})

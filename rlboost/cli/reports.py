@@ -239,6 +239,11 @@ def _step_json(s: StepRow) -> dict[str, Any]:
         "spec_drafted": s.spec_drafted,
         "spec_accepted": s.spec_accepted,
         "spec_tokens_per_pass": s.spec_tokens_per_pass,
+        "loss": s.loss,
+        "pg_loss": s.pg_loss,
+        "grad_norm": s.grad_norm,
+        "lr": s.lr,
+        "updates": s.updates,
     }
 
 
@@ -391,12 +396,19 @@ def _steps_table(js: JobStatus) -> Table:
     spec = any(s.spec_drafted is not None for s in js.recent_steps)
     if spec:
         cols = (*cols, "drafted", "accepted", "tok/pass")
+    # the optimizer's figures, where the learner has them (not model.kind synthetic): the whole loss,
+    # the gradient's norm before clipping, the learning rate of the step's last update
+    optim = any(s.grad_norm is not None for s in js.recent_steps)
+    if optim:
+        cols = (*cols, "loss", "grad norm", "lr")
     add_columns(table, *cols, numbers=cols)
     for s in js.recent_steps:
         # with no offload there was no tail to train in or wait through (the trainer records 0 for both)
         tail = ["-", "-"] if s.offload_s is None else [_fmt(s.tail_train_s, ".1f"), _fmt(s.trainer_idle_s, ".1f")]
         if spec:
             tail += [_fmt(s.spec_drafted), _fmt(s.spec_accepted), _fmt(s.spec_tokens_per_pass, ".2f")]
+        if optim:
+            tail += [_fmt(s.loss, ".4f"), _fmt(s.grad_norm, ".3f"), _fmt(s.lr, ".3g")]
         table.add_row(
             str(s.step),
             str(s.version),

@@ -29,7 +29,7 @@ from rlboost.cli.step_metrics import StepMetrics, StepRow, step_columns, step_fi
 from rlboost.contracts.env_names import Env
 from rlboost.providers.base import InstanceState, LaunchRequest
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 
 JOB_STATUSES = ("pending", "running", "succeeded", "failed", "stopped")
 ACTIVE_STATUSES = ("pending", "running")
@@ -154,9 +154,19 @@ ALTER TABLE steps ADD COLUMN spec_accepted INTEGER;
 ALTER TABLE steps ADD COLUMN spec_tokens_per_pass REAL
 """
 
+# v7: the optimizer's side of each step (NULL before, and for model.kind synthetic): the loss, its
+# policy-gradient term, the gradient's norm before clipping, the learning rate, the optimizer updates.
+_SCHEMA_V7 = """
+ALTER TABLE steps ADD COLUMN loss REAL;
+ALTER TABLE steps ADD COLUMN pg_loss REAL;
+ALTER TABLE steps ADD COLUMN grad_norm REAL;
+ALTER TABLE steps ADD COLUMN lr REAL;
+ALTER TABLE steps ADD COLUMN updates INTEGER
+"""
+
 # Future schema changes: add {N: "ALTER TABLE ..."} here and bump SCHEMA_VERSION.
 _MIGRATIONS: dict[int, str] = {
-    1: _SCHEMA_V1, 2: _SCHEMA_V2, 3: _SCHEMA_V3, 4: _SCHEMA_V4, 5: _SCHEMA_V5, 6: _SCHEMA_V6
+    1: _SCHEMA_V1, 2: _SCHEMA_V2, 3: _SCHEMA_V3, 4: _SCHEMA_V4, 5: _SCHEMA_V5, 6: _SCHEMA_V6, 7: _SCHEMA_V7
 }
 
 _INSERT_EVENT = "INSERT INTO events (job_id, instance_id, type, detail, clock, wall) VALUES (?, ?, ?, ?, ?, ?)"

@@ -34,6 +34,13 @@ class StepMetrics:
     spec_drafted: int | None = None
     spec_accepted: int | None = None
     spec_tokens_per_pass: float | None = None
+    # the optimizer's side (None: model.kind synthetic, or recorded before): the whole loss, its
+    # policy-gradient term, the gradient's norm before clipping, the last update's rate, the updates
+    loss: float | None = None
+    pg_loss: float | None = None
+    grad_norm: float | None = None
+    lr: float | None = None
+    updates: int | None = None
 
     @classmethod
     def of(cls, rec: StepRecord, clock: float) -> StepMetrics:

@@ -43,6 +43,11 @@ class StepRecord(BaseModel):
     kl: float | None = None  # token means, where the learner has them (kl / entropy: only when weighted)
     entropy: float | None = None
     clip_frac: float | None = None  # share of tokens whose PPO ratio was clipped
+    # the optimizer's side (None: a learner without one, the synthetic; a record an older rlboost wrote)
+    pg_loss: float | None = None  # the policy-gradient (PPO-clipped) term of loss, without KL and entropy
+    grad_norm: float | None = None  # the gradient's global L2 norm before clipping (mean over the updates)
+    lr: float | None = None  # the learning rate of the step's last update
+    updates: int | None = None  # optimizer updates taken in the step
     responses: int
     tokens: int  # of the responses trained on
     len_max: int  # the longest response's tokens

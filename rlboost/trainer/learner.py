@@ -59,13 +59,13 @@ from rlboost.trainer.grpo import (
     sample_advantages,
     token_weights,
 )
+from rlboost.trainer.lr_schedule import LrSchedule, lr_at
 from rlboost.trainer.tasks import Problem, Task, make_task
 
 if TYPE_CHECKING:
     from rlboost.trainer.collectives import DistContext
 
 WARM_START_BATCH = 32
-GRAD_CLIP = 1.0
 
 __all__ = ["Learner", "Sample", "make_learner", "rollout_groups"]
 
@@ -76,6 +76,7 @@ class _StepSums:
 
     norm: float  # the provisional loss normaliser of begin_step
     loss: float = 0.0  # this rank's loss share, divided by norm
+    pg: float = 0.0  # of which the policy-gradient (PPO-clipped) term's
     # this rank's token sums of the loss terms, for the step's metrics
     kl: float = 0.0
     entropy: float = 0.0
@@ -139,10 +140,16 @@ class Learner:
             from rlboost.trainer.collectives import shard_model
 
             shard_model(self.model, dist)
-        # One AdamW for the warm start and RL (see warm_start); no weight decay on a tiny model.
+        # One AdamW for the warm start and RL (see warm_start). algorithm.betas / weight_decay /
+        # grad_clip default to the values fixed before they were knobs: (0.9, 0.99), 0 (no weight decay
+        # on a tiny model), 1.0.
         self.optimizer = torch.optim.AdamW(
-            self.model.parameters(), lr=algo_spec.learning_rate, betas=(0.9, 0.99), weight_decay=0.0
+            self.model.parameters(),
+            lr=algo_spec.learning_rate,
+            betas=tuple(algo_spec.betas),
+            weight_decay=algo_spec.weight_decay,
         )
+        self.schedule = LrSchedule.of(algo_spec)
         self.steps_done = 0  # GRPO updates so far
         self._acc: _StepSums | None = None  # the streamed update in progress (begin_step .. finish_step)
         # the KL penalty's frozen reference: the weights at the first GRPO step (after the warm start)
@@ -158,6 +165,8 @@ class Learner:
         RL. The optimizer carries over into RL: fresh Adam moments would make the first RL updates
         full-size sign steps on a noisy gradient, which measurably undoes part of the warm start."""
         loss = float("nan")
+        if steps and self._scheduled():
+            self._set_lr(self.algo.learning_rate)  # the warm start is not on the RL schedule
         for _ in range(steps):
             problems = self.task.sample(self._demo_rng, WARM_START_BATCH)  # the same on every rank
             prompts = [p.prompt_ids for p in problems]
@@ -276,6 +285,7 @@ class Learner:
             surrogate, clipped = clipped_ratio(logp, old_logp, c, a.clip_ratio_low, a.clip_ratio_high)
             loss = -(c[:, None] * surrogate * w).sum() / acc.norm
             acc.clipped += float((clipped & mask).sum())
+            acc.pg += float(loss.detach())
             if a.kl_coef > 0:
                 assert self.reference is not None
                 with torch.no_grad():
@@ -306,16 +316,20 @@ class Learner:
             for p in self.model.parameters():
                 if p.grad is not None:
                     p.grad.mul_(rescale)
-        loss, kl, ent, clipped = self._sum_over_ranks(acc.loss, acc.kl, acc.entropy, acc.clipped)
+        loss, pg, kl, ent, clipped = self._sum_over_ranks(acc.loss, acc.pg, acc.kl, acc.entropy, acc.clipped)
+        self._schedule_lr()
         grad_norm = self._update()
         self.steps_done += 1
         tokens = max(1, acc.tokens)
         metrics = {
             "loss": loss * rescale,
+            "pg_loss": pg * rescale,  # the policy-gradient term of loss (loss less the KL and entropy terms)
             "reward_mean": acc.reward_sum / acc.samples,
             "adv_abs_mean": acc.adv_abs_sum / acc.samples,
             "tokens": float(acc.tokens),
-            "grad_norm": grad_norm,
+            "grad_norm": grad_norm,  # the global L2 norm before clipping
+            "lr": self._lr(),  # the rate of the update
+            "updates": 1.0,  # optimizer updates in the step
             "clip_frac": clipped / tokens,  # share of tokens whose ratio was clipped (0 while on-policy)
         }
         if self.algo.kl_coef > 0:
@@ -330,8 +344,9 @@ class Learner:
         a = self.algo
         groups = sorted(acc.groups)
         size = a.ppo_mini_batch_size or len(groups)
-        loss = kl = ent = clipped = grad_norm = 0.0
+        loss = pg = kl = ent = clipped = grad_norm = 0.0
         updates = 0
+        self._schedule_lr()  # every update of a step at the step's rate
         for _ in range(a.ppo_epochs):
             for k in range(0, len(groups), size):
                 chunk = set(groups[k : k + size])
@@ -342,18 +357,22 @@ class Learner:
                 advs = torch.tensor([adv for _, adv, _ in rows])
                 olds = [old for _, _, old in rows]
                 part = self._backward(prompts, responses, self._grpo_loss(prompts, responses, advs, sums, olds))
-                totals = self._sum_over_ranks(part, sums.kl, sums.entropy, sums.clipped)
-                loss, kl, ent, clipped = (x + y for x, y in zip((loss, kl, ent, clipped), totals, strict=True))
+                totals = self._sum_over_ranks(part, sums.pg, sums.kl, sums.entropy, sums.clipped)
+                loss, pg, kl, ent, clipped = (
+                    x + y for x, y in zip((loss, pg, kl, ent, clipped), totals, strict=True)
+                )
                 grad_norm += self._update()
                 updates += 1
         self.steps_done += 1
         token_updates = max(1, acc.tokens) * a.ppo_epochs  # every token is seen once per epoch
         metrics = {
             "loss": loss / updates,
+            "pg_loss": pg / updates,
             "reward_mean": acc.reward_sum / acc.samples,
             "adv_abs_mean": acc.adv_abs_sum / acc.samples,
             "tokens": float(acc.tokens),
-            "grad_norm": grad_norm / updates,
+            "grad_norm": grad_norm / updates,  # the mean over the updates, each before clipping
+            "lr": self._lr(),
             "clip_frac": clipped / token_updates,
             "updates": float(updates),
         }
@@ -409,12 +428,32 @@ class Learner:
         tdist.all_reduce(t)  # one collective for all of them
         return t.tolist()
 
+    def _set_lr(self, lr: float) -> None:
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+
+    def _lr(self) -> float:
+        return float(self.optimizer.param_groups[0]["lr"])
+
+    def _schedule_lr(self) -> None:
+        """The rate of the step about to update (algorithm.lr_schedule, by steps_done, so a resumed
+        run picks up where it was). A constant rate with no warm-up leaves the optimizer's rate as it
+        was built (algorithm.learning_rate), as before the schedule existed."""
+        if self._scheduled():
+            self._set_lr(lr_at(self.steps_done, self.schedule))
+
+    def _scheduled(self) -> bool:
+        return self.schedule.kind != "constant" or self.schedule.warmup_steps > 0
+
     def _update(self) -> float:
+        """All-reduce (ddp), clip to algorithm.grad_clip, take the optimizer step; returns the
+        gradient's global L2 norm before clipping."""
         if self.dist is not None and self.dist.strategy == "ddp":
             from rlboost.trainer.collectives import all_reduce_grads
 
             all_reduce_grads(self.model)
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), GRAD_CLIP)
+        clip = self.algo.grad_clip if self.algo.grad_clip is not None else math.inf
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip)
         if hasattr(grad_norm, "full_tensor"):  # a DTensor under FSDP
             grad_norm = grad_norm.full_tensor()
         self.optimizer.step()

@@ -268,11 +268,7 @@ class TrainerRuntime:
         with RolloutRecorder(self.record_dir if self.record_rollouts else None, from_step=first) as recorder:
             for step in range(first, algo.steps):
                 rec = await self.run_step(step, rng, recorder)
-                print(
-                    f"step {step + 1:>3}/{algo.steps}  reward {rec.reward:.3f}  tokens {rec.tokens:>5}"
-                    f"  engines {rec.engines}  migrated {rec.migrated}  {rec.step_s:.2f}s",
-                    flush=True,
-                )
+                print(step_line(rec, algo.steps), flush=True)
                 every = self.spec.trainer.checkpoint_every
                 if step + 1 == algo.steps or (every and (step + 1) % every == 0):
                     await self.checkpoint()
@@ -473,7 +469,8 @@ class TrainerRuntime:
             tail_train_s=round(tail, 3),
             loss=float(metrics.get("loss", 0.0)),
             reward_errors=self.task.custom.error_count if self.task.custom else 0,
-            **{k: float(metrics[k]) for k in ("kl", "entropy", "clip_frac") if k in metrics},
+            **{k: float(metrics[k]) for k in _OPTIONAL_METRICS if k in metrics},
+            **({"updates": int(metrics["updates"])} if "updates" in metrics else {}),
             **(timing.model_dump(include=_TIMING_IN_RECORD) if timing is not None else {}),
             **(
                 speculation_figures((r.drafted, r.accepted, r.draft_passes) for r in responses)
@@ -537,9 +534,24 @@ class RolloutRecorder:
             save_file(tensors, str(self.run_dir / name))
 
 
+def step_line(rec: StepRecord, steps: int) -> str:
+    """The trainer's log line of a finished step (the one `rlboost logs -f` shows of it)."""
+    optim = ""
+    if rec.grad_norm is not None:
+        optim = f"  loss {rec.loss:.4f}  pg_loss {rec.pg_loss:.4f}  grad_norm {rec.grad_norm:.3f}  lr {rec.lr:.3g}"
+        optim += f"  updates {rec.updates}"
+    return (
+        f"step {rec.step + 1:>3}/{steps}  reward {rec.reward:.3f}{optim}  tokens {rec.tokens:>5}"
+        f"  engines {rec.engines}  migrated {rec.migrated}  {rec.step_s:.2f}s"
+    )
+
+
 def _fmt(d: dict) -> str:
     return ", ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}" for k, v in d.items())
 
+
+# the learner's metrics a step record carries where the learner has them (the synthetic has none)
+_OPTIONAL_METRICS = ("kl", "entropy", "clip_frac", "pg_loss", "grad_norm", "lr")
 
 # the coordinator's measurements a step record carries (its own step_s and remote_idle_s stay its own)
 _TIMING_IN_RECORD = {"spot_workers", "offload_s", "trainer_idle_s", "gen_tokens", "spot_tokens"}

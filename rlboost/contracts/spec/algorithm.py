@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from rlboost.contracts.spec.base import SEED_LIMIT, Strict
+
+Beta = Annotated[float, Field(ge=0, lt=1)]
 
 
 class AlgorithmSpec(Strict):
@@ -33,6 +35,18 @@ class AlgorithmSpec(Strict):
     warm_start_steps: Annotated[int, Field(ge=0, le=1_000_000)] = 100
     # Sequences per forward/backward pass (gradients accumulate); None = the whole step's share at once.
     micro_batch_size: Annotated[int, Field(ge=1, le=100_000)] | None = None
+    # ---- the optimizer (AdamW, rlboost/trainer/learner.py); the defaults are the fixed values of
+    # earlier rlboost versions (weight decay 0 on a tiny model; AdamW's own default is 0.01) ----
+    # Adam's (beta1, beta2): veRL actor.optim.betas, TRL adam_beta1 / adam_beta2
+    betas: tuple[Beta, Beta] = (0.9, 0.99)
+    weight_decay: Annotated[float, Field(ge=0, le=10)] = 0.0
+    # clip the gradient's global L2 norm to this before each update (None: no clipping); the metric
+    # grad_norm is the norm before clipping
+    grad_clip: Annotated[float, Field(gt=0, le=1e6)] | None = 1.0
+    # the learning rate by RL step (rlboost/trainer/lr_schedule.py): a linear warm-up over
+    # lr_warmup_steps steps, then constant, linear decay or cosine decay over the rest of `steps`
+    lr_schedule: Literal["constant", "linear", "cosine"] = "constant"
+    lr_warmup_steps: Annotated[int, Field(ge=0, le=10_000_000)] = 0
     # ---- the GRPO loss (rlboost/trainer/grpo.py); names and defaults as veRL's actor config ----
     # KL penalty against a frozen copy of the weights GRPO starts from (held only when > 0: one more copy
     # of the weights in memory, one more forward per micro-batch). 0 as TRL's GRPO default (beta).
@@ -52,10 +66,24 @@ class AlgorithmSpec(Strict):
     ppo_mini_batch_size: Annotated[int, Field(ge=1, le=100_000)] | None = None
     ppo_epochs: Annotated[int, Field(ge=1, le=100)] = 1
 
+    @field_validator("betas", mode="before")
+    @classmethod
+    def _betas_list(cls, v: object) -> object:
+        return tuple(v) if isinstance(v, list) else v  # YAML writes a pair as a list
+
+    @model_validator(mode="after")
+    def _warmup_fits(self) -> AlgorithmSpec:
+        if self.lr_warmup_steps > self.steps:
+            raise ValueError(
+                f"algorithm.lr_warmup_steps ({self.lr_warmup_steps}) is more than algorithm.steps ({self.steps}): "
+                "the learning rate would never reach learning_rate"
+            )
+        return self
+
     def loss_knobs_set(self) -> list[str]:
-        """The loss fields that differ from their defaults."""
+        """The loss and optimizer fields that differ from their defaults."""
         fields = type(self).model_fields
-        return [k for k in LOSS_KNOBS if getattr(self, k) != fields[k].default]
+        return [k for k in (*LOSS_KNOBS, *OPTIMIZER_KNOBS) if getattr(self, k) != fields[k].default]
 
 
 LOSS_KNOBS = (
@@ -68,3 +96,5 @@ LOSS_KNOBS = (
     "ppo_mini_batch_size",
     "ppo_epochs",
 )
+
+OPTIMIZER_KNOBS = ("betas", "weight_decay", "grad_clip", "lr_schedule", "lr_warmup_steps")

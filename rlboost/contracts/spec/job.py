@@ -179,7 +179,8 @@ class JobSpec(Strict):
         knobs = a.loss_knobs_set()
         if m.kind == "synthetic" and knobs:
             raise ValueError(
-                f"algorithm.{knobs[0]}: model.kind synthetic has no loss to shape (its trainer only models time); "
+                f"algorithm.{knobs[0]}: model.kind synthetic has no loss to shape or optimizer (its trainer only "
+                "models time); "
                 f"remove {', '.join('algorithm.' + k for k in knobs)}"
             )
         if a.ppo_mini_batch_size is not None and a.prompts_per_step % a.ppo_mini_batch_size:

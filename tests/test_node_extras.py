@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 import tests.sky_fake  # noqa: F401  (offline SkyPilot first)
-from rlboost.cli.node_extras import node_extras
+from rlboost.cli.node_extras import node_extras, node_setup_env
 from rlboost.contracts.env_names import Env
 from rlboost.contracts.spec import JobSpec, parse_spec, spec_to_yaml
 from rlboost.providers.base import LaunchRequest, Role
@@ -70,7 +70,7 @@ def request(spec: JobSpec, role: Role, engine: str = "torch", *, boot: bool = Fa
     """A launch request with the environment the controller gives it (rlboost/cli/controller.py);
     `boot`: for a node that boots from boot data (AWS, GCP), which enrols for the token and secrets."""
     base = sky_req("demo-1-trainer" if role is Role.TRAINER else "demo-1-w001", role)
-    env = {"RLBOOST_ENGINE": engine, Env.EXTRAS: ",".join(node_extras(spec, role))}
+    env = {"RLBOOST_ENGINE": engine, **node_setup_env(spec, role)}
     if boot:
         return dataclasses.replace(base, env=env, user_secrets={})
     return dataclasses.replace(base, env={"RLBOOST_JOB_TOKEN": "tok", **env})
@@ -137,3 +137,66 @@ def _version() -> str:
         return version("rlboost")
     except PackageNotFoundError:
         return "0.1.0"
+
+
+SETUP = ["echo first >>\"$HOME/ran\"", "echo \"venv=$VIRTUAL_ENV\" >>\"$HOME/ran\""]
+
+
+def _setup_block(template: str) -> str:
+    """The shell lines of a template that run the job's `setup:` (from its `if` to its `fi`)."""
+    lines = template.splitlines()
+    start = next(i for i, ln in enumerate(lines) if "RLBOOST_SETUP_B64:-" in ln)
+    end = next(i for i in range(start, len(lines)) if lines[i].strip() == "fi")
+    return "\n".join(ln.strip() for ln in lines[start : end + 1])
+
+
+@pytest.mark.parametrize("name", ["worker.sky.yaml", "trainer.sky.yaml", "node.sky.yaml", "node_boot.sh"])
+def test_every_node_template_runs_the_jobs_setup_in_rlboosts_venv_and_stops_on_a_failure(tmp_path, name):
+    import subprocess
+
+    from rlboost.providers.bootstrap import template
+
+    text = template(name)
+    if name.endswith(".yaml"):
+        text = yaml.safe_load(text)["setup"]
+        assert text.index("pip install") < text.index("RLBOOST_SETUP_B64")  # rlboost first, then the job's
+    block = _setup_block(text).replace("/opt/rlboost", str(tmp_path / "rlboost-venv"))
+    block = block.replace("/var/lib", str(tmp_path))
+    venv = tmp_path / "rlboost-venv" / "bin"
+    venv.mkdir(parents=True)
+    (venv / "activate").write_text(f"export VIRTUAL_ENV={tmp_path / 'rlboost-venv'}\n")
+
+    def run(commands: list[str]) -> subprocess.CompletedProcess:
+        env = {"HOME": str(tmp_path), "PATH": "/usr/bin:/bin"}
+        spec = job(setup=commands)
+        env |= {k: v for k, v in node_setup_env(spec, Role.WORKER).items() if k == Env.SETUP_B64}
+        return subprocess.run(["bash", "-e", "-c", block], env=env, capture_output=True, text=True)
+
+    assert run(SETUP).returncode == 0
+    assert (tmp_path / "ran").read_text() == f"first\nvenv={tmp_path / 'rlboost-venv'}\n"
+    failed = run(["false", "echo after >>\"$HOME/ran\""])
+    assert failed.returncode != 0 and "after" not in (tmp_path / "ran").read_text()  # stops at the failure
+    (tmp_path / "ran").unlink()
+    assert run([]).returncode == 0
+    assert not (tmp_path / "ran").exists()  # no setup: nothing runs
+
+
+def test_setup_reaches_every_node_as_the_job_wrote_it(tmp_path, monkeypatch):
+    monkeypatch.delenv("RLBOOST_PIP_SPEC", raising=False)
+    assert job(setup=SETUP).setup == "\n".join(SETUP)  # a list runs as one script
+    assert job(setup="pip install mypkg\n").setup == "pip install mypkg\n"
+    assert Env.SETUP_B64 not in node_setup_env(job(), Role.WORKER)
+    spec = job(setup=SETUP)
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "spec.yaml").write_text(spec_to_yaml(spec))
+    want = base64.b64encode("\n".join(SETUP).encode()).decode()
+    prov = SkyPilotProvider(run, sdk=FakeSky(), sync_workdir=True)
+    try:
+        for role in (Role.TRAINER, Role.WORKER):
+            assert prov.task_config(request(spec, role))["envs"][Env.SETUP_B64] == want
+        assert prov.node_task_config(request(spec, Role.TRAINER), job_id=1, resume=False)["envs"][Env.SETUP_B64] == want
+    finally:
+        prov.close()
+    for role in (Role.TRAINER, Role.WORKER):  # AWS / GCP boot data (not secret: README says so)
+        assert f"export {Env.SETUP_B64}={want}" in boot_script(request(spec, role, boot=True), run)

@@ -25,7 +25,7 @@ from rlboost.cli.launch_requests import node_files, recorded_request, trainer_re
 from rlboost.cli.ledger import summarize
 from rlboost.cli.metrics_log import METRICS_FILE, MetricsLog
 from rlboost.cli.metrics_sinks import open_sinks
-from rlboost.cli.node_extras import node_extras
+from rlboost.cli.node_extras import node_setup_env
 from rlboost.cli.progress import JobProgress
 from rlboost.cli.state import InstanceRow, StateStore, UnknownInstanceError
 from rlboost.cli.step_numbers import shown
@@ -279,7 +279,7 @@ class Controller:
         env = {
             **secret,
             Env.ENGINE: self.spec.rollout.engine,
-            Env.EXTRAS: ",".join(node_extras(self.spec, Role.TRAINER)),
+            **node_setup_env(self.spec, Role.TRAINER),
         }
         if self.provider.kind.runs_here:  # checkpoints outlive the trainer process (clouds: trainer.checkpoint_dir)
             env[Env.CHECKPOINT_DIR] = str(self.run_dir / "checkpoints")

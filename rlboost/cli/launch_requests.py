@@ -6,9 +6,8 @@ from __future__ import annotations
 
 import sys
 
-from rlboost.cli.node_extras import node_extras
+from rlboost.cli.node_extras import node_setup_env
 from rlboost.cli.state import InstanceRow
-from rlboost.contracts.env_names import Env
 from rlboost.contracts.spec import JobSpec
 from rlboost.contracts.worker_env import WorkerEnv
 from rlboost.providers.base import InstanceKind, LaunchRequest, Owner, Role
@@ -68,7 +67,7 @@ def worker_request(
         role=Role.WORKER,
         kind=InstanceKind.SPOT,
         **_placed(o),
-        env={**env, Env.EXTRAS: ",".join(node_extras(spec, Role.WORKER)), **tls_env},
+        env={**env, **node_setup_env(spec, Role.WORKER), **tls_env},
         command=[sys.executable, "-m", "rlboost.worker"],
         **{**files, "user_secrets": {}},  # enrolment hands them over
     )

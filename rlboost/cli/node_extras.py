@@ -6,13 +6,25 @@ Providers do not read job files: the controller puts the answer in the launch re
 
 from __future__ import annotations
 
+import base64
 from pathlib import Path
 
 from rlboost.contracts.dataset_files import dataset_format
+from rlboost.contracts.env_names import Env
 from rlboost.contracts.mounts import find_mount, source_path
 from rlboost.contracts.provider_kinds import provider_kind
 from rlboost.contracts.spec import JobSpec
 from rlboost.providers.base import Role
+
+
+def node_setup_env(spec: JobSpec, role: Role) -> dict[str, str]:
+    """What a node's launch request carries of the job file for its installation: the extras
+    (Env.EXTRAS) and the job's `setup:` script (Env.SETUP_B64), which the node templates run after
+    installing rlboost and before starting it."""
+    env = {Env.EXTRAS: ",".join(node_extras(spec, role))}
+    if spec.setup:
+        env[Env.SETUP_B64] = base64.b64encode(spec.setup.encode()).decode()
+    return env
 
 
 def node_extras(spec: JobSpec, role: Role) -> tuple[str, ...]:

@@ -137,7 +137,7 @@ class SkyTrainerNode:
         (its setup installs rlboost first: minutes). `record_rollouts` is a local-provider option."""
         from rlboost.cli.launch_requests import node_files, trainer_request
         from rlboost.cli.node_client import NodeClient
-        from rlboost.cli.node_extras import node_extras
+        from rlboost.cli.node_extras import node_setup_env
         from rlboost.contracts.spec import parse_spec
         from rlboost.providers import price_lookup
         from rlboost.providers.base import CapacityError, Owner, ProviderError, Role
@@ -152,7 +152,7 @@ class SkyTrainerNode:
         env = {
             Env.JOB_TOKEN: token,
             Env.ENGINE: spec.rollout.engine,
-            Env.EXTRAS: ",".join(node_extras(spec, Role.TRAINER)),  # the trainer runs on this node
+            **node_setup_env(spec, Role.TRAINER),  # the trainer runs on this node
         }
         # the node's controller hands the job's variables and files on to its trainer and workers
         owner = Owner(self.job.name, self.job.id, self.job.uid)

@@ -89,6 +89,7 @@ class Env:
     # user override where you launch (read by bootstrap.pip_spec); bootstrap/SkyPilot -> templates: what a node installs
     PIP_SPEC: Final = "RLBOOST_PIP_SPEC"
     EXTRAS: Final = "RLBOOST_EXTRAS"  # controller -> bootstrap.pip_spec: the job's extra pip extras, comma-separated
+    SETUP_B64: Final = "RLBOOST_SETUP_B64"  # controller -> templates: the job file's `setup:` script, base64
     JOB_ID: Final = "RLBOOST_JOB_ID"  # SkyPilot provider -> node.sky.yaml: the job's id on its node
     JOB_UID: Final = "RLBOOST_JOB_UID"  # SkyPilot provider -> the node's controller: the launching machine's uid
     CONTROL_PORT: Final = "RLBOOST_CONTROL_PORT"  # SkyPilot provider -> node.sky.yaml: the control endpoint's port

@@ -7,8 +7,15 @@
 set -euo pipefail
 # @RLBOOST_ENV@
 exec >>/var/log/rlboost.log 2>&1
+# whatever fails below (an install, the job's setup), the node powers off rather than bill idle
+trap 'shutdown -h now' EXIT
 python3 -m venv /opt/rlboost
 /opt/rlboost/bin/pip install -q "$RLBOOST_PIP_SPEC"
+# the job file's `setup:` commands (RLBOOST_SETUP_B64), in rlboost's venv, before rlboost starts
+if [ -n "${RLBOOST_SETUP_B64:-}" ]; then
+  echo "$RLBOOST_SETUP_B64" | base64 -d >/var/lib/rlboost-setup.sh
+  (source /opt/rlboost/bin/activate && bash -e /var/lib/rlboost-setup.sh)
+fi
 if [ "$RLBOOST_ROLE" = "trainer" ]; then
   mkdir -p /var/lib/rlboost/run
   echo "$RLBOOST_SPEC_B64" | base64 -d >/var/lib/rlboost/spec.yaml
@@ -17,6 +24,5 @@ if [ "$RLBOOST_ROLE" = "trainer" ]; then
 else
   /opt/rlboost/bin/python -m rlboost.worker || true
 fi
-# Done (or failed): power off. AWS instances are launched to terminate on shutdown; GCP ones stop
-# billing for compute. The controller (or `rlboost gc`) deletes what is left.
-shutdown -h now
+# Done (or failed): the EXIT trap powers off. AWS instances are launched to terminate on shutdown;
+# GCP ones stop billing for compute. The controller (or `rlboost gc`) deletes what is left.

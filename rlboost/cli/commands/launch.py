@@ -83,6 +83,7 @@ def _check_provider(spec: JobSpec, dryrun: bool = False) -> None:
     """Clouds, regions, SDKs, the extras the job imports on this machine and (unless it is a dry run)
     credentials: before anything is launched, each missing library with the pip command that installs it."""
     from rlboost.cli.node_extras import missing_extras
+    from rlboost.contracts.provider_kinds import provider_kind
     from rlboost.providers import PreflightError, preflight
 
     problems = []
@@ -93,6 +94,11 @@ def _check_provider(spec: JobSpec, dryrun: bool = False) -> None:
     problems += missing_extras(spec)
     if problems:
         fail("\n".join(problems), 2)
+    if spec.setup and provider_kind(spec.provider).runs_here:
+        err.print(  # its processes run in this environment, which the user set up already
+            f"note: setup is not run for provider {spec.provider}: its trainer and workers run in this "
+            "environment; install what setup installs here", markup=False, highlight=False
+        )
 
 
 def _confirm_spending(spec: JobSpec, t_offer: Offer, s_offers: list[Offer], yes: bool) -> None:

@@ -69,6 +69,11 @@ class JobSpec(Strict):
     # a local directory (relative to the job file) synced to every node and the processes' working
     # directory there; on SkyPilot it takes the place of rlboost's own source checkout
     workdir: str | None = None
+    # shell commands run on every cloud node before rlboost starts there (SkyPilot's `setup`), in
+    # rlboost's virtual environment and the workdir: install a reward package, dataset tooling. A list
+    # runs as one script, line after line; a failing command stops the node. Not secret: it travels in
+    # boot data (use `envs` with null values for tokens and read $NAME).
+    setup: str | None = None
 
     @field_validator("provider", mode="before")
     @classmethod
@@ -79,6 +84,13 @@ class JobSpec(Strict):
         # worded as pydantic words a Literal's error, which errors.py phrases as "invalid value ..."
         expected = " or ".join(filter(None, [", ".join(map(repr, names[:-1])), repr(names[-1])]))
         raise PydanticCustomError("literal_error", "Input should be {expected}", {"expected": expected})
+
+    @field_validator("setup", mode="before")
+    @classmethod
+    def _setup(cls, v: object) -> object:
+        if isinstance(v, list) and all(isinstance(x, str) for x in v):
+            return "\n".join(v)
+        return v
 
     @field_validator("envs")
     @classmethod

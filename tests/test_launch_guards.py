@@ -233,3 +233,15 @@ def test_gc_older_than_on_a_terminal_asks_and_a_no_removes_nothing(home, monkeyp
     assert off.exit_code == 2 and "pass --yes" in off.stderr and job_count(home) == 1
     plain = CliRunner().invoke(app, ["gc"], catch_exceptions=False)  # the orphan sweep alone never asks
     assert plain.exit_code == 0, plain.stdout + plain.stderr
+
+
+def test_a_local_job_says_it_does_not_run_setup(home, tmp_path):
+    job = yaml.safe_load(LOCAL.read_text())
+    job["setup"] = ["pip install mypkg"]
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(job))
+    out = cli("launch", str(path), "--dryrun", home=home)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "setup is not run for provider local" in " ".join(out.stderr.split())
+    plain = cli("launch", str(LOCAL), "--dryrun", home=home)
+    assert "setup is not run" not in plain.stderr

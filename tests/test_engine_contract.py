@@ -116,9 +116,12 @@ class Recorder:
         self.lps[rid].extend(logprobs)
 
 
-def run(engine: Engine, requests: list[GenRequest], abort=lambda rid: False) -> tuple[Recorder, dict[str, str]]:
+def run(
+    engine: Engine, requests: list[GenRequest], abort=lambda rid: False, **truncation: float
+) -> tuple[Recorder, dict[str, str]]:
+    """generate at temperature 1 (truncation: top_k / top_p keywords, if any)."""
     rec = Recorder(requests)
-    return rec, engine.generate(requests, rec, abort, 1.0)
+    return rec, engine.generate(requests, rec, abort, 1.0, **truncation)
 
 
 def req(rid: str, prompt: list[int], n: int, seed: int, prefix: list[int] | None = None) -> GenRequest:
@@ -183,6 +186,25 @@ def test_continuation_at_several_split_points(kit: Kit) -> None:
             continue
         tail, tail_reasons = run(kit.engine(1, "long"), [req("a", kit.prompts[0], BUDGET - k, 1000, tokens[:k])])
         assert tokens[:k] + tail.ids["a"] == tokens and tail_reasons == reasons
+
+
+@pytest.mark.parametrize("truncation", [{"top_p": 0.8}, {"top_k": 5, "top_p": 0.9}])
+def test_continuation_with_top_k_top_p_equals_the_uninterrupted_response(kit: Kit, truncation: dict) -> None:
+    """algorithm.top_k / top_p are part of the seeded rule: a response continued on another instance
+    from a prefix draws what the uninterrupted run drew, and the truncation does change the draws."""
+    requests = [req(f"r{i}", p, BUDGET, seed=300 + i) for i, p in enumerate(kit.prompts)]
+    full, reasons = run(kit.engine(0, "long"), requests, **truncation)
+    plain, _ = run(kit.engine(0, "long"), requests)
+    assert full.ids != plain.ids
+    for r in requests:
+        tokens = full.ids[r.rid]
+        for k in (2, 7):
+            if k >= len(tokens):
+                continue
+            cont = req(r.rid, r.prompt, BUDGET - k, r.seed, tokens[:k])
+            tail, tail_reasons = run(kit.engine(1, "long"), [cont], **truncation)
+            assert tokens[:k] + tail.ids[r.rid] == tokens and tail_reasons[r.rid] == reasons[r.rid]
+            np.testing.assert_allclose(tail.lps[r.rid], full.lps[r.rid][k:], rtol=0, atol=kit.atol)
 
 
 def test_batch_neighbours_do_not_change_a_response(kit: Kit) -> None:

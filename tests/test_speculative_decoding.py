@@ -76,6 +76,22 @@ def test_tiny_gpt_same_responses_with_and_without_speculation(weights: str, meth
     assert drafted > 0 and 0 <= accepted <= drafted  # it did verify drafts (and rejected some)
 
 
+@pytest.mark.parametrize("truncation", [{"top_k": 4}, {"top_p": 0.7}, {"top_k": 8, "top_p": 0.9}])
+@pytest.mark.parametrize("method", ["group", "ngram"])
+def test_tiny_gpt_same_responses_with_and_without_speculation_under_top_k_top_p(method: str, truncation: dict) -> None:
+    """Verification samples every fed position with the same truncated rule: drafting stays lossless."""
+    build = _tiny_engines("long")
+    requests = _requests(PROMPTS)
+    plain, plain_reasons = _run(build("none"), requests, **truncation)
+    spec_engine = build(method)
+    spec, spec_reasons = _run(spec_engine, requests, **truncation)
+    _assert_same(spec, plain)
+    assert spec_reasons == plain_reasons
+    drafted, accepted = _drafted(spec_engine)
+    assert drafted > 0 and 0 <= accepted <= drafted
+    assert plain.ids != _run(build("none"), requests)[0].ids  # the truncation reached the sampler
+
+
 def test_a_sibling_brought_by_the_request_drafts_its_text() -> None:
     """A request whose sibling (generated elsewhere) wrote exactly its text: every draft is accepted."""
     build = _tiny_engines("long")

@@ -87,8 +87,12 @@ class Engine(Protocol):
         on_tokens: OnTokens,
         should_abort: Callable[[str], bool],
         temperature: float = 1.0,
+        top_k: int = 0,
+        top_p: float = 1.0,
     ) -> dict[str, FinishReason]:
         """Generate for all requests (batched); stream through on_tokens; return finish reasons.
+
+        Tokens are drawn by contracts.sampling.sample's rule at (temperature, top_k, top_p).
 
         Checks should_abort(rid) between decode steps and stops such requests ("aborted").
 

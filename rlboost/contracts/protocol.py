@@ -140,6 +140,8 @@ class Welcome(Msg):
     heartbeat_s: float
     seed: int
     temperature: float
+    top_k: int = 0  # algorithm.top_k / top_p: off by default (a trainer that sends neither)
+    top_p: float = 1.0
     model: dict[str, Any]  # ModelSpec as JSON (+ MOUNTED_PATH_KEY): what engine to build
     engine_dtype: str
     engine_batch: int

@@ -4,6 +4,16 @@ Token t of a request is argmax(logits / T + g) with Gumbel noise g drawn from a 
 (request seed, position, vocab index): no RNG state, so the same token comes out whichever engine
 generates position t, in whatever batch - the property that lets a migrated response continue
 exactly as it would have, and makes fault-injected runs comparable bit for bit with clean ones.
+
+top-k / top-p (nucleus) truncation happens inside the same rule: on logits / T, tokens outside the k
+largest and outside the smallest set of largest tokens whose probability reaches p (at least one) are
+set to -inf before the noise is added, so Gumbel-max draws exactly from the truncated, renormalised
+distribution (vLLM's and Hugging Face's order: temperature, then top-k, then top-p). Both cuts are
+value thresholds (ties at the threshold are kept), so which tied index a sort puts first never matters.
+The log-prob returned is of that truncated distribution: the one the token was drawn from (vLLM's
+`processed_logprobs`). The trainer never reads it for the loss (its pi_old and pi are its own
+recomputation at T over the whole vocabulary, as veRL's); it is the behaviour log-prob of the dumps.
+With top_k = 0 and top_p = 1 (off, the defaults) nothing is truncated and the code path is unchanged.
 """
 
 from __future__ import annotations
@@ -48,11 +58,38 @@ def gumbel_noise(seeds: np.ndarray, positions: np.ndarray, vocab: int) -> np.nda
     return -np.log(-np.log(u))
 
 
+def truncation_off(top_k: int, top_p: float) -> bool:
+    """Whether (top_k, top_p) leave every token (0 = no top-k; top_p >= 1 = no nucleus)."""
+    return top_k <= 0 and top_p >= 1.0
+
+
+def truncate(z: np.ndarray, top_k: int = 0, top_p: float = 1.0) -> np.ndarray:
+    """z [B, V] float64 (logits / T) with tokens outside the top-k and then the top-p nucleus set to -inf."""
+    vocab = z.shape[1]
+    if 0 < top_k < vocab:
+        kth = -np.sort(-z, axis=1)[:, top_k - 1 : top_k]
+        z = np.where(z < kth, -np.inf, z)
+    if top_p < 1.0:
+        desc = -np.sort(-z, axis=1)
+        e = np.exp(desc - desc[:, :1])
+        cum = np.cumsum(e / e.sum(axis=1, keepdims=True), axis=1)
+        n = 1 + (cum[:, :-1] < top_p).sum(axis=1)  # the smallest prefix with mass >= p (at least 1)
+        z = np.where(z < desc[np.arange(len(z)), n - 1][:, None], -np.inf, z)
+    return z
+
+
 def sample(
-    logits: np.ndarray, seeds: np.ndarray, positions: np.ndarray, temperature: float = 1.0
+    logits: np.ndarray,
+    seeds: np.ndarray,
+    positions: np.ndarray,
+    temperature: float = 1.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Sample one token per row. logits: [B, V]; returns (token ids [B], logprobs [B]).
-    Temperature 0 is greedy (argmax; logprobs at temperature 1): evaluation only, never rollouts."""
+    """Sample one token per row. logits: [B, V]; returns (token ids [B], logprobs [B]), the log-prob of
+    the distribution drawn from (at temperature T, truncated by top_k / top_p).
+    Temperature 0 is greedy (argmax; logprobs at temperature 1, no truncation): evaluation only, never
+    rollouts."""
     if temperature == 0:
         z = logits.astype(np.float64)
         tok = np.argmax(z, axis=1)
@@ -60,6 +97,8 @@ def sample(
         logp = logp - np.log(np.exp(logp).sum(axis=1, keepdims=True))
         return tok, logp[np.arange(len(tok)), tok]
     z = logits.astype(np.float64) / temperature
+    if not truncation_off(top_k, top_p):
+        z = truncate(z, top_k, top_p)
     z = z - z.max(axis=1, keepdims=True)
     logp = z - np.log(np.exp(z).sum(axis=1, keepdims=True))
     tok = np.argmax(logp + gumbel_noise(seeds, positions, logits.shape[1]), axis=1)

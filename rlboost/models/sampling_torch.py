@@ -43,15 +43,51 @@ def gumbel_noise(seeds: Tensor, positions: Tensor, vocab: int) -> Tensor:
     return -torch.log(-torch.log(u))
 
 
+def truncate(z: Tensor, top_k: int | Tensor = 0, top_p: float | Tensor = 1.0) -> Tensor:
+    """z [B, V] float64 (logits / T) with tokens outside the top-k, then the top-p nucleus, set to -inf
+    (= sampling.truncate). top_k / top_p: one value, or one per row ([B] tensors: 0 / >= 1 = off)."""
+    rows, vocab = z.shape
+    k = torch.as_tensor(top_k, dtype=torch.int64, device=z.device).expand(rows)
+    on = (k > 0) & (k < vocab)
+    if bool(on.any()):
+        k = torch.where(on, k, vocab)
+        kth = torch.sort(z, dim=1, descending=True).values.gather(1, (k - 1)[:, None])
+        z = torch.where(z < kth, float("-inf"), z)
+    p = torch.as_tensor(top_p, dtype=torch.float64, device=z.device).expand(rows)
+    if bool((p < 1.0).any()):
+        desc = torch.sort(z, dim=1, descending=True).values
+        e = torch.exp(desc - desc[:, :1])
+        cum = torch.cumsum(e / e.sum(dim=1, keepdim=True), dim=1)
+        n = 1 + (cum[:, :-1] < p[:, None]).sum(dim=1)  # the smallest prefix with mass >= p (at least 1)
+        n = torch.where(p < 1.0, n, vocab)
+        z = torch.where(z < desc.gather(1, (n - 1)[:, None]), float("-inf"), z)
+    return z
+
+
+def _off(top_k: int | Tensor, top_p: float | Tensor) -> bool:
+    if isinstance(top_k, Tensor) or isinstance(top_p, Tensor):
+        return False  # per-row values: truncate() checks them
+    return top_k <= 0 and top_p >= 1.0
+
+
 def sample(
-    logits: Tensor, seeds: Tensor, positions: Tensor, temperature: float | Tensor = 1.0
+    logits: Tensor,
+    seeds: Tensor,
+    positions: Tensor,
+    temperature: float | Tensor = 1.0,
+    top_k: int | Tensor = 0,
+    top_p: float | Tensor = 1.0,
 ) -> tuple[Tensor, Tensor]:
-    """One token per row of logits [B, V] (float64 math): (token ids [B], logprobs [B] at temperature)."""
+    """One token per row of logits [B, V] (float64 math): (token ids [B], logprobs [B] of the distribution
+    drawn from: at temperature, truncated by top_k / top_p), = contracts.sampling.sample."""
     if not isinstance(temperature, Tensor) and temperature == 0:  # greedy (evaluation), as contracts.sampling
         logp = torch.log_softmax(logits.to(torch.float64), dim=-1)
         tok = torch.argmax(logp, dim=-1)
         return tok, logp.gather(1, tok[:, None]).squeeze(1)
     t = temperature[:, None] if isinstance(temperature, Tensor) else temperature
-    logp = torch.log_softmax(logits.to(torch.float64) / t, dim=-1)
+    z = logits.to(torch.float64) / t
+    if not _off(top_k, top_p):
+        z = truncate(z, top_k, top_p)
+    logp = torch.log_softmax(z, dim=-1)
     tok = torch.argmax(logp + gumbel_noise(seeds, positions, logits.shape[1]), dim=-1)
     return tok, logp.gather(1, tok[:, None]).squeeze(1)

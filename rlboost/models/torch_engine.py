@@ -96,22 +96,23 @@ class TorchEngine:
             logits, past = self.model(idx, positions, mask, past)
         return logits[:, -last:], past
 
-    def _sample(self, logits: torch.Tensor, seeds: np.ndarray, positions: np.ndarray, temperature: float):
-        """contracts.sampling's rule; on an accelerator computed there (same noise, bit for bit)."""
+    def _sample(self, logits: torch.Tensor, seeds: np.ndarray, positions: np.ndarray, sampling: tuple):
+        """contracts.sampling's rule at sampling = (temperature, top_k, top_p); on an accelerator computed
+        there (same noise, bit for bit)."""
         if self.device.type == "cpu":
-            toks, lps = sample(logits.double().numpy(), seeds, positions, temperature)
+            toks, lps = sample(logits.double().numpy(), seeds, positions, *sampling)
             return toks.tolist(), lps.tolist()
         toks, lps = sampling_torch.sample(
             logits,
             torch.from_numpy(seeds.astype(np.int64)).to(self.device),
             torch.from_numpy(positions.astype(np.int64)).to(self.device),
-            temperature,
+            *sampling,
         )
         return toks.tolist(), lps.tolist()
 
     def _sample_fed(
         self, logits: torch.Tensor, rows: list[int], drafted: list[int], seeds: np.ndarray, starts: list[int],
-        temperature: float,
+        sampling: tuple,
     ) -> dict[int, list[tuple[int, float]]]:
         """(token, logprob) at every fed position of `rows` (logits [B, width, V], right-aligned): a row
         with d drafted tokens has d + 1, the j-th drawn at response position start + j with the request's
@@ -122,7 +123,7 @@ class TorchEngine:
         rows_t = torch.tensor([i for i, _ in flat], device=self.device)
         pos = np.array([p + j for p, d in zip(starts, drafted) for j in range(d + 1)], dtype=np.uint64)
         toks, lps = self._sample(
-            logits[rows_t, torch.tensor(cols, device=self.device)], seeds[[i for i, _ in flat]], pos, temperature
+            logits[rows_t, torch.tensor(cols, device=self.device)], seeds[[i for i, _ in flat]], pos, sampling
         )
         out: dict[int, list[tuple[int, float]]] = {}
         for (i, _), tok, lp in zip(flat, toks, lps, strict=True):
@@ -151,12 +152,14 @@ class TorchEngine:
         on_tokens: OnTokens,
         should_abort: Callable[[str], bool],
         temperature: float = 1.0,
+        top_k: int = 0,
+        top_p: float = 1.0,
     ) -> dict[str, FinishReason]:
         check_requests(requests, self.block_size)
         reasons: dict[str, FinishReason] = {}
         for start in range(0, len(requests), self.max_batch):
             batch = requests[start : start + self.max_batch]
-            reasons.update(self._generate_batch(batch, on_tokens, should_abort, temperature))
+            reasons.update(self._generate_batch(batch, on_tokens, should_abort, (temperature, top_k, top_p)))
         return reasons
 
     def _draft(self, drafter: BatchDrafter | None, reqs: list[GenRequest], rows: list[int], made: list[int]):
@@ -186,7 +189,7 @@ class TorchEngine:
         reqs: list[GenRequest],
         on_tokens: OnTokens,
         should_abort: Callable[[str], bool],
-        temperature: float,
+        sampling: tuple,  # (temperature, top_k, top_p)
     ) -> dict[str, FinishReason]:
         reasons: dict[str, FinishReason] = {r.rid: "length" for r in reqs if r.max_new_tokens <= 0}
         made = [0] * len(reqs)  # tokens generated here, per row
@@ -218,7 +221,7 @@ class TorchEngine:
             logits, past = self._forward(idx, positions, mask, past, width)
             starts = [reqs[i].position0 + made[i] for i in active]
             sampled = self._sample_fed(logits, active, [len(drafts.get(i, ())) for i in active], seeds, starts,
-                                       temperature)
+                                       sampling)
             if timed:  # sampled to Python lists: the pass is done, on any device
                 self.pass_cost.observe(self.fed_tokens, self.timer() - t0)
             keep = torch.ones((len(reqs), width), dtype=torch.bool, device=self.device)

@@ -72,6 +72,8 @@ class CoordinatorConfig:
     flush_s: float = 0.02  # how often workers send tokens
     sibling_scheduling: bool = False  # rollout.sibling_scheduling (rollout/policies/siblings.py)
     speculative: P.Speculation = field(default_factory=P.Speculation)  # rollout.speculative, for the engines
+    top_k: int = 0  # algorithm.top_k / top_p, for the engines (off by default)
+    top_p: float = 1.0
 
 
 class LiveCoordinator(Coordinator):
@@ -323,6 +325,8 @@ class LiveCoordinator(Coordinator):
             heartbeat_s=c.heartbeat_s,
             seed=c.job_seed,
             temperature=c.temperature,
+            top_k=c.top_k,
+            top_p=c.top_p,
             model=c.model,
             engine_dtype=c.engine_dtype,
             engine_batch=c.engine_batch,

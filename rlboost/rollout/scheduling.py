@@ -125,6 +125,8 @@ def coordinator_config(spec: JobSpec, eos_id: int) -> CoordinatorConfig:
     return CoordinatorConfig(
         job_seed=spec.algorithm.seed,
         temperature=spec.algorithm.temperature,
+        top_k=spec.algorithm.top_k,
+        top_p=spec.algorithm.top_p,
         chunk_tokens=spec.rollout.stream_chunk_tokens,
         heartbeat_s=min(1.0, spec.rollout.heartbeat_timeout_s / 4),
         heartbeat_timeout_s=spec.rollout.heartbeat_timeout_s,

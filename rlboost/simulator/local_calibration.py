@@ -14,8 +14,8 @@ the workers run: torch.set_num_threads(1)):
             worker agent and weight pull (round_trip.py), and the trainer's CPU per response it serves
             a worker in another process (-> serve_s); this machine's cores (-> cpu_cores)
   workload  response lengths: what the job's model generates at its first step (after the job's
-            warm start, at its temperature, on its first prompts and request seeds), or the replay's
-            recorded ones; the training rate is measured at them, a fresh draw of a step's lengths
+            warm start, at its temperature / top_k / top_p, on its first prompts and request seeds), or
+            the replay's recorded ones; the training rate is measured at them, a fresh draw of a step's lengths
             per timed step (the learner pads a batch to its longest sequence, so the few responses
             that never stop set the cost of the steps they fall in)
 
@@ -194,7 +194,8 @@ def first_step_lengths(spec: JobSpec, task: Task, learner: Learner) -> tuple[int
             for rid in (request_id(step, i, g) for g in range(algo.group_size))
         ]
         for k in range(0, len(reqs), batch):
-            engine.generate(reqs[k : k + batch], count, _never, temperature=algo.temperature)
+            engine.generate(reqs[k : k + batch], count, _never, temperature=algo.temperature,
+                            top_k=algo.top_k, top_p=algo.top_p)
         out += [max(1, got.get(r.rid, 0)) for r in reqs]
         step += 1
     return tuple(out)

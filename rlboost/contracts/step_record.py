@@ -43,6 +43,11 @@ class StepRecord(BaseModel):
     kl: float | None = None  # token means, where the learner has them (kl / entropy: only when weighted)
     entropy: float | None = None
     clip_frac: float | None = None  # share of tokens whose PPO ratio was clipped
+    # DAPO's knobs (None when off): the mean overlong penalty added to the rewards (algorithm.overlong_buffer),
+    # and the groups dynamic sampling dropped (algorithm.dynamic_sampling; update_skipped 1: all of them)
+    overlong_penalty_mean: float | None = None
+    groups_dropped: int | None = None
+    update_skipped: bool | None = None
     responses: int
     tokens: int  # of the responses trained on
     len_max: int  # the longest response's tokens

@@ -473,7 +473,9 @@ class TrainerRuntime:
             tail_train_s=round(tail, 3),
             loss=float(metrics.get("loss", 0.0)),
             reward_errors=self.task.custom.error_count if self.task.custom else 0,
-            **{k: float(metrics[k]) for k in ("kl", "entropy", "clip_frac") if k in metrics},
+            **{k: float(metrics[k]) for k in ("kl", "entropy", "clip_frac", "overlong_penalty_mean") if k in metrics},
+            **({"groups_dropped": int(metrics["groups_dropped"])} if "groups_dropped" in metrics else {}),
+            **({"update_skipped": bool(metrics["update_skipped"])} if "update_skipped" in metrics else {}),
             **(timing.model_dump(include=_TIMING_IN_RECORD) if timing is not None else {}),
             **(
                 speculation_figures((r.drafted, r.accepted, r.draft_passes) for r in responses)

@@ -175,3 +175,18 @@ def test_a_step_whose_groups_are_all_dropped_makes_no_update(streamed: bool) -> 
     assert learner.steps_done == 2
     learner.train_step(_samples(*TINY, n_groups=2))  # and the next step trains as usual
     assert not _equal(before, _params(learner))
+
+
+def test_metrics_rows_carry_the_dapo_figures_only_when_on(tmp_path) -> None:
+    import json
+
+    from rlboost.cli.metrics_log import MetricsLog
+    from tests.test_metrics_log import rec
+
+    log = MetricsLog(tmp_path / "m.jsonl")
+    log.write(rec(1), clock=1.0, dollars=0.0, preemptions=0)
+    dapo = rec(2, overlong_penalty_mean=-0.25, groups_dropped=3, update_skipped=False)
+    log.write(dapo, clock=2.0, dollars=0.0, preemptions=0)
+    off, on = [json.loads(x) for x in (tmp_path / "m.jsonl").read_text().splitlines()]
+    assert not {"overlong_penalty_mean", "groups_dropped", "update_skipped"} & off.keys()
+    assert (on["overlong_penalty_mean"], on["groups_dropped"], on["update_skipped"]) == (-0.25, 3, False)

@@ -23,8 +23,16 @@ TINY = (ModelSpec(n_layer=2, n_embd=32, n_head=2), TaskSpec())
 CHUNKS = [[3], [0, 4], [2], [1]]
 
 
-def _learner(model: ModelSpec, task: TaskSpec, dtype: torch.dtype, sgd: bool, micro: int | None) -> Learner:
-    learner = Learner(model, AlgorithmSpec(learning_rate=1e-2, seed=0), task, seed=0, device="cpu")
+# DAPO's knobs: the overlong buffer reaches the longest responses (1..7 tokens of max_new_tokens 12), and
+# dynamic sampling drops the groups _check makes constant, so the loss's normaliser is not the step's
+DAPO = {"overlong_buffer": {"length": 6, "penalty": 0.5}, "dynamic_sampling": True}
+
+
+def _learner(
+    model: ModelSpec, task: TaskSpec, dtype: torch.dtype, sgd: bool, micro: int | None, knobs: dict | None = None
+) -> Learner:
+    algo = AlgorithmSpec.model_validate({"learning_rate": 1e-2, "seed": 0, **(knobs or {})})
+    learner = Learner(model, algo, task, seed=0, device="cpu")
     learner.warm_start(2)  # moves the weights off their init (and warms Adam's moments)
     learner.algo = learner.algo.model_copy(update={"micro_batch_size": micro})
     learner.model.to(dtype)
@@ -45,8 +53,9 @@ def _updated(
     dtype: torch.dtype,
     sgd: bool = False,
     micro: int | None = None,
+    knobs: dict | None = None,
 ) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
-    learner = _learner(model, task, dtype, sgd, micro)
+    learner = _learner(model, task, dtype, sgd, micro, knobs)
     if chunks is None:
         metrics = learner.train_step(samples)
     else:
@@ -62,17 +71,25 @@ def _max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
     return max(float((a[k] - b[k]).abs().max()) for k in a)
 
 
-def _check(model: ModelSpec, task: TaskSpec, dtype: torch.dtype, atol: float, sgd: bool) -> None:
+def _check(
+    model: ModelSpec, task: TaskSpec, dtype: torch.dtype, atol: float, sgd: bool, knobs: dict | None = None
+) -> None:
     samples = _samples(model, task, n_groups=5)
-    whole, m_whole = _updated(model, task, samples, None, dtype, sgd)
+    keys = ["loss", "reward_mean", "adv_abs_mean", "tokens", "grad_norm"]
+    if knobs:  # groups 0 and 2 (in different chunks) get equal rewards: dynamic sampling drops them
+        samples = [Sample(s.prompt_ids, s.response_ids, 1.0, s.group) if s.group in (0, 2) else s for s in samples]
+        keys += ["overlong_penalty_mean", "groups_dropped", "update_skipped"]
+    whole, m_whole = _updated(model, task, samples, None, dtype, sgd, knobs=knobs)
     before = _learner(model, task, dtype, sgd, None).model.state_dict()
     assert _max_diff(whole, before) > 100 * atol  # the update is not a no-op at this tolerance
+    if knobs:
+        assert m_whole["groups_dropped"] == 2 and m_whole["overlong_penalty_mean"] < 0
     for micro in (None, 3):  # one pass per chunk, and micro-batches of 3 rows
-        streamed, m_streamed = _updated(model, task, samples, CHUNKS, dtype, sgd, micro)
+        streamed, m_streamed = _updated(model, task, samples, CHUNKS, dtype, sgd, micro, knobs)
         err = _max_diff(whole, streamed)
         print(f"{model.kind} {dtype} micro={micro}: max |param diff| {err:.3g}")
         assert err <= atol
-        for k in ("loss", "reward_mean", "adv_abs_mean", "tokens", "grad_norm"):
+        for k in keys:
             assert m_streamed[k] == pytest.approx(m_whole[k], rel=1e-5), k
 
 
@@ -82,6 +99,11 @@ def test_tiny_gpt_streamed_update_equals_whole_batch_float64() -> None:
 
 def test_tiny_gpt_streamed_update_equals_whole_batch_float32() -> None:
     _check(*TINY, torch.float32, atol=1e-6, sgd=True)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_tiny_gpt_streamed_update_equals_whole_batch_with_dapo_knobs(dtype: torch.dtype) -> None:
+    _check(*TINY, dtype, atol=1e-12 if dtype == torch.float64 else 1e-6, sgd=dtype == torch.float32, knobs=DAPO)
 
 
 @pytest.fixture(scope="module")

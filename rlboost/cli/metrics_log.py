@@ -148,6 +148,9 @@ class MetricsLog:
             "dollars": round(dollars, 4),  # so far in the job
             "clock_s": round(clock, 3),  # the provider's billing clock
         }
+        # DAPO's knobs (algorithm.overlong_buffer, dynamic_sampling): only when on, so a row without them
+        # is as before
+        row.update({k: v for k in _DAPO_COLUMNS if (v := getattr(rec, k)) is not None})
         key = _without_totals(row)
         self._load()
         if self._written.get(row["step"]) == key:
@@ -155,6 +158,9 @@ class MetricsLog:
         self._written[row["step"]] = key
         self._emit(row)
         return True
+
+
+_DAPO_COLUMNS = ("overlong_penalty_mean", "groups_dropped", "update_skipped")
 
 
 def _eval_key(row: dict[str, Any]) -> str:

@@ -48,6 +48,11 @@ class StepRecord(BaseModel):
     grad_norm: float | None = None  # the gradient's global L2 norm before clipping (mean over the updates)
     lr: float | None = None  # the learning rate of the step's last update
     updates: int | None = None  # optimizer updates taken in the step
+    # DAPO's knobs (None when off): the mean overlong penalty added to the rewards (algorithm.overlong_buffer),
+    # and the groups dynamic sampling dropped (algorithm.dynamic_sampling; update_skipped 1: all of them)
+    overlong_penalty_mean: float | None = None
+    groups_dropped: int | None = None
+    update_skipped: bool | None = None
     responses: int
     tokens: int  # of the responses trained on
     len_max: int  # the longest response's tokens

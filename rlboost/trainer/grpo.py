@@ -13,6 +13,10 @@ that generated the response (not the engine's, which differs numerically). With 
 (the default) that is the current pi, detached: the ratio is 1, the clip never triggers and the policy
 term's gradient is the plain policy gradient; with several (ppo_mini_batch_size, ppo_epochs) every
 update after the first sees ratios != 1 and the clip acts.
+
+DAPO's (arXiv 2503.14476) reward-side knobs live here too: `overlong_penalty` (the soft overlong
+punishment, algorithm.overlong_buffer) and `informative_groups` (dynamic sampling's filter,
+algorithm.dynamic_sampling); the learner applies them to whole groups before advantages.
 """
 
 from __future__ import annotations
@@ -58,6 +62,28 @@ def sample_advantages(samples: Sequence[Sample]) -> Tensor:
         r = torch.tensor([[samples[i].reward for i in members]])
         adv[members] = group_advantages(r)[0]
     return adv
+
+
+def overlong_penalty(length: int, max_len: int, buffer_len: int, penalty: float = 1.0) -> float:
+    """DAPO's soft overlong punishment (arXiv 2503.14476, eq. 13), added to a response's reward: 0 up to
+    max_len - buffer_len tokens, then falling linearly to -penalty at max_len, and -penalty beyond."""
+    if not 0 < buffer_len < max_len:
+        raise ValueError(f"need 0 < buffer_len < max_len, got buffer_len {buffer_len}, max_len {max_len}")
+    start = max_len - buffer_len
+    if length <= start:
+        return 0.0
+    if length <= max_len:
+        return (start - length) / buffer_len * penalty
+    return -penalty
+
+
+def informative_groups(samples: Sequence[Sample]) -> set[int]:
+    """The groups whose rewards are not all equal (DAPO's dynamic sampling keeps these): a group whose
+    rewards are all equal, a lone response included, has zero advantage everywhere."""
+    by_group: dict[int, set[float]] = {}
+    for s in samples:
+        by_group.setdefault(s.group, set()).add(s.reward)
+    return {g for g, rewards in by_group.items() if len(rewards) > 1}
 
 
 LossAgg = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"]

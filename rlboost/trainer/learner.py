@@ -28,6 +28,14 @@ weights that generated it) and keeps the samples, and finish_step makes the upda
 whole groups in group-id order (not arrival order, so the result does not depend on it), each its own
 normalised loss; from the second update on the ratio pi / pi_old differs from 1 and the clip acts.
 
+DAPO's knobs (arXiv 2503.14476) act on whole groups as they are added: algorithm.overlong_buffer adds
+the soft overlong punishment to each response's reward before its group's advantages (the metrics'
+reward_mean stays the task reward; overlong_penalty_mean is the mean added), and with
+algorithm.dynamic_sampling the groups whose rewards are all equal are left out of the update, so the
+loss is normalised over the remaining groups' tokens (or responses) only, streamed or whole-batch
+alike; the batch is not refilled (groups_dropped counts them), and a step with no group left makes
+no update (update_skipped).
+
 Across ranks every rank is given the same groups (the same samples); each takes every world-th sample
 of each `add_groups` call, and gradients are summed over ranks (all-reduce, or FSDP's reduce-scatter),
 so the update equals the single-process one up to float summation order.
@@ -36,6 +44,7 @@ so the update equals the single-process one up to float summation order.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -55,7 +64,9 @@ from rlboost.trainer.grpo import (
     agg_units,
     clipped_ratio,
     entropy,
+    informative_groups,
     kl_penalty,
+    overlong_penalty,
     sample_advantages,
     token_weights,
 )
@@ -86,6 +97,13 @@ class _StepSums:
     reward_sum: float = 0.0
     adv_abs_sum: float = 0.0
     groups: set[int] = field(default_factory=set)
+    # what trains, after DAPO's dynamic sampling (algorithm.dynamic_sampling) drops the groups whose
+    # rewards are all equal; without it, every sample: the loss is normalised by these
+    trained_tokens: int = 0
+    trained_samples: int = 0
+    trained_groups: set[int] = field(default_factory=set)
+    groups_dropped: int = 0
+    overlong_sum: float = 0.0  # the overlong penalties added to the rewards (algorithm.overlong_buffer)
     # several updates per step: the samples, their advantages and old log-probs, kept for finish_step
     kept: list[tuple[Sample, float, Tensor]] = field(default_factory=list)
 
@@ -182,7 +200,8 @@ class Learner:
         update fed every group at once, normalised by the exact token count from the start."""
         if not samples:
             raise ValueError("train_step needs at least one sample")
-        self._begin(agg_units([len(s.response_ids) for s in samples], self.algo.loss_agg_mode))
+        kept, _, _ = self._trainable(samples)
+        self._begin(agg_units([len(s.response_ids) for s in kept], self.algo.loss_agg_mode))
         self.add_groups(samples)
         return self.finish_step()
 
@@ -211,6 +230,26 @@ class Learner:
         ref.requires_grad_(False)
         return ref.eval()
 
+    def _trainable(self, samples: Sequence[Sample]) -> tuple[list[Sample], float, int]:
+        """DAPO's knobs on whole groups: (the samples that train, rewards shaped; the sum of the overlong
+        penalties added; the number of groups dropped). algorithm.overlong_buffer adds the soft overlong
+        punishment to each reward (copies: the caller's samples keep the task reward); with
+        algorithm.dynamic_sampling the groups whose (shaped) rewards are all equal, which have zero
+        advantage, are left out, KL and entropy terms included (as DAPO and veRL filter the batch)."""
+        a = self.algo
+        out, penalties = list(samples), 0.0
+        if a.overlong_buffer is not None:
+            b = a.overlong_buffer
+            pens = [overlong_penalty(len(s.response_ids), a.max_new_tokens, b.length, b.penalty) for s in out]
+            out = [dataclasses.replace(s, reward=s.reward + p) if p else s for s, p in zip(out, pens, strict=True)]
+            penalties = float(sum(pens))
+        dropped = 0
+        if a.dynamic_sampling:
+            keep = informative_groups(out)
+            dropped = len({s.group for s in out} - keep)
+            out = [s for s in out if s.group in keep]
+        return out, penalties, dropped
+
     def add_groups(self, samples: Sequence[Sample]) -> None:
         """Forward/backward on whole groups (every response of each group present, as they complete):
         advantages are normalised within each `Sample.group`, log-probs are taken at the sampling
@@ -225,16 +264,24 @@ class Learner:
         if not samples:
             return
         acc.groups |= groups
-        adv = sample_advantages(samples)
-        prompts, responses = [s.prompt_ids for s in samples], [s.response_ids for s in samples]
-        if self._updates_per_step_vary():
-            olds = self._old_logprobs(prompts, responses)
-            acc.kept += [(s, float(a), o) for s, a, o in zip(samples, adv, olds, strict=True)]
-        else:
-            acc.loss += self._backward(prompts, responses, self._grpo_loss(prompts, responses, adv, acc))
         acc.tokens += sum(len(s.response_ids) for s in samples)
         acc.samples += len(samples)
-        acc.reward_sum += float(sum(s.reward for s in samples))
+        acc.reward_sum += float(sum(s.reward for s in samples))  # the task reward, before any shaping
+        trained, penalties, dropped = self._trainable(samples)
+        acc.overlong_sum += penalties
+        acc.groups_dropped += dropped
+        if not trained:  # dynamic sampling dropped every group of this call
+            return
+        acc.trained_groups |= {s.group for s in trained}
+        acc.trained_tokens += sum(len(s.response_ids) for s in trained)
+        acc.trained_samples += len(trained)
+        adv = sample_advantages(trained)
+        prompts, responses = [s.prompt_ids for s in trained], [s.response_ids for s in trained]
+        if self._updates_per_step_vary():
+            olds = self._old_logprobs(prompts, responses)
+            acc.kept += [(s, float(a), o) for s, a, o in zip(trained, adv, olds, strict=True)]
+        else:
+            acc.loss += self._backward(prompts, responses, self._grpo_loss(prompts, responses, adv, acc))
         acc.adv_abs_sum += float(adv.abs().sum())
 
     def _updates_per_step_vary(self) -> bool:
@@ -308,9 +355,11 @@ class Learner:
         if acc is None or acc.samples == 0:
             raise ValueError("finish_step needs at least one sample added since begin_step")
         self._acc = None
+        if acc.trained_samples == 0:  # dynamic sampling dropped every group: no update at all
+            return self._no_update(acc)
         if acc.kept:
             return self._ppo_updates(acc)
-        total = max(1, acc.tokens if self.algo.loss_agg_mode == "token-mean" else acc.samples)
+        total = max(1, acc.trained_tokens if self.algo.loss_agg_mode == "token-mean" else acc.trained_samples)
         rescale = acc.norm / total
         if rescale != 1.0:  # exactly 1 on the whole-batch path: its numbers are unchanged
             for p in self.model.parameters():
@@ -320,7 +369,7 @@ class Learner:
         self._schedule_lr()
         grad_norm = self._update()
         self.steps_done += 1
-        tokens = max(1, acc.tokens)
+        tokens = max(1, acc.trained_tokens)
         metrics = {
             "loss": loss * rescale,
             "pg_loss": pg * rescale,  # the policy-gradient term of loss (loss less the KL and entropy terms)
@@ -336,13 +385,39 @@ class Learner:
             metrics["kl"] = kl / tokens  # token mean of the estimate
         if self.algo.entropy_coeff > 0:
             metrics["entropy"] = ent / tokens
-        return metrics
+        return {**metrics, **self._dapo_metrics(acc)}
+
+    def _dapo_metrics(self, acc: _StepSums, skipped: bool = False) -> dict[str, float]:
+        """The DAPO knobs' step metrics, only where the knob is on (the default's metrics are unchanged)."""
+        out: dict[str, float] = {}
+        if self.algo.overlong_buffer is not None:  # mean added reward (<= 0); reward_mean stays the task's
+            out["overlong_penalty_mean"] = acc.overlong_sum / acc.samples
+        if self.algo.dynamic_sampling:
+            out["groups_dropped"] = float(acc.groups_dropped)
+            out["update_skipped"] = float(skipped)
+        return out
+
+    def _no_update(self, acc: _StepSums) -> dict[str, float]:
+        """Every group of the step was dropped (dynamic sampling): nothing to train on, so the weights
+        and the optimizer's state stay as they are (no division by zero, no Adam step on a zero
+        gradient); the step still counts."""
+        self.optimizer.zero_grad(set_to_none=True)
+        self.steps_done += 1
+        metrics = {
+            "loss": 0.0,
+            "reward_mean": acc.reward_sum / acc.samples,
+            "adv_abs_mean": 0.0,
+            "tokens": float(acc.tokens),
+            "grad_norm": 0.0,
+            "clip_frac": 0.0,
+        }
+        return {**metrics, **self._dapo_metrics(acc, skipped=True)}
 
     def _ppo_updates(self, acc: _StepSums) -> dict[str, float]:
         """ppo_epochs passes over the step's samples, one optimizer update per mini-batch of
         ppo_mini_batch_size groups; the metrics are means over the updates."""
         a = self.algo
-        groups = sorted(acc.groups)
+        groups = sorted(acc.trained_groups)
         size = a.ppo_mini_batch_size or len(groups)
         loss = pg = kl = ent = clipped = grad_norm = 0.0
         updates = 0
@@ -364,7 +439,7 @@ class Learner:
                 grad_norm += self._update()
                 updates += 1
         self.steps_done += 1
-        token_updates = max(1, acc.tokens) * a.ppo_epochs  # every token is seen once per epoch
+        token_updates = max(1, acc.trained_tokens) * a.ppo_epochs  # every token is seen once per epoch
         metrics = {
             "loss": loss / updates,
             "pg_loss": pg / updates,
@@ -380,7 +455,7 @@ class Learner:
             metrics["kl"] = kl / token_updates
         if a.entropy_coeff > 0:
             metrics["entropy"] = ent / token_updates
-        return metrics
+        return {**metrics, **self._dapo_metrics(acc)}
 
     def _accumulate(
         self, prompts: Sequence[list[int]], responses: Sequence[list[int]], coef: Tensor, temperature: float

@@ -470,7 +470,8 @@ class TrainerRuntime:
             loss=float(metrics.get("loss", 0.0)),
             reward_errors=self.task.custom.error_count if self.task.custom else 0,
             **{k: float(metrics[k]) for k in _OPTIONAL_METRICS if k in metrics},
-            **({"updates": int(metrics["updates"])} if "updates" in metrics else {}),
+            **{k: int(metrics[k]) for k in ("updates", "groups_dropped") if k in metrics},
+            **({"update_skipped": bool(metrics["update_skipped"])} if "update_skipped" in metrics else {}),
             **(timing.model_dump(include=_TIMING_IN_RECORD) if timing is not None else {}),
             **(
                 speculation_figures((r.drafted, r.accepted, r.draft_passes) for r in responses)
@@ -551,7 +552,7 @@ def _fmt(d: dict) -> str:
 
 
 # the learner's metrics a step record carries where the learner has them (the synthetic has none)
-_OPTIONAL_METRICS = ("kl", "entropy", "clip_frac", "pg_loss", "grad_norm", "lr")
+_OPTIONAL_METRICS = ("kl", "entropy", "clip_frac", "pg_loss", "grad_norm", "lr", "overlong_penalty_mean")
 
 # the coordinator's measurements a step record carries (its own step_s and remote_idle_s stay its own)
 _TIMING_IN_RECORD = {"spot_workers", "offload_s", "trainer_idle_s", "gen_tokens", "spot_tokens"}

@@ -10,7 +10,7 @@ reading these modules. Callers import from here.
 
 from __future__ import annotations
 
-from rlboost.contracts.spec.algorithm import LOSS_KNOBS, AlgorithmSpec
+from rlboost.contracts.spec.algorithm import LOSS_KNOBS, AlgorithmSpec, OverlongBuffer
 from rlboost.contracts.spec.base import SEED_LIMIT, LaxPath, Strict
 from rlboost.contracts.spec.errors import SpecError, format_validation_error
 from rlboost.contracts.spec.job import JobSpec, env_name_problem
@@ -35,6 +35,7 @@ __all__ = [
     "LocalSpec",
     "LoggingSpec",
     "ModelSpec",
+    "OverlongBuffer",
     "PerfSpec",
     "RolloutSpec",
     "SimulateSpec",

@@ -11,6 +11,14 @@ from rlboost.contracts.spec.base import SEED_LIMIT, Strict
 Beta = Annotated[float, Field(ge=0, lt=1)]
 
 
+class OverlongBuffer(Strict):
+    """DAPO's soft overlong punishment (arXiv 2503.14476, section 3.4): the last `length` tokens before
+    max_new_tokens are a buffer in which a response's reward falls linearly from 0 to -penalty."""
+
+    length: Annotated[int, Field(ge=1, le=1_000_000)]  # veRL: reward_model.overlong_buffer.len
+    penalty: Annotated[float, Field(ge=0, le=100)] = 1.0  # veRL: reward_model.overlong_buffer.penalty_factor
+
+
 class AlgorithmSpec(Strict):
     @model_validator(mode="before")
     @classmethod
@@ -70,6 +78,21 @@ class AlgorithmSpec(Strict):
     # default, None and 1, is one update per step, strictly on-policy
     ppo_mini_batch_size: Annotated[int, Field(ge=1, le=100_000)] | None = None
     ppo_epochs: Annotated[int, Field(ge=1, le=100)] = 1
+    # ---- DAPO (arXiv 2503.14476) ----
+    # soft overlong punishment added to each response's reward before advantages (off: None)
+    overlong_buffer: OverlongBuffer | None = None
+    # drop groups whose rewards are all equal (zero advantage) from the update; the batch is not refilled
+    dynamic_sampling: bool = False
+
+    @model_validator(mode="after")
+    def _buffer_fits(self) -> AlgorithmSpec:
+        b = self.overlong_buffer
+        if b is not None and b.length >= self.max_new_tokens:
+            raise ValueError(
+                f"overlong_buffer.length ({b.length}) must be < algorithm.max_new_tokens ({self.max_new_tokens}): "
+                "the buffer is the last overlong_buffer.length tokens before max_new_tokens"
+            )
+        return self
 
     @field_validator("betas", mode="before")
     @classmethod
@@ -100,6 +123,8 @@ LOSS_KNOBS = (
     "loss_agg_mode",
     "ppo_mini_batch_size",
     "ppo_epochs",
+    "overlong_buffer",
+    "dynamic_sampling",
 )
 
 OPTIMIZER_KNOBS = ("betas", "weight_decay", "grad_clip", "lr_schedule", "lr_warmup_steps")

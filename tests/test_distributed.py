@@ -23,7 +23,13 @@ ALGO = AlgorithmSpec(learning_rate=1e-2, seed=0)
 KNOBS = {
     "ddp-knobs": {"kl_coef": 0.1, "entropy_coeff": 0.01, "loss_agg_mode": "seq-mean-token-mean"},
     "fsdp-ppo": {"ppo_mini_batch_size": 1, "ppo_epochs": 2, "clip_ratio_low": 0.01, "clip_ratio_high": 0.01},
+    # the KL reference sharded like the policy; groups of 3 (9 samples): rank 1 has a pass with no rows
+    # left, whose dummy forwards must pair with rank 0's policy and reference all-gathers
+    "fsdp-kl": {"kl_coef": 0.5},
+    "fsdp-kl-resume": {"kl_coef": 0.5},
+    "fsdp-hf-kl": {"kl_coef": 0.5},  # a Hugging Face model's reference: tied weights, rotary buffers
 }
+GROUP = {"fsdp-kl": 3}  # responses per group where not 4
 
 
 def _samples(model: ModelSpec, task_spec: TaskSpec, n_groups: int = 3, group: int = 4) -> list[Sample]:
@@ -50,13 +56,49 @@ def _learner(
 
 
 def _single(
-    model: ModelSpec, task_spec: TaskSpec, micro: int | None = None, knobs: dict | None = None
+    model: ModelSpec, task_spec: TaskSpec, micro: int | None = None, knobs: dict | None = None, group: int = 4
 ) -> dict[str, torch.Tensor]:
     learner = _learner(model, task_spec, micro=micro, knobs=knobs)
     learner.warm_start(2)
     for _ in range(2 if knobs else 1):
-        learner.train_step(_samples(model, task_spec))
+        learner.train_step(_samples(model, task_spec, group=group))
     return learner.state_dict()
+
+
+def _resume_case(rank: int, ctx, model: ModelSpec, task_spec: TaskSpec, out: str) -> None:
+    """fsdp with a KL penalty and AdamW: 3 steps straight (out), and a fresh learner resumed from the
+    checkpoint state after step 1 for steps 2 and 3 (out + .resumed). The reference is step 0's weights,
+    which the resumed learner only has from the checkpoint."""
+    from rlboost.trainer import collectives
+
+    def make() -> Learner:
+        learner = _learner(model, task_spec, dist=ctx, micro=2, knobs=KNOBS["fsdp-kl-resume"])
+        learner.optimizer = torch.optim.AdamW(learner.model.parameters(), lr=1e-2)  # moments to restore
+        return learner
+
+    straight, resumed = make(), make()
+    if rank != 0:
+        collectives.follow(straight)
+        collectives.follow(resumed)
+        return
+    samples = _samples(model, task_spec)
+    leader = collectives.LeaderLearner(straight)
+    leader.warm_start(2)
+    leader.train_step(samples)
+    state = leader.checkpoint_state()
+    assert state["reference"].keys() == state["model"].keys() and state["steps_done"] == 1
+    for _ in range(2):
+        metrics = leader.train_step(samples)
+    assert metrics["kl"] > 0
+    save_file(leader.state_dict(), out)
+    collectives.release_followers()
+    leader = collectives.LeaderLearner(resumed)
+    leader.load_checkpoint_state(state)
+    for _ in range(2):
+        again = leader.train_step(samples)
+    assert again["kl"] == metrics["kl"]
+    save_file(leader.state_dict(), out + ".resumed")
+    collectives.release_followers()
 
 
 STREAM_CHUNKS = [[2], [0], [1]]  # the groups of _samples' step, in an order they may complete in
@@ -75,12 +117,15 @@ def _rank(rank: int, world: int, port: int, cases: list[tuple[str, ModelSpec, Ta
     try:
         for name, model, task_spec, out in cases:
             strategy = name.split("-")[0]
+            if name == "fsdp-kl-resume":
+                _resume_case(rank, replace(ctx, strategy=strategy), model, task_spec, out)
+                continue
             knobs = KNOBS.get(name)
             learner = _learner(model, task_spec, dist=replace(ctx, strategy=strategy), micro=2, knobs=knobs)  # 3 passes
             if rank == 0:
                 leader = collectives.LeaderLearner(learner)
                 leader.warm_start(2)
-                samples = _samples(model, task_spec)
+                samples = _samples(model, task_spec, group=GROUP.get(name, 4))
                 if name.endswith("-stream"):
                     leader.begin_step(token_budget=len(samples) * 16)
                     for groups in STREAM_CHUNKS:
@@ -92,6 +137,8 @@ def _rank(rank: int, world: int, port: int, cases: list[tuple[str, ModelSpec, Ta
                 assert np.isfinite(metrics["loss"]) and metrics["grad_norm"] > 0
                 if name == "ddp-knobs":
                     assert metrics["kl"] > 0 and metrics["entropy"] > 0
+                if name in ("fsdp-kl", "fsdp-hf-kl"):
+                    assert metrics["kl"] > 0
                 if name == "fsdp-ppo":
                     assert metrics["updates"] == 6 and metrics["clip_frac"] > 0
                 save_file(leader.state_dict(), out)
@@ -121,7 +168,10 @@ TINY = (ModelSpec(n_layer=1, n_embd=32, n_head=2), TaskSpec())
 def two_rank_results(tmp_path_factory) -> dict[str, tuple[dict[str, torch.Tensor], tuple[ModelSpec, TaskSpec]]]:
     """One 2-process gloo group runs every case (process start-up is the slow part on 2 cores)."""
     tmp = tmp_path_factory.mktemp("dist")
-    cases = {"ddp": TINY, "fsdp": TINY, "ddp-stream": TINY, "fsdp-stream": TINY, "ddp-knobs": TINY, "fsdp-ppo": TINY}
+    cases = {
+        **{name: TINY for name in ("ddp", "fsdp", "ddp-stream", "fsdp-stream", "ddp-knobs", "fsdp-ppo")},
+        **{name: TINY for name in ("fsdp-kl", "fsdp-kl-resume")},
+    }
     try:
         import transformers  # noqa: F401
 
@@ -129,19 +179,33 @@ def two_rank_results(tmp_path_factory) -> dict[str, tuple[dict[str, torch.Tensor
 
         hf = ModelSpec(kind="hf", path=str(make_tiny_model(tmp / "m", layers=1)), dtype="float32")
         cases["fsdp-hf"] = (hf, TaskSpec(name="jsonl", path=write_math_jsonl(tmp / "d.jsonl"), reward="math_boxed"))
+        cases["fsdp-hf-kl"] = cases["fsdp-hf"]
     except ImportError:
         pass
     args = [(name, *case, str(tmp / f"{name}.safetensors")) for name, case in cases.items()]
     mp.start_processes(_rank, args=(2, _free_port(), args), nprocs=2, start_method="spawn")
-    return {name: (load_file(tmp / f"{name}.safetensors"), case) for name, case in cases.items()}
+    out = {name: (load_file(tmp / f"{name}.safetensors"), case) for name, case in cases.items()}
+    out["fsdp-kl-resumed"] = (load_file(tmp / "fsdp-kl-resume.safetensors.resumed"), TINY)
+    return out
 
 
-@pytest.mark.parametrize("case", ["ddp", "fsdp", "fsdp-hf", "ddp-stream", "fsdp-stream", "ddp-knobs", "fsdp-ppo"])
+@pytest.mark.parametrize(
+    "case", ["ddp", "fsdp", "fsdp-hf", "ddp-stream", "fsdp-stream", "ddp-knobs", "fsdp-ppo", "fsdp-kl", "fsdp-hf-kl"]
+)
 def test_two_ranks_make_the_single_process_update(case: str, two_rank_results) -> None:
     if case not in two_rank_results:
         pytest.skip("transformers is not installed")
     state, (model, task_spec) = two_rank_results[case]
-    _assert_same(state, _single(model, task_spec, knobs=KNOBS.get(case)))
+    _assert_same(state, _single(model, task_spec, knobs=KNOBS.get(case), group=GROUP.get(case, 4)))
+
+
+def test_fsdp_kl_reference_survives_a_checkpoint(two_rank_results) -> None:
+    """Resumed from the checkpoint state after step 1 (policy, AdamW moments and the sharded KL
+    reference, gathered and loaded back into shards), steps 2 and 3 make the uninterrupted run's weights."""
+    straight, resumed = two_rank_results["fsdp-kl-resume"][0], two_rank_results["fsdp-kl-resumed"][0]
+    assert straight.keys() == resumed.keys()
+    for k in straight:
+        torch.testing.assert_close(resumed[k], straight[k], rtol=0, atol=0, msg=k)
 
 
 def test_micro_batches_accumulate_to_the_same_update() -> None:

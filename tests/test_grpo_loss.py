@@ -245,7 +245,6 @@ def test_hf_model_takes_kl_and_entropy_terms(tmp_path) -> None:
             },
             "algorithm.kl_coef: model.kind synthetic has no loss",
         ),
-        ({"algorithm": {"kl_coef": 0.1}, "trainer": {"strategy": "fsdp"}}, "kl_coef > 0 needs trainer.strategy: ddp"),
         (
             {"algorithm": {"loss_agg_mode": "seq-mean"}},
             "algorithm.loss_agg_mode: invalid value 'seq-mean'; input should be 'token-mean', 'seq-mean-token-mean'",
@@ -265,6 +264,13 @@ def test_wrong_loss_knobs_name_the_field(raw: dict, needle: str) -> None:
     with pytest.raises(SpecError) as e:
         parse_spec({"name": "knobs", "rollout": {"max_workers": 0}, **raw})
     assert needle in str(e.value)
+
+
+def test_kl_parses_under_fsdp() -> None:
+    """The KL reference is sharded like the policy under fsdp (tests/test_distributed.py's fsdp-kl)."""
+    raw = {"name": "knobs", "rollout": {"max_workers": 0}, "algorithm": {"kl_coef": 0.1}}
+    spec = parse_spec({**raw, "trainer": {"strategy": "fsdp"}})
+    assert (spec.algorithm.kl_coef, spec.trainer.strategy) == (0.1, "fsdp")
 
 
 def test_loss_knobs_parse_with_their_defaults() -> None:

@@ -77,6 +77,9 @@ _CALLS = (
     "state_dict",
     "logprobs",
     "load_state_dict",
+    # every rank: FSDP gathers its shards (and loads them back); a ddp replica restores its own copy
+    "checkpoint_state",
+    "load_checkpoint_state",
 )
 
 

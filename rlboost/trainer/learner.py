@@ -20,7 +20,8 @@ equals the whole-batch one up to float summation order.
 
 The loss terms are trainer.grpo's: the PPO-clipped policy term, a KL penalty against a reference
 model (a frozen copy of the weights GRPO started from, held only when algorithm.kl_coef > 0: one more
-copy of the weights in memory and one more forward per micro-batch) and an entropy bonus.
+copy of the weights in memory, sharded like the policy under FSDP, and one more forward per
+micro-batch) and an entropy bonus.
 
 With algorithm.ppo_mini_batch_size or ppo_epochs (several optimizer updates per step, as veRL), a step
 is no longer one streamed update: add_groups computes each response's old log-probs (no grad, the
@@ -150,13 +151,19 @@ class Learner:
                 self.model = TinyGPT(from_spec(model_spec)).to(torch.float32).to(self.device)
         low = self.device.type == "cuda" and self.publish_dtype != torch.float32
         self.autocast = self.publish_dtype if low else None
-        if dist is not None and dist.strategy == "fsdp":
-            if algo_spec.kl_coef > 0:  # the job file check says the same; this covers direct use
-                raise ValueError(
-                    "algorithm.kl_coef > 0 needs trainer.strategy: ddp (the reference model is not sharded)"
-                )
+        self.fsdp = dist is not None and dist.strategy == "fsdp"
+        # Under FSDP, the KL reference's sharded module, made here (as veRL's ref worker holds its own
+        # sharded copy): a structural copy of the policy sharded the same way, so each rank's local
+        # shards line up with its policy shards; its weights are the policy's at the first GRPO step
+        # (_frozen_copy copies the local shards, no gather) or a checkpoint's (load_checkpoint_state).
+        self._sharded_reference: nn.Module | None = None
+        if dist is not None and self.fsdp:
             from rlboost.trainer.collectives import shard_model
 
+            if algo_spec.kl_coef > 0:
+                self._sharded_reference = _meta_frozen_copy(self.model)
+                shard_model(self._sharded_reference, dist)
+                _materialize(self._sharded_reference, self.device)
             shard_model(self.model, dist)
         # One AdamW for the warm start and RL (see warm_start). algorithm.betas / weight_decay /
         # grad_clip default to the values fixed before they were knobs: (0.9, 0.99), 0 (no weight decay
@@ -226,6 +233,12 @@ class Learner:
         self._acc = _StepSums(norm=max(1.0, norm))
 
     def _frozen_copy(self) -> nn.Module:
+        if self._sharded_reference is not None:  # FSDP: this rank's shards of the policy, copied
+            ref = self._sharded_reference
+            with torch.no_grad():
+                for r, p in zip(ref.parameters(), self.model.parameters(), strict=True):
+                    _local(r).copy_(_local(p))
+            return ref
         ref = copy.deepcopy(self.model)
         ref.requires_grad_(False)
         return ref.eval()
@@ -488,8 +501,12 @@ class Learner:
             if rows:
                 loss = loss_of(rows)
             else:  # a rank with no rows left still takes part: a zero-weight pass over a dummy row
-                logp, _, _ = self._response_logp([prompts[0]], [responses[0] or [0]], 1.0)
+                dummy = [prompts[0]], [responses[0] or [0]]
+                logp, _, _ = self._response_logp(*dummy, 1.0)
                 loss = (logp * 0.0).sum()
+                if self.fsdp and self.reference is not None:  # the others' reference forwards gather too
+                    with torch.no_grad():
+                        self._response_logp(*dummy, 1.0, model=self.reference)
             (loss * scale).backward()
             loss_sum += float(loss.detach())
         return loss_sum
@@ -601,7 +618,13 @@ class Learner:
     def checkpoint_state(self) -> dict:
         """Everything a resumed run needs to continue bit for bit: full-precision weights (not the
         publish dtype), optimizer moments, update count and RNGs. Single process or DDP (replicas
-        are equal, rank 0's is saved); FSDP shards are not gathered here."""
+        are equal, rank 0's is saved); under FSDP every rank must call this (it gathers the shards:
+        full state dicts of the policy, its optimizer and the KL reference, on rank 0's CPU; the
+        other ranks' dicts are empty)."""
+        if self.fsdp:
+            return self._fsdp_checkpoint_state()
+        if self.rank != 0:  # a ddp replica: rank 0's copy is the one saved
+            return {}
         return {
             "model": _cpu_copy(self.model),
             # a copy: the save runs in the background while the next step trains in place
@@ -613,7 +636,31 @@ class Learner:
             **({"reference": _cpu_copy(self.reference)} if self.reference is not None else {}),
         }
 
+    def _fsdp_checkpoint_state(self) -> dict:
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            get_model_state_dict,
+            get_optimizer_state_dict,
+        )
+
+        full = StateDictOptions(full_state_dict=True, cpu_offload=True)  # CPU tensors, rank 0 only
+        reference = get_model_state_dict(self.reference, options=full) if self.reference is not None else None
+        return {
+            "model": get_model_state_dict(self.model, options=full),
+            # a copy: on a CPU device, cpu_offload leaves plain tensors (Adam's step) shared with the optimizer
+            "optimizer": copy.deepcopy(get_optimizer_state_dict(self.model, self.optimizer, options=full)),
+            "steps_done": self.steps_done,
+            "demo_rng": self._demo_rng.bit_generator.state,
+            "torch_rng": torch.get_rng_state(),
+            **({"reference": reference} if reference is not None else {}),
+        }
+
     def load_checkpoint_state(self, state: Mapping) -> None:
+        """Restore checkpoint_state's dict; under FSDP every rank must call this with the same (full)
+        state, each keeping its shards."""
+        if self.fsdp:
+            self._fsdp_load_checkpoint_state(state)
+            return
         self.model.load_state_dict({k: v.to(self.device) for k, v in state["model"].items()})
         self.optimizer.load_state_dict(state["optimizer"])
         self.steps_done = int(state["steps_done"])
@@ -623,6 +670,24 @@ class Learner:
         if "reference" in state and self.algo.kl_coef > 0:
             self.reference = self._frozen_copy()
             self.reference.load_state_dict({k: v.to(self.device) for k, v in state["reference"].items()})
+
+    def _fsdp_load_checkpoint_state(self, state: Mapping) -> None:
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            set_model_state_dict,
+            set_optimizer_state_dict,
+        )
+
+        full = StateDictOptions(full_state_dict=True)
+        set_model_state_dict(self.model, dict(state["model"]), options=full)
+        set_optimizer_state_dict(self.model, self.optimizer, dict(state["optimizer"]), options=full)
+        self.steps_done = int(state["steps_done"])
+        self._demo_rng.bit_generator.state = state["demo_rng"]
+        torch.set_rng_state(state["torch_rng"])
+        self.reference = None
+        if "reference" in state and self._sharded_reference is not None:
+            set_model_state_dict(self._sharded_reference, dict(state["reference"]), options=full)
+            self.reference = self._sharded_reference
 
     def load_state_dict(self, tensors: Mapping[str, Tensor]) -> None:
         """Restore weights (e.g. from a checkpoint); optimizer state is not part of it."""
@@ -637,6 +702,32 @@ class Learner:
 
 def _cpu_copy(model: nn.Module) -> dict[str, Tensor]:
     return {k: v.detach().to("cpu").clone() for k, v in model.state_dict().items()}
+
+
+def _meta_frozen_copy(model: nn.Module) -> nn.Module:
+    """A copy of `model` whose parameters are frozen and on the meta device (no memory: the full
+    weights are never copied), buffers real copies; eval mode."""
+    memo: dict[int, object] = {
+        id(p): nn.Parameter(torch.empty_like(p, device="meta"), requires_grad=False) for p in model.parameters()
+    }
+    ref = copy.deepcopy(model, memo)
+    return ref.eval()
+
+
+def _materialize(model: nn.Module, device: torch.device) -> None:
+    """Allocate a sharded meta-device model's local shards on `device` (left uninitialised), keeping
+    its buffers' values (to_empty would drop them)."""
+    buffers = {k: v.detach().clone() for k, v in model.named_buffers()}
+    model.to_empty(device=device)
+    with torch.no_grad():
+        for k, v in model.named_buffers():
+            v.copy_(buffers[k].to(v.device))
+    model.requires_grad_(False)
+
+
+def _local(t: Tensor) -> Tensor:
+    """This rank's shard of an FSDP parameter (a DTensor); a plain tensor as is."""
+    return t.to_local() if hasattr(t, "to_local") else t  # type: ignore[operator]
 
 
 def make_learner(spec, dist: DistContext | None = None):

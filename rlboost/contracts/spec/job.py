@@ -200,11 +200,6 @@ class JobSpec(Strict):
                 f"algorithm.ppo_mini_batch_size ({a.ppo_mini_batch_size}) must divide algorithm.prompts_per_step "
                 f"({a.prompts_per_step}): every update gets the same number of prompts"
             )
-        if a.kl_coef > 0 and self.trainer.strategy == "fsdp":
-            raise ValueError(
-                "algorithm.kl_coef > 0 needs trainer.strategy: ddp (the KL reference model is not sharded "
-                "under fsdp in this version); use ddp or set kl_coef: 0"
-            )
         if (self.rollout.engine == "synthetic") != (m.kind == "synthetic"):
             raise ValueError(
                 f"rollout.engine is {self.rollout.engine!r} but model.kind is {m.kind!r}: synthetic engines "

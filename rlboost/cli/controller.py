@@ -37,6 +37,7 @@ from rlboost.contracts.spec import JobSpec
 from rlboost.contracts.status import TrainerStatus
 from rlboost.contracts.step_record import StepRecord
 from rlboost.contracts.tls import client_context, https_url
+from rlboost.contracts.wording import spot_workers
 from rlboost.providers.base import (
     CapacityError,
     InstanceState,
@@ -587,9 +588,9 @@ class Controller:
         if d.workers == self.fleet_target:
             return
         self.store.add_event(
-            self.job_id, "fleet-size", f"{self.fleet_target} -> {d.workers} spot workers ({d.why})", clock=clock
+            self.job_id, "fleet-size", f"{self.fleet_target} -> {spot_workers(d.workers)} ({d.why})", clock=clock
         )
-        progress.note(f"fleet: {self.fleet_target} -> {d.workers} spot workers ({d.why})")
+        progress.note(f"fleet: {self.fleet_target} -> {spot_workers(d.workers)} ({d.why})")
         self.fleet_target = d.workers
         live = [i for i in self._live_workers() if i.state != InstanceState.NOTICE.value]
         for inst in surplus(live, lambda i: i.started_clock or 0.0, d.workers):

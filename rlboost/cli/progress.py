@@ -18,6 +18,7 @@ from rich.progress import (
 
 from rlboost.cli.step_numbers import shown
 from rlboost.contracts.step_record import StepRecord
+from rlboost.contracts.wording import spot_workers
 
 
 class JobProgress:
@@ -69,7 +70,7 @@ class JobProgress:
         r = f"reward {reward:.3f}" if reward is not None else snap.get("phase", "")
         self.progress.update(
             self.train,
-            info=f"{r} · v{snap.get('version', '-')} · {len(live_workers)} spot workers"
+            info=f"{r} · v{snap.get('version', '-')} · {spot_workers(len(live_workers))}"
             f" · {preemptions} preempted · {snap.get('migrated', 0)} migrated",
         )
 

@@ -18,6 +18,7 @@ from pathlib import Path
 import httpx
 from rich.console import Console
 
+from rlboost.cli.detach import controller_log
 from rlboost.cli.disk import disk_full, no_room, release_room, reserve_room
 from rlboost.cli.enrolment import TrainerEnrolment, TrainerEnrolmentError, pin_file, worker_credential
 from rlboost.cli.job_envs import Redactor, split_envs
@@ -31,6 +32,7 @@ from rlboost.cli.state import InstanceRow, StateStore, UnknownInstanceError
 from rlboost.cli.step_numbers import shown
 from rlboost.cli.step_recording import StepRecorder
 from rlboost.cli.stopping import Abandon, Phase, Stop, StopSignals
+from rlboost.cli.warnings_log import WarningsToLog
 from rlboost.contracts.enrolment import Grant
 from rlboost.contracts.env_names import Env
 from rlboost.contracts.spec import JobSpec
@@ -113,6 +115,8 @@ class Controller:
         # the job's envs: plain ones from the job file, secret ones (`launch --env`) from the run dir
         self.user_envs, self.user_secrets = split_envs(self.spec, self.run_dir)
         self.redact = Redactor(self.user_secrets)
+        # third-party warnings (wandb's first, at its start) to controller.log, off the attached console
+        self.warnings_log = WarningsToLog(controller_log(self.run_dir)).install()
         sinks = open_sinks(self.spec, self.run_dir, self.prefix, self._sink_failed)
         self.metrics_log = MetricsLog(self.run_dir / METRICS_FILE, sinks=sinks, on_error=self._sink_failed)
         self.steps = StepRecorder(self.store, self.job_id, self.metrics_log)
@@ -158,6 +162,7 @@ class Controller:
                 status, error = "failed", self._disk_full_why(e)
             finally:
                 status, error = self._finish(status, error)
+                self.warnings_log.remove()
         return status
 
     def _run_job(self, resume: bool) -> tuple[str, str | None]:

@@ -21,6 +21,7 @@ from rich.console import Console
 from rlboost.cli.detach import controller_log
 from rlboost.cli.disk import disk_full, no_room, release_room, reserve_room
 from rlboost.cli.enrolment import TrainerEnrolment, TrainerEnrolmentError, pin_file, worker_credential
+from rlboost.cli.event_lines import EventLines
 from rlboost.cli.job_envs import Redactor, split_envs
 from rlboost.cli.launch_requests import node_files, recorded_request, trainer_request, worker_request
 from rlboost.cli.ledger import summarize
@@ -117,6 +118,8 @@ class Controller:
         self.redact = Redactor(self.user_secrets)
         # third-party warnings (wandb's first, at its start) to controller.log, off the attached console
         self.warnings_log = WarningsToLog(controller_log(self.run_dir)).install()
+        self.events = EventLines(self.console, controller_log(self.run_dir))
+        self.migrated_seen: int | None = None  # the trainer's count of migrated responses, last seen
         sinks = open_sinks(self.spec, self.run_dir, self.prefix, self._sink_failed)
         self.metrics_log = MetricsLog(self.run_dir / METRICS_FILE, sinks=sinks, on_error=self._sink_failed)
         self.steps = StepRecorder(self.store, self.job_id, self.metrics_log)
@@ -368,6 +371,7 @@ class Controller:
             self._touch_live()
             self._reconcile_workers(progress)
             progress.update(self.snapshot, self._live_workers(), self._preemptions())
+            self._note_migrated()
             time.sleep(self.poll_s)
 
     # ---- recovery ----------------------------------------------------------------------
@@ -519,6 +523,8 @@ class Controller:
                 self.store.add_event(self.job_id, "capacity-unavailable", ev.detail, ev.instance_id, ev.at)
             if key is not None and ev.state.terminal:
                 self.placement.ended(ev.instance_id, ev.at, preempted=ev.state is InstanceState.PREEMPTED)
+            if key is not None and ev.state in (InstanceState.NOTICE, InstanceState.PREEMPTED):
+                self._note_preemption(ev.instance_id, ev.state, ev.detail)
             if ev.instance_id == self.trainer_id:
                 if ev.endpoint:  # clouds report http://ip:port
                     self.trainer_url = https_url(ev.endpoint) if self.tls else ev.endpoint
@@ -595,7 +601,7 @@ class Controller:
         self.store.add_event(
             self.job_id, "fleet-size", f"{self.fleet_target} -> {spot_workers(d.workers)} ({d.why})", clock=clock
         )
-        progress.note(f"fleet: {self.fleet_target} -> {spot_workers(d.workers)} ({d.why})")
+        self.events.say(f"fleet: {self.fleet_target} -> {spot_workers(d.workers)} ({d.why})")
         self.fleet_target = d.workers
         live = [i for i in self._live_workers() if i.state != InstanceState.NOTICE.value]
         for inst in surplus(live, lambda i: i.started_clock or 0.0, d.workers):
@@ -643,6 +649,22 @@ class Controller:
             clock=clock,
         )
 
+    def _note_preemption(self, iid: str, state: InstanceState, detail: str) -> None:
+        what = "preemption notice" if state is InstanceState.NOTICE else "preempted"
+        self.events.say(f"{what}: spot worker {iid}" + (f" ({detail})" if detail else ""))
+
+    def _note_migrated(self) -> None:
+        """Responses moved mid-generation to another engine since the last look: one line."""
+        now = self.snapshot.get("migrated")
+        if not isinstance(now, int):
+            return
+        if self.migrated_seen is not None and now > self.migrated_seen:
+            n = now - self.migrated_seen
+            self.events.say(
+                f"migrated: {n} partial response{'s' if n != 1 else ''} continued on other engines ({now} in all)"
+            )
+        self.migrated_seen = now
+
     def _note_draining(self, workers: list[dict]) -> None:
         """A worker that saw its cloud's preemption notice drains and says so: mark it NOTICE now, so
         its replacement launches before the cloud takes it (a cloud provider cannot see the notice)."""
@@ -651,6 +673,7 @@ class Controller:
             iid = w.get("worker_id")
             if w.get("state") == "draining" and live.get(iid) == InstanceState.RUNNING.value:
                 self.store.update_instance(iid, InstanceState.NOTICE, self.provider.clock(), "draining on notice")
+                self._note_preemption(iid, InstanceState.NOTICE, "draining on notice")
 
     # ---- teardown ----------------------------------------------------------------------
     def teardown(self) -> None:

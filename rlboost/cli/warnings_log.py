@@ -5,9 +5,20 @@ console of an attached `rlboost launch`: the progress bar and the step lines sta
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 
 _LOGGER = "py.warnings"  # where logging.captureWarnings sends them
+
+
+def private(path: str, flags: int) -> int:
+    """open()'s opener for a log made here: 0600, like every file rlboost writes in its home."""
+    return os.open(path, flags, 0o600)
+
+
+class _PrivateFileHandler(logging.FileHandler):
+    def _open(self):  # type: ignore[no-untyped-def]
+        return open(self.baseFilename, self.mode, encoding=self.encoding, errors=self.errors, opener=private)
 
 
 class WarningsToLog:
@@ -22,7 +33,7 @@ class WarningsToLog:
         if self.handler is not None:
             return self
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        handler = logging.FileHandler(self.path, encoding="utf-8", delay=True)
+        handler = _PrivateFileHandler(self.path, encoding="utf-8", delay=True)
         handler.setFormatter(logging.Formatter("%(asctime)s warning: %(message)s"))
         log = logging.getLogger(_LOGGER)
         self.propagate = log.propagate

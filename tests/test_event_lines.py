@@ -53,8 +53,7 @@ def test_the_controller_prints_each_preemption_and_migration(tmp_path):
             ctl._apply_events()
         provider.poll = real_poll  # type: ignore[method-assign]  # the failing trainer launch, reported
         for migrated in (0, 0, 3, 3, 4):  # the trainer's running count, poll after poll
-            ctl.snapshot = {"migrated": migrated}
-            ctl._note_migrated()
+            ctl.events.migrated(migrated)
         assert ctl.run() == "failed"
     finally:
         store.close()

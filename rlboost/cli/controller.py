@@ -119,7 +119,6 @@ class Controller:
         # third-party warnings (wandb's first, at its start) to controller.log, off the attached console
         self.warnings_log = WarningsToLog(controller_log(self.run_dir)).install()
         self.events = EventLines(self.console, controller_log(self.run_dir))
-        self.migrated_seen: int | None = None  # the trainer's count of migrated responses, last seen
         sinks = open_sinks(self.spec, self.run_dir, self.prefix, self._sink_failed)
         self.metrics_log = MetricsLog(self.run_dir / METRICS_FILE, sinks=sinks, on_error=self._sink_failed)
         self.steps = StepRecorder(self.store, self.job_id, self.metrics_log)
@@ -264,8 +263,6 @@ class Controller:
     def _hung_up(self) -> None:
         """SIGHUP: the terminal is gone. Writing to it would fail (EIO) in the middle of teardown, so
         stdout/stderr go to the job's controller log from here on."""
-        from rlboost.cli.detach import controller_log
-
         with contextlib.suppress(OSError):
             fd = os.open(controller_log(self.run_dir), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
             os.dup2(fd, 1)
@@ -371,7 +368,7 @@ class Controller:
             self._touch_live()
             self._reconcile_workers(progress)
             progress.update(self.snapshot, self._live_workers(), self._preemptions())
-            self._note_migrated()
+            self.events.migrated(self.snapshot.get("migrated"))
             time.sleep(self.poll_s)
 
     # ---- recovery ----------------------------------------------------------------------
@@ -524,7 +521,7 @@ class Controller:
             if key is not None and ev.state.terminal:
                 self.placement.ended(ev.instance_id, ev.at, preempted=ev.state is InstanceState.PREEMPTED)
             if key is not None and ev.state in (InstanceState.NOTICE, InstanceState.PREEMPTED):
-                self._note_preemption(ev.instance_id, ev.state, ev.detail)
+                self.events.preemption(ev.instance_id, ev.state is InstanceState.NOTICE, ev.detail)
             if ev.instance_id == self.trainer_id:
                 if ev.endpoint:  # clouds report http://ip:port
                     self.trainer_url = https_url(ev.endpoint) if self.tls else ev.endpoint
@@ -649,22 +646,6 @@ class Controller:
             clock=clock,
         )
 
-    def _note_preemption(self, iid: str, state: InstanceState, detail: str) -> None:
-        what = "preemption notice" if state is InstanceState.NOTICE else "preempted"
-        self.events.say(f"{what}: spot worker {iid}" + (f" ({detail})" if detail else ""))
-
-    def _note_migrated(self) -> None:
-        """Responses moved mid-generation to another engine since the last look: one line."""
-        now = self.snapshot.get("migrated")
-        if not isinstance(now, int):
-            return
-        if self.migrated_seen is not None and now > self.migrated_seen:
-            n = now - self.migrated_seen
-            self.events.say(
-                f"migrated: {n} partial response{'s' if n != 1 else ''} continued on other engines ({now} in all)"
-            )
-        self.migrated_seen = now
-
     def _note_draining(self, workers: list[dict]) -> None:
         """A worker that saw its cloud's preemption notice drains and says so: mark it NOTICE now, so
         its replacement launches before the cloud takes it (a cloud provider cannot see the notice)."""
@@ -673,7 +654,7 @@ class Controller:
             iid = w.get("worker_id")
             if w.get("state") == "draining" and live.get(iid) == InstanceState.RUNNING.value:
                 self.store.update_instance(iid, InstanceState.NOTICE, self.provider.clock(), "draining on notice")
-                self._note_preemption(iid, InstanceState.NOTICE, "draining on notice")
+                self.events.preemption(iid, True, "draining on notice")
 
     # ---- teardown ----------------------------------------------------------------------
     def teardown(self) -> None:

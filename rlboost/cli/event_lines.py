@@ -35,6 +35,22 @@ class EventLines:
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.console, self.log, self.stdout_fd, self.clock = console, log, stdout_fd, clock
+        self.migrated_seen: int | None = None  # the trainer's count of migrated responses, last seen
+
+    def preemption(self, iid: str, notice: bool, detail: str) -> None:
+        what = "preemption notice" if notice else "preempted"
+        self.say(f"{what}: spot worker {iid}" + (f" ({detail})" if detail else ""))
+
+    def migrated(self, total: object) -> None:
+        """The trainer's running count of responses moved mid-generation to another engine: a line for
+        each rise (none for the count a resumed controller first sees)."""
+        if not isinstance(total, int):
+            return
+        if self.migrated_seen is not None and total > self.migrated_seen:
+            n = total - self.migrated_seen
+            responses = f"{n} partial response{'s' if n != 1 else ''}"
+            self.say(f"migrated: {responses} continued on other engines ({total} in all)")
+        self.migrated_seen = total
 
     def say(self, line: str) -> None:
         with contextlib.suppress(Exception):  # a closed terminal

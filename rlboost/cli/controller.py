@@ -18,8 +18,10 @@ from pathlib import Path
 import httpx
 from rich.console import Console
 
+from rlboost.cli.detach import controller_log
 from rlboost.cli.disk import disk_full, no_room, release_room, reserve_room
 from rlboost.cli.enrolment import TrainerEnrolment, TrainerEnrolmentError, pin_file, worker_credential
+from rlboost.cli.event_lines import EventLines
 from rlboost.cli.job_envs import Redactor, split_envs
 from rlboost.cli.launch_requests import node_files, recorded_request, trainer_request, worker_request
 from rlboost.cli.ledger import summarize
@@ -31,12 +33,14 @@ from rlboost.cli.state import InstanceRow, StateStore, UnknownInstanceError
 from rlboost.cli.step_numbers import shown
 from rlboost.cli.step_recording import StepRecorder
 from rlboost.cli.stopping import Abandon, Phase, Stop, StopSignals
+from rlboost.cli.warnings_log import WarningsToLog
 from rlboost.contracts.enrolment import Grant
 from rlboost.contracts.env_names import Env
 from rlboost.contracts.spec import JobSpec
 from rlboost.contracts.status import TrainerStatus
 from rlboost.contracts.step_record import StepRecord
 from rlboost.contracts.tls import client_context, https_url
+from rlboost.contracts.wording import spot_workers
 from rlboost.providers.base import (
     CapacityError,
     InstanceState,
@@ -112,6 +116,9 @@ class Controller:
         # the job's envs: plain ones from the job file, secret ones (`launch --env`) from the run dir
         self.user_envs, self.user_secrets = split_envs(self.spec, self.run_dir)
         self.redact = Redactor(self.user_secrets)
+        # third-party warnings (wandb's first, at its start) to controller.log, off the attached console
+        self.warnings_log = WarningsToLog(controller_log(self.run_dir)).install()
+        self.events = EventLines(self.console, controller_log(self.run_dir))
         sinks = open_sinks(self.spec, self.run_dir, self.prefix, self._sink_failed)
         self.metrics_log = MetricsLog(self.run_dir / METRICS_FILE, sinks=sinks, on_error=self._sink_failed)
         self.steps = StepRecorder(self.store, self.job_id, self.metrics_log)
@@ -157,6 +164,7 @@ class Controller:
                 status, error = "failed", self._disk_full_why(e)
             finally:
                 status, error = self._finish(status, error)
+                self.warnings_log.remove()
         return status
 
     def _run_job(self, resume: bool) -> tuple[str, str | None]:
@@ -255,8 +263,6 @@ class Controller:
     def _hung_up(self) -> None:
         """SIGHUP: the terminal is gone. Writing to it would fail (EIO) in the middle of teardown, so
         stdout/stderr go to the job's controller log from here on."""
-        from rlboost.cli.detach import controller_log
-
         with contextlib.suppress(OSError):
             fd = os.open(controller_log(self.run_dir), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
             os.dup2(fd, 1)
@@ -362,6 +368,7 @@ class Controller:
             self._touch_live()
             self._reconcile_workers(progress)
             progress.update(self.snapshot, self._live_workers(), self._preemptions())
+            self.events.migrated(self.snapshot.get("migrated"))
             time.sleep(self.poll_s)
 
     # ---- recovery ----------------------------------------------------------------------
@@ -513,6 +520,8 @@ class Controller:
                 self.store.add_event(self.job_id, "capacity-unavailable", ev.detail, ev.instance_id, ev.at)
             if key is not None and ev.state.terminal:
                 self.placement.ended(ev.instance_id, ev.at, preempted=ev.state is InstanceState.PREEMPTED)
+            if key is not None and ev.state in (InstanceState.NOTICE, InstanceState.PREEMPTED):
+                self.events.preemption(ev.instance_id, ev.state is InstanceState.NOTICE, ev.detail)
             if ev.instance_id == self.trainer_id:
                 if ev.endpoint:  # clouds report http://ip:port
                     self.trainer_url = https_url(ev.endpoint) if self.tls else ev.endpoint
@@ -587,9 +596,9 @@ class Controller:
         if d.workers == self.fleet_target:
             return
         self.store.add_event(
-            self.job_id, "fleet-size", f"{self.fleet_target} -> {d.workers} spot workers ({d.why})", clock=clock
+            self.job_id, "fleet-size", f"{self.fleet_target} -> {spot_workers(d.workers)} ({d.why})", clock=clock
         )
-        progress.note(f"fleet: {self.fleet_target} -> {d.workers} spot workers ({d.why})")
+        self.events.say(f"fleet: {self.fleet_target} -> {spot_workers(d.workers)} ({d.why})")
         self.fleet_target = d.workers
         live = [i for i in self._live_workers() if i.state != InstanceState.NOTICE.value]
         for inst in surplus(live, lambda i: i.started_clock or 0.0, d.workers):
@@ -645,6 +654,7 @@ class Controller:
             iid = w.get("worker_id")
             if w.get("state") == "draining" and live.get(iid) == InstanceState.RUNNING.value:
                 self.store.update_instance(iid, InstanceState.NOTICE, self.provider.clock(), "draining on notice")
+                self.events.preemption(iid, True, "draining on notice")
 
     # ---- teardown ----------------------------------------------------------------------
     def teardown(self) -> None:

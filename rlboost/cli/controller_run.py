@@ -63,7 +63,9 @@ class ControllerRun:
 
 def run_controller(run: ControllerRun, *, resume: bool, trainer_here: bool = False) -> None:
     from rlboost.cli.controller import Controller
+    from rlboost.cli.detach import controller_log
     from rlboost.cli.reconcile import owner_of
+    from rlboost.cli.warnings_log import WarningsToLog
     from rlboost.providers import make_provider
 
     spec, store, job_id, run_dir = run.spec, run.store, run.job_id, run.run_dir
@@ -71,7 +73,8 @@ def run_controller(run: ControllerRun, *, resume: bool, trainer_here: bool = Fal
     t_offer, s_offers = run.offers
     try:
         owner = owner_of(store, store.job_by_id(job_id))
-        provider = make_provider(spec, run_dir, owner=owner, market=market, trainer_here=trainer_here)
+        with WarningsToLog(controller_log(run_dir)):  # a cloud SDK's import-time warnings too
+            provider = make_provider(spec, run_dir, owner=owner, market=market, trainer_here=trainer_here)
     except Exception as e:
         store.update_job(job_id, status="failed", ended_at=time.time(), error=str(e))
         fail(f"provider {spec.provider}: {e}", 2)

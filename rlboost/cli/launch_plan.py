@@ -10,6 +10,7 @@ from rlboost.cli.state import StateStore, rlboost_home
 from rlboost.cli.tables import add_columns, narrow_table
 from rlboost.contracts.provider_kinds import provider_kind
 from rlboost.contracts.spec import JobSpec
+from rlboost.contracts.wording import spot_workers
 
 
 def print_plan(spec: JobSpec, t_offer, s_offers, prices=None) -> None:
@@ -43,14 +44,14 @@ def print_plan(spec: JobSpec, t_offer, s_offers, prices=None) -> None:
     r, cores = spec.rollout, shared_cores(spec)
     mw = most_workers(spec, cores)
     console.print(
-        f"expected fleet: {r.min_workers}–{mw} spot workers, sized after each step by objective "
+        f"expected fleet: {r.min_workers}–{spot_workers(mw)}, sized after each step by objective "
         f"[cyan]{r.objective}[/]" + (f" (deadline {spec.deadline_hours:g} h)" if spec.deadline_hours else "")
     )
     if note := cores_note(spec, cores):
         console.print(note, markup=False, highlight=False)
     if s_offers:
         worst = t_offer.hourly_price + mw * max(o.hourly_price for o in s_offers)
-        console.print(f"at most {mw} spot worker{'s' if mw != 1 else ''}: up to ${worst:.2f}/h with the trainer")
+        console.print(f"at most {spot_workers(mw)}: up to ${worst:.2f}/h with the trainer")
     for cloud, source in sorted(getattr(prices, "sources", {}).items()):
         console.print(f"prices for {cloud}: {source}", markup=False)
     for line in getattr(prices, "skipped", []):  # a candidate's cloud or region with no spot offer

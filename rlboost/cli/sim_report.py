@@ -225,13 +225,15 @@ def sweep_json(base: SimResult, points: list) -> list[dict]:
 
 
 def plot_sweep(base: SimResult, points: list, path: Path, title: str) -> None:
-    """Speed and tokens/$ against on-demand, by max_workers, one line per objective."""
-    import matplotlib
+    """`simulate --sweep --plot`: sweep_figure, written as a PNG."""
+    _save(sweep_figure(base, points, title), path)
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
-    fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(8, 6), sharex=True)
+def sweep_figure(base: SimResult, points: list, title: str):
+    """Speed and tokens/$ against on-demand, and $ per 1M trained tokens, by max_workers, one line per
+    objective; every y axis from 0 (a ratio of 0.9 drawn from 0.88 looks like a collapse)."""
+    plt = _pyplot()
+    fig, (ax1, ax2, ax3) = plt.subplots(3, 1, figsize=(8, 8), sharex=True)
     for obj in dict.fromkeys(p.objective for p in points):
         pts = [p for p in points if p.objective == obj]
         xs = [p.max_workers for p in pts]
@@ -239,16 +241,44 @@ def plot_sweep(base: SimResult, points: list, path: Path, title: str) -> None:
         ax2.plot(
             xs, [p.result.tokens_per_dollar / base.tokens_per_dollar for p in pts], marker="o", label=f"objective {obj}"
         )
-    for ax, what in ((ax1, "speed vs on-demand"), (ax2, "tokens/$ vs on-demand")):
-        ax.axhline(1.0, color="grey", lw=0.8, ls="--", label="on-demand")
+        ax3.plot(xs, [per_million(p.result) for p in pts], marker="o", label=f"objective {obj}")
+    for ax, what, on_demand in (
+        (ax1, "speed vs on-demand", 1.0),
+        (ax2, "tokens/$ vs on-demand", 1.0),
+        (ax3, "$ per 1M tokens", per_million(base)),
+    ):
+        ax.axhline(on_demand, color="grey", lw=0.8, ls="--", label="on-demand")
         ax.set_ylabel(what)
         ax.legend(fontsize=8)
-    ax2.set_xlabel("max_workers")
-    ax2.set_xticks(sorted({p.max_workers for p in points}))
+        ax.set_ylim(bottom=0)
+    ax3.set_xlabel("max_workers")
+    ax3.set_xticks(sorted({p.max_workers for p in points}))
     fig.suptitle(title)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    return fig
+
+
+def per_million(r: SimResult) -> float:
+    """Dollars per million trained tokens (0 where it trained none)."""
+    return float(r.dollars) / r.trained_tokens * 1e6 if r.trained_tokens else 0.0
+
+
+def _pyplot():
+    """matplotlib's pyplot on the Agg backend: files only, never a window."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _save(fig, path: Path) -> None:
+    plt = _pyplot()
+    try:
+        fig.savefig(path, dpi=110)
+    finally:
+        plt.close(fig)
 
 
 def results_json(results: list[SimResult]) -> list[dict]:
@@ -316,13 +346,19 @@ def windowed_rate(r: SimResult) -> tuple[list[float], list[float]]:
 
 
 def plot(results: list[SimResult], path: Path, title: str) -> None:
-    """Throughput (trained tokens/s over a sliding window) and live spot workers over time."""
-    import matplotlib
+    """`simulate --plot`: figure, written as a PNG."""
+    _save(figure(results, title), path)
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
-    fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(10, 6), sharex=True)
+def figure(results: list[SimResult], title: str):
+    """Throughput (trained tokens/s over a sliding window) and live spot workers over time, and each
+    policy's dollars (trainer and spot, labelled with $ per 1M trained tokens); every y axis from 0."""
+    plt = _pyplot()
+    fig = plt.figure(figsize=(10, 9))
+    grid = fig.add_gridspec(3, 1, height_ratios=(3, 2, 2))
+    ax1 = fig.add_subplot(grid[0])
+    ax2 = fig.add_subplot(grid[1], sharex=ax1)
+    ax3 = fig.add_subplot(grid[2])
     styles = ("-", "--", "-.", ":")  # policies often hold the same fleet: a line over another stays seen
     for n, r in enumerate(results):
         if not r.timeline:
@@ -336,10 +372,21 @@ def plot(results: list[SimResult], path: Path, title: str) -> None:
     ax2.set_ylabel("spot workers held")
     ax2.legend(fontsize=8)
     ax2.set_xlabel("hours of trace replayed")
+    names = [r.policy.name for r in results]
+    trainer = [float(r.trainer_dollars) for r in results]
+    spot = [float(r.spot_dollars) for r in results]
+    ax3.bar(names, trainer, label="trainer (on-demand)")
+    bars = ax3.bar(names, spot, bottom=trainer, label="spot workers")
+    ax3.bar_label(bars, labels=[f"${per_million(r):,.2f}/1M tok" for r in results], fontsize=8, padding=2)
+    ax3.set_ylabel("dollars")
+    ax3.legend(fontsize=8)
+    for ax in (ax1, ax2, ax3):
+        ax.set_ylim(bottom=0)
+    ax3.margins(y=0.15)  # room for the labels above the tallest bar
+    ax3.set_ylim(bottom=0)
     fig.suptitle(title)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    return fig
 
 
 @dataclass(frozen=True)

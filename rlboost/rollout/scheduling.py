@@ -18,6 +18,7 @@ from rlboost.contracts.perf import AcceleratorPerf, EngineModel, engine_model, s
 from rlboost.contracts.protocol import MOUNTED_PATH_KEY, Speculation
 from rlboost.contracts.provider_kinds import provider_kind
 from rlboost.contracts.spec import JobSpec
+from rlboost.contracts.wording import spot_workers
 from rlboost.rollout.policies.fleet import FleetDecision, FleetGoal, FleetPolicy, Objective, StepSample
 from rlboost.rollout.policies.lengths import LengthStats
 from rlboost.rollout.policies.migration import MigrationConfig
@@ -247,7 +248,7 @@ def cores_note(spec: JobSpec, cores: float | None) -> str | None:
     if cores is None or most >= spec.rollout.max_workers:
         return None
     return (
-        f"at most {most} of max_workers {spec.rollout.max_workers} spot workers: the job's processes share "
+        f"at most {spot_workers(most)} of max_workers {spec.rollout.max_workers}: the job's processes share "
         f"{cores:g} cores, one for the trainer and one for each worker (more would generate on the trainer's)"
     )
 

@@ -41,8 +41,20 @@ def show_report(
     as_json: bool,
     as_doc: Callable[[StateStore, str | None], dict[str, Any]],
     render: Callable[[StateStore, str | None, Console], None],
+    *,
+    watch: float | None = None,
+    count: int | None = None,
 ) -> None:
-    """One job (`ref`) or all of them, as JSON or as tables; node-controlled jobs refreshed first."""
+    """One job (`ref`) or all of them, as JSON or as tables; node-controlled jobs refreshed first.
+    `watch` (seconds): again every `watch` seconds until Ctrl-C (`count`: that many times), watch.py."""
+    if watch is not None:
+        from rlboost.cli.watch import watch_report
+
+        try:
+            watch_report(ref, as_json, as_doc, render, console, interval=watch, refresh=sync_node_jobs, count=count)
+        except UnknownJobError as e:
+            fail(str(e))
+        return
     store = StateStore()
     sync_node_jobs(store, ref)
     try:

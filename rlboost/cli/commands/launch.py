@@ -39,6 +39,7 @@ from rlboost.cli.pids import controller_identity
 from rlboost.cli.state import JobExistsError, JobRow, StateStore, UnknownJobError, job_run_dir, rlboost_home
 from rlboost.cli.step_numbers import checkpointed_steps, resume_message
 from rlboost.contracts.spec import JobSpec, SpecError, load_spec, spec_to_yaml
+from rlboost.contracts.wording import spot_workers
 
 if TYPE_CHECKING:
     from rlboost.providers.pricing import Offer
@@ -118,7 +119,7 @@ def _confirm_spending(spec: JobSpec, t_offer: Offer, s_offers: list[Offer], yes:
         f"job {spec.name} on provider {spec.provider} starts:",
         f"  trainer: {t.nodes} × {t.accelerators or 'cpu'} on {where}, on-demand, "
         f"about ${t_offer.hourly_price:.2f}/h in all",
-        f"  up to {mw} spot worker{'s' if mw != 1 else ''} ({', '.join(accels) or '-'}) in "
+        f"  up to {spot_workers(mw)} ({', '.join(accels) or '-'}) in "
         + (", ".join(regions) or "-"),
     ]
     if s_offers and mw:
@@ -255,7 +256,7 @@ def launch(
     console.print(
         f"[bold]rlboost[/] job [cyan]{spec.name}[/] (id {job_id}) on provider [cyan]{spec.provider}[/]: "
         f"{spec.algorithm.steps} GRPO steps × {spec.algorithm.prompts_per_step} prompts × "
-        f"group {spec.algorithm.group_size}, up to {most_workers(spec, cores)} spot workers"
+        f"group {spec.algorithm.group_size}, up to {spot_workers(most_workers(spec, cores))}"
     )
     if note := cores_note(spec, cores):
         console.print(note, markup=False, highlight=False)

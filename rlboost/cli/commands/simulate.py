@@ -233,10 +233,27 @@ def _replay_bars():
     return Progress(*columns, console=err, transient=True, disable=not err.is_terminal)
 
 
+# seconds between two piped progress lines (the last, every replay done, always prints)
+PIPED_PROGRESS_EVERY = 10.0
+
+
+def _replay_lines(names: list[str]):
+    """Progress as plain lines on stderr, where bars cannot draw (rlboost/cli/progress.py)."""
+    from rlboost.cli.progress import ReplayLines
+
+    lines = ReplayLines(err, names, every=PIPED_PROGRESS_EVERY)
+    started = f"simulate: {len(names)} replays to run ({', '.join(names)})"
+    err.print(started, markup=False, highlight=False, soft_wrap=True)
+    return lines
+
+
 def _run_policies(rp, policies, jobs: int | None):
     """One bar per policy, each at the fraction of its replay done (trace hours or steps, whichever ends it)."""
     from rlboost.simulator import cli as sim_cli
 
+    if not err.is_terminal:
+        lines = _replay_lines([f"policy {p.name}" for p in policies])
+        return sim_cli.simulate_policies(rp, policies, jobs=jobs, on_progress=lines.update)
     with _replay_bars() as bars:
         ids = [bars.add_task(f"replaying {p.name}", total=1.0) for p in policies]
         return sim_cli.simulate_policies(
@@ -248,7 +265,11 @@ def _run_sweep(rp, points: list[int], jobs: int | None):
     """One bar for the whole sweep: the sum of its replays' fractions done."""
     from rlboost.simulator import cli as sim_cli
 
-    n = len(sim_cli.sweep_order(points)) + 1  # and the on-demand baseline
+    order = sim_cli.sweep_order(points)
+    n = len(order) + 1  # and the on-demand baseline
+    if not err.is_terminal:
+        lines = _replay_lines([*(f"sweep max_workers {w} {o}" for w, o in order), "sweep on-demand"])
+        return sim_cli.sweep(rp, points, jobs=jobs, on_progress=lines.update)
     done = [0.0] * n
 
     def moved(k: int, fraction: float) -> None:

@@ -100,6 +100,15 @@ def _sync() -> None:
         torch.cuda.synchronize()
 
 
+def _timed(engine, reqs, on_tokens) -> float:
+    """Seconds of one generate call, the GPU's queue drained before and after."""
+    _sync()
+    t0 = time.perf_counter()
+    engine.generate(reqs, on_tokens, lambda rid: False)
+    _sync()
+    return time.perf_counter() - t0
+
+
 def _prompts(n: int, length: int, vocab: int, seed: int = 0) -> list[list[int]]:
     import numpy as np
 
@@ -124,11 +133,7 @@ def engine_parts(spec, new_tokens: int, batches: list[int]) -> tuple[dict, objec
 
         warm = [GenRequest(r.rid, r.prompt, 8, r.seed) for r in reqs]
         engine.generate(warm, lambda *a: None, lambda rid: False)  # warm-up at this batch's shape
-        _sync()
-        t0 = time.perf_counter()
-        engine.generate(reqs, on_tokens, lambda rid: False)
-        _sync()
-        dt = time.perf_counter() - t0
+        dt = _timed(engine, reqs, on_tokens)
         n = sum(len(v) for v in got.values())
         out[f"batch{b}"] = {"tokens": n, "seconds": round(dt, 3), "tokens_per_s": round(n / dt, 1)}
         if b == batches[-1]:  # a migration: continue each response from its first half
@@ -405,11 +410,7 @@ def _timed_generate(engine, reqs) -> dict:
         nll.extend(-lp for lp in lps)
 
     engine.passes = 0
-    _sync()
-    t0 = time.perf_counter()
-    engine.generate(reqs, on_tokens, lambda rid: False)
-    _sync()
-    dt = time.perf_counter() - t0
+    dt = _timed(engine, reqs, on_tokens)
     n = sum(len(v) for v in got.values())
     drafted = sum(c.drafted for c in engine.drafts.values())
     accepted = sum(c.accepted for c in engine.drafts.values())

@@ -263,5 +263,5 @@ def test_dryrun_check_fails_naming_task_reward_with_the_secret_redacted(tmp_path
     spec = load_spec(_job(tmp_path, {"name": "reverse", "reward": path(mod, "trl_short"), "reward_style": "trl"}))
     assert check_reward(spec, []) is not None  # one row at a time: a list of one is right
     spec = load_spec(_job(tmp_path, {"name": "reverse", "reward": path(mod, "trl_scalar")}))
-    with pytest.raises(RewardCheckError, match=r"returned 1\.0 for 1 completion, not a list"):
+    with pytest.raises(RewardCheckError, match=r"returned float 1\.0, not a list"):
         check_reward(spec, [])

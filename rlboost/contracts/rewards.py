@@ -193,12 +193,7 @@ class CustomReward:
         """The rewards of responses (one TRL call for them all; one call each in the other styles)."""
         if self.style == "trl":
             try:
-                values = self._call_trl(prompts, responses, rows)
-                if not isinstance(values, (list, tuple)) and hasattr(values, "tolist"):
-                    values = values.tolist()
-                if not isinstance(values, (list, tuple)) or len(values) != len(responses):
-                    n = len(values) if isinstance(values, (list, tuple)) else type(values).__name__
-                    raise RewardFailure("wrong length", f"returned {n} values for {len(responses)} completions")
+                values = self._trl_values(prompts, responses, rows)
             except RewardFailure as f:
                 return [self._failed(f) for _ in responses]
             except Exception as e:
@@ -213,12 +208,7 @@ class CustomReward:
         scoring 0.0 (`launch --dryrun`); nothing is counted."""
         try:
             if self.style == "trl":
-                out = self._call_trl([prompt], [response], [row])
-                if not isinstance(out, (list, tuple)) and hasattr(out, "tolist"):
-                    out = out.tolist()
-                if not isinstance(out, (list, tuple)) or len(out) != 1:
-                    raise RewardFailure("wrong length", f"returned {out!r:.60} for 1 completion, not a list of 1")
-                return _number(out[0])
+                return _number(self._trl_values([prompt], [response], [row])[0])
             return _number(self._call_one(prompt, response, row))
         except RewardFailure as f:
             raise RewardFailure(f.kind, redact(f.what, self.secrets)) from None
@@ -243,6 +233,18 @@ class CustomReward:
         if self._names is not None and "solution_str" in self._names:
             return self.fn(**self._kwargs(args))
         return self.fn(*args.values())  # declared verl with other names: veRL's positional order
+
+    def _trl_values(self, prompts: list[str], responses: list[str], rows: list[dict]) -> list[Any]:
+        """One TRL call's values, one per response, or RewardFailure("wrong length")."""
+        values = self._call_trl(prompts, responses, rows)
+        if not isinstance(values, (list, tuple)) and hasattr(values, "tolist"):  # a numpy array, a tensor
+            values = values.tolist()
+        if not isinstance(values, (list, tuple)):
+            what = f"returned {type(values).__name__} {values!r:.60}, not a list (one value per completion)"
+            raise RewardFailure("wrong length", what)
+        if len(values) != len(responses):
+            raise RewardFailure("wrong length", f"returned {len(values)} values for {len(responses)} completions")
+        return list(values)
 
     def _call_trl(self, prompts: list[str], responses: list[str], rows: list[dict]) -> Any:
         # as TRL: every other dataset column as a keyword, a list aligned with the prompts

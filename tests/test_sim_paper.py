@@ -159,6 +159,6 @@ def test_cli_simulates_the_shipped_paper_job_at_constant_capacity():
     args = ["simulate", str(PAPER), "--policy", "sync", "--policy", "rlboost", "--constant-workers", "2"]
     r = CliRunner().invoke(app, [*args, "--steps", "1", "--json"], catch_exceptions=False)
     assert r.exit_code == 0, r.output
-    doc = json.loads(r.output)
+    doc = json.loads(r.stdout)  # (progress lines go to stderr)
     assert doc["title"].startswith("paper-h100: constant 2")
     assert [x["policy"] for x in doc["results"]] == ["on-demand", "sync", "rlboost"]

@@ -25,7 +25,7 @@ def test_warnings_go_to_the_log_while_installed(tmp_path, capsys):
         _wandb_warns("wandb: a deprecated setting")
     assert "UserWarning: wandb: a deprecated setting" in log.read_text()
     assert "deprecated" not in capsys.readouterr().err
-    assert logging.getLogger("py.warnings").handlers == []
+    assert not _file_handlers()
 
 
 def test_the_controller_sends_warnings_to_controller_log_not_the_console(tmp_path, capsys):
@@ -41,4 +41,19 @@ def test_the_controller_sends_warnings_to_controller_log_not_the_console(tmp_pat
         store.close()
     assert "could not sync" not in out.getvalue()
     assert "could not sync" not in capsys.readouterr().err
-    assert logging.getLogger("py.warnings").handlers == []  # removed at the end of the run
+    assert not _file_handlers()  # removed at the end of the run
+
+
+def test_a_newer_controller_takes_over_from_one_that_never_removed_its_log(tmp_path):
+    first = WarningsToLog(tmp_path / "a" / "controller.log").install()  # e.g. a controller that never ran
+    second = WarningsToLog(tmp_path / "b" / "controller.log").install()
+    _wandb_warns("wandb: only the newest log")
+    second.remove()
+    assert first.handler is None and not _file_handlers()
+    assert "only the newest log" in (tmp_path / "b" / "controller.log").read_text()
+    assert not (tmp_path / "a" / "controller.log").exists()
+
+
+def _file_handlers() -> list[logging.Handler]:
+    """Ours on the warnings logger (pytest may hang its own capture handlers there)."""
+    return [h for h in logging.getLogger("py.warnings").handlers if isinstance(h, logging.FileHandler)]

@@ -9,6 +9,9 @@ import os
 from pathlib import Path
 
 _LOGGER = "py.warnings"  # where logging.captureWarnings sends them
+# the one installed: a process runs one job's controller at a time, and one made but never run (or not
+# removed) must not keep writing warnings to its log when the next is installed
+_installed: list[WarningsToLog] = []
 
 
 def private(path: str, flags: int) -> int:
@@ -32,6 +35,8 @@ class WarningsToLog:
     def install(self) -> WarningsToLog:
         if self.handler is not None:
             return self
+        for earlier in list(_installed):
+            earlier.remove()
         self.path.parent.mkdir(parents=True, exist_ok=True)
         handler = _PrivateFileHandler(self.path, encoding="utf-8", delay=True)
         handler.setFormatter(logging.Formatter("%(asctime)s warning: %(message)s"))
@@ -41,6 +46,7 @@ class WarningsToLog:
         log.propagate = False  # not to the root logger's stderr handler either
         self.handler = handler
         logging.captureWarnings(True)
+        _installed.append(self)
         return self
 
     def remove(self) -> None:
@@ -52,6 +58,8 @@ class WarningsToLog:
         log.propagate = self.propagate
         self.handler.close()
         self.handler = None
+        if self in _installed:
+            _installed.remove(self)
 
     def __enter__(self) -> WarningsToLog:
         return self.install()

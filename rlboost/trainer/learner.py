@@ -60,6 +60,7 @@ from rlboost.contracts.engine import Engine, GenRequest
 from rlboost.contracts.sampling import request_id, request_seed
 from rlboost.contracts.spec import AlgorithmSpec, ModelSpec, TaskSpec
 from rlboost.models.tiny_gpt import TinyGPT, from_spec, left_pad
+from rlboost.trainer import learner_state
 from rlboost.trainer.grpo import (
     Sample,
     agg_units,
@@ -71,6 +72,7 @@ from rlboost.trainer.grpo import (
     sample_advantages,
     token_weights,
 )
+from rlboost.trainer.learner_state import local_shard, materialize, meta_frozen_copy
 from rlboost.trainer.lr_schedule import LrSchedule, lr_at
 from rlboost.trainer.tasks import Problem, Task, make_task
 
@@ -161,9 +163,9 @@ class Learner:
             from rlboost.trainer.collectives import shard_model
 
             if algo_spec.kl_coef > 0:
-                self._sharded_reference = _meta_frozen_copy(self.model)
+                self._sharded_reference = meta_frozen_copy(self.model)
                 shard_model(self._sharded_reference, dist)
-                _materialize(self._sharded_reference, self.device)
+                materialize(self._sharded_reference, self.device)
             shard_model(self.model, dist)
         # One AdamW for the warm start and RL (see warm_start). algorithm.betas / weight_decay /
         # grad_clip default to the values fixed before they were knobs: (0.9, 0.99), 0 (no weight decay
@@ -237,7 +239,7 @@ class Learner:
             ref = self._sharded_reference
             with torch.no_grad():
                 for r, p in zip(ref.parameters(), self.model.parameters(), strict=True):
-                    _local(r).copy_(_local(p))
+                    local_shard(r).copy_(local_shard(p))
             return ref
         ref = copy.deepcopy(self.model)
         ref.requires_grad_(False)
@@ -616,78 +618,13 @@ class Learner:
         return out
 
     def checkpoint_state(self) -> dict:
-        """Everything a resumed run needs to continue bit for bit: full-precision weights (not the
-        publish dtype), optimizer moments, update count and RNGs. Single process or DDP (replicas
-        are equal, rank 0's is saved); under FSDP every rank must call this (it gathers the shards:
-        full state dicts of the policy, its optimizer and the KL reference, on rank 0's CPU; the
-        other ranks' dicts are empty)."""
-        if self.fsdp:
-            return self._fsdp_checkpoint_state()
-        if self.rank != 0:  # a ddp replica: rank 0's copy is the one saved
-            return {}
-        return {
-            "model": _cpu_copy(self.model),
-            # a copy: the save runs in the background while the next step trains in place
-            "optimizer": copy.deepcopy(self.optimizer.state_dict()),
-            "steps_done": self.steps_done,
-            "demo_rng": self._demo_rng.bit_generator.state,
-            "torch_rng": torch.get_rng_state(),
-            # the KL reference is the weights at step 0, which a resumed run no longer has
-            **({"reference": _cpu_copy(self.reference)} if self.reference is not None else {}),
-        }
-
-    def _fsdp_checkpoint_state(self) -> dict:
-        from torch.distributed.checkpoint.state_dict import (
-            StateDictOptions,
-            get_model_state_dict,
-            get_optimizer_state_dict,
-        )
-
-        full = StateDictOptions(full_state_dict=True, cpu_offload=True)  # CPU tensors, rank 0 only
-        reference = get_model_state_dict(self.reference, options=full) if self.reference is not None else None
-        return {
-            "model": get_model_state_dict(self.model, options=full),
-            # a copy: on a CPU device, cpu_offload leaves plain tensors (Adam's step) shared with the optimizer
-            "optimizer": copy.deepcopy(get_optimizer_state_dict(self.model, self.optimizer, options=full)),
-            "steps_done": self.steps_done,
-            "demo_rng": self._demo_rng.bit_generator.state,
-            "torch_rng": torch.get_rng_state(),
-            **({"reference": reference} if reference is not None else {}),
-        }
+        """Everything a resumed run needs to continue bit for bit (rlboost/trainer/learner_state.py);
+        under FSDP every rank must call this (it gathers the shards)."""
+        return learner_state.checkpoint_state(self)
 
     def load_checkpoint_state(self, state: Mapping) -> None:
-        """Restore checkpoint_state's dict; under FSDP every rank must call this with the same (full)
-        state, each keeping its shards."""
-        if self.fsdp:
-            self._fsdp_load_checkpoint_state(state)
-            return
-        self.model.load_state_dict({k: v.to(self.device) for k, v in state["model"].items()})
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.steps_done = int(state["steps_done"])
-        self._demo_rng.bit_generator.state = state["demo_rng"]
-        torch.set_rng_state(state["torch_rng"])
-        self.reference = None
-        if "reference" in state and self.algo.kl_coef > 0:
-            self.reference = self._frozen_copy()
-            self.reference.load_state_dict({k: v.to(self.device) for k, v in state["reference"].items()})
-
-    def _fsdp_load_checkpoint_state(self, state: Mapping) -> None:
-        from torch.distributed.checkpoint.state_dict import (
-            StateDictOptions,
-            set_model_state_dict,
-            set_optimizer_state_dict,
-        )
-
-        full = StateDictOptions(full_state_dict=True)
-        set_model_state_dict(self.model, dict(state["model"]), options=full)
-        set_optimizer_state_dict(self.model, self.optimizer, dict(state["optimizer"]), options=full)
-        self.steps_done = int(state["steps_done"])
-        self._demo_rng.bit_generator.state = state["demo_rng"]
-        torch.set_rng_state(state["torch_rng"])
-        self.reference = None
-        if "reference" in state and self._sharded_reference is not None:
-            set_model_state_dict(self._sharded_reference, dict(state["reference"]), options=full)
-            self.reference = self._sharded_reference
+        """Restore checkpoint_state's dict; under FSDP every rank must call this with the same state."""
+        learner_state.load_checkpoint_state(self, state)
 
     def load_state_dict(self, tensors: Mapping[str, Tensor]) -> None:
         """Restore weights (e.g. from a checkpoint); optimizer state is not part of it."""
@@ -698,36 +635,6 @@ class Learner:
                     own[k].copy_(torch.as_tensor(v))
             return
         self.model.load_state_dict({k: torch.as_tensor(v) for k, v in tensors.items()})
-
-
-def _cpu_copy(model: nn.Module) -> dict[str, Tensor]:
-    return {k: v.detach().to("cpu").clone() for k, v in model.state_dict().items()}
-
-
-def _meta_frozen_copy(model: nn.Module) -> nn.Module:
-    """A copy of `model` whose parameters are frozen and on the meta device (no memory: the full
-    weights are never copied), buffers real copies; eval mode."""
-    memo: dict[int, object] = {
-        id(p): nn.Parameter(torch.empty_like(p, device="meta"), requires_grad=False) for p in model.parameters()
-    }
-    ref = copy.deepcopy(model, memo)
-    return ref.eval()
-
-
-def _materialize(model: nn.Module, device: torch.device) -> None:
-    """Allocate a sharded meta-device model's local shards on `device` (left uninitialised), keeping
-    its buffers' values (to_empty would drop them)."""
-    buffers = {k: v.detach().clone() for k, v in model.named_buffers()}
-    model.to_empty(device=device)
-    with torch.no_grad():
-        for k, v in model.named_buffers():
-            v.copy_(buffers[k].to(v.device))
-    model.requires_grad_(False)
-
-
-def _local(t: Tensor) -> Tensor:
-    """This rank's shard of an FSDP parameter (a DTensor); a plain tensor as is."""
-    return t.to_local() if hasattr(t, "to_local") else t  # type: ignore[operator]
 
 
 def make_learner(spec, dist: DistContext | None = None):

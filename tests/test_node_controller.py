@@ -7,6 +7,7 @@ node's controller, the node's directory removed) and wait on state; none sleeps 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -90,6 +91,30 @@ def test_a_copy_of_the_node_records_is_whole_and_replaces_the_last(node, tmp_pat
     here.close()
 
 
+def test_a_copy_asked_for_before_a_newer_one_or_before_the_job_ended_here_changes_nothing(node, tmp_path):
+    """`logs -f` and `down` copy the node's records at once: a "running" copy that arrives after `down`
+    recorded the end must not bring the job back to life (nor its instances)."""
+    store, server, _ = node
+    store.update_job(7, status="running", step=2)
+    here = StateStore(tmp_path / "here.db")
+    here.create_job("nodey", "name: nodey\n", "local", job_id=7)
+    here.update_job(7, controller_url=server.url)
+    running = NodeClient(server.url, "tok").state()  # asked for at t=100, arrives late
+    store.update_job(7, status="stopped", step=3, ended_at=105.0)
+    ended = NodeClient(server.url, "tok").state()
+    assert here.copy_from_node(7, ended.job, ended.instances, ended.events, ended.steps, as_of=110.0)
+    assert not here.copy_from_node(7, running.job, running.instances, running.events, running.steps, as_of=100.0)
+    assert (here.job_by_id(7).status, here.job_by_id(7).step, here.job_by_id(7).synced_at) == ("stopped", 3, 110.0)
+
+    here.update_job(7, status="stopped", ended_at=120.0, error="stopped by `rlboost down`")  # ended here
+    assert not here.copy_from_node(7, running.job, running.instances, running.events, running.steps, as_of=115.0)
+    assert here.job_by_id(7).status == "stopped"
+    # `launch --resume` later: the node runs it again, and a copy asked for since is the truth
+    assert here.copy_from_node(7, running.job, running.instances, running.events, running.steps, as_of=130.0)
+    assert (here.job_by_id(7).status, here.job_by_id(7).step) == ("running", 2)
+    here.close()
+
+
 def test_controller_trainer_is_refused_where_it_cannot_run():
     doc = yaml.safe_load((ROOT / "examples" / "local.yaml").read_text())
     assert parse_spec({**doc, "controller": "trainer"}).controller == "trainer"
@@ -148,6 +173,21 @@ def assert_node_job_gone(home: Path, name: str, job_id: int, status: str = "stop
         assert insts and [(i.id, i.state) for i in insts if not i.terminal or i.ended_clock is None] == []
 
 
+def wait_or_dump_stacks(proc: subprocess.Popen, timeout_s: float, also: list[int]) -> None:
+    """Wait for `proc` to exit; if it does not, every thread's stack of it and of `also` (SIGUSR1:
+    faulthandler, rlboost/cli/main.py) goes into the failure, so a hang says where it hangs."""
+    try:
+        proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        for pid in [proc.pid, *also]:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGUSR1)
+        time.sleep(2)  # faulthandler writes at once; give the pipes a moment
+        proc.kill()
+        _, stderr = proc.communicate(timeout=30)
+        raise AssertionError(f"pid {proc.pid} still running after {timeout_s}s; its stacks:\n{stderr}") from None
+
+
 def detached(jf: Path, home: Path) -> tuple[int, str]:
     r = run_cli("launch", "-d", str(jf), home=home, timeout=120, check=True)
     m = re.search(r"job id (\d+): controller running on the trainer node \((http://[^)]+)\)", r.stdout)
@@ -194,7 +234,8 @@ def test_detached_job_on_its_node_is_operated_from_here_and_outlives_the_node(tm
     down = run_cli("down", str(job_id), home=home, timeout=180)
     assert down.returncode == 0, down.stdout + down.stderr
     assert f"{name} (id {job_id}): stopped" in down.stdout
-    assert follower.wait(timeout=60) == 0, follower.stderr.read()
+    wait_or_dump_stacks(follower, 120, also=node_pids(home))
+    assert follower.returncode == 0, follower.stderr.read()
     assert "stopped" in follower.stderr.read()
     assert "stopped by `rlboost down`" in lines.rest()  # the controller's last words, through the node
     assert_node_job_gone(home, name, job_id)

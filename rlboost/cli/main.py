@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import faulthandler
+import signal
 from typing import Annotated, Any
 
 import typer
@@ -64,6 +66,11 @@ class _App(typer.Typer):
                 err.print(f"[bold red]error:[/] {escape(msg)}", highlight=False, soft_wrap=True)
             raise SystemExit(1) from None
 
+
+# `kill -USR1 PID` prints every thread's stack to the process's stderr (a detached controller's: its
+# controller.log): what a stuck command is waiting on, without a debugger
+if hasattr(signal, "SIGUSR1"):
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
 
 app = _App(
     cls=_Commands,

@@ -8,6 +8,7 @@ import contextlib
 import json
 import os
 import signal
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -88,11 +89,13 @@ def sync(store: StateStore, job: JobRow, timeout_s: float = 3.0) -> bool:
     not answer (the store keeps its last copy, and `synced_at` says how old it is)."""
     if not job.remote:
         return True
+    asked = time.time()  # before the request: a copy is as old as the moment it was asked for
     try:
         got = NodeClient.for_job(job, timeout_s).state()
     except (NodeUnreachable, OSError, httpx.HTTPError, ValueError):
         return False
-    store.copy_from_node(job.id, got.job, got.instances, got.events, got.steps)
+    if not store.copy_from_node(job.id, got.job, got.instances, got.events, got.steps, as_of=asked):
+        return True  # a newer copy (or this machine's own end of the job) is already here
     if not got.job.active:  # final: keep its logs here too, then let the node go
         release_ended(job, [i.instance_id for i in got.instances])
     return True

@@ -631,19 +631,39 @@ class StateStore:
     # ---- copies of a trainer node's records ----------------------------------------------
 
     def copy_from_node(
-        self, job_id: int, job: JobRow, instances: list[InstanceRow], events: list[EventRow], steps: list[StepRow]
-    ) -> None:
+        self,
+        job_id: int,
+        job: JobRow,
+        instances: list[InstanceRow],
+        events: list[EventRow],
+        steps: list[StepRow],
+        *,
+        as_of: float | None = None,
+    ) -> bool:
         """Replace this store's records of `job_id` with what its controller on the trainer node
-        holds (one transaction: a reader sees the old copy or the new one, never half of each)."""
+        holds (one transaction: a reader sees the old copy or the new one, never half of each).
+
+        `as_of`: when the copy was asked for (default now). Several commands copy at once (`logs -f`
+        polling while `down` stops the job), so a copy can arrive after a newer one: it is dropped
+        (False) when a copy asked for later was applied already, or when the job ended here after it
+        was asked for (`down`, or a node taken over), which a stale "running" must never undo."""
+        as_of = self._now() if as_of is None else as_of
         values = {c: getattr(job, c) for c in sorted(_COPIED_JOB_FIELDS)}
         if values["snapshot"] is not None:
             values["snapshot"] = json.dumps(values["snapshot"], separators=(",", ":"))
-        values["synced_at"] = self._now()
+        values["synced_at"] = as_of
         sets = ", ".join(f"{c} = ?" for c in values)  # names come from _JOB_FIELDS only
         with self._tx() as db:
-            cur = db.execute(f"UPDATE jobs SET {sets} WHERE id = ?", (*values.values(), job_id))
-            if cur.rowcount == 0:
+            row = db.execute("SELECT status, ended_at, synced_at FROM jobs WHERE id = ?", (job_id,)).fetchone()
+            if row is None:
                 raise UnknownJobError(f"no job with id {job_id} (run `rlboost status` to list jobs)")
+            status, ended_at, synced_at = row
+            if synced_at is not None and synced_at > as_of:
+                return False
+            ended_here_since = status not in ACTIVE_STATUSES and ended_at is not None and ended_at > as_of
+            if ended_here_since and job.active:
+                return False
+            db.execute(f"UPDATE jobs SET {sets} WHERE id = ?", (*values.values(), job_id))
             for table in ("steps", "events", "instances"):
                 db.execute(f"DELETE FROM {table} WHERE job_id = ?", (job_id,))
             for rows, table, skip in ((instances, "instances", ()), (events, "events", ("id",)), (steps, "steps", ())):
@@ -652,6 +672,7 @@ class StateStore:
                     d["job_id"] = job_id
                     cols = ", ".join(d)
                     db.execute(f"INSERT INTO {table} ({cols}) VALUES ({', '.join('?' * len(d))})", tuple(d.values()))
+        return True
 
 
 def _written_by(db: sqlite3.Connection) -> str | None:

@@ -194,6 +194,74 @@ def test_a_local_launch_never_asks(home, monkeypatch, launch_reached):
         CliRunner().invoke(app, ["launch", str(LOCAL)], catch_exceptions=False)
 
 
+def _stopped_cloud_job(home: Path, controller: str) -> int:
+    """The example cloud job, recorded as launched and then stopped (`down`): what `launch --resume` takes."""
+    from rlboost.cli.state import StateStore
+    from rlboost.contracts.spec import spec_to_yaml
+
+    doc = yaml.safe_load(EXAMPLE.read_text())
+    spec_yaml = spec_to_yaml(parse_spec({**doc, "controller": controller}, source="t"))
+    home.mkdir(mode=0o700, exist_ok=True)
+    with StateStore(home / "state.db") as store:
+        jid = store.create_job("aws-gcp-demo", spec_yaml, "skypilot")
+        store.update_job(jid, status="stopped")
+    run_dir = home / "jobs" / f"aws-gcp-demo-{jid}"
+    run_dir.mkdir(parents=True)
+    (run_dir / "spec.yaml").write_text(spec_yaml)
+    (run_dir / "token").write_text("tok")
+    return jid
+
+
+def _controller_pid(home: Path, jid: int) -> int | None:
+    import sqlite3
+
+    row = sqlite3.connect(home / "state.db").execute("SELECT controller_pid FROM jobs WHERE id=?", (jid,)).fetchone()
+    return row[0]
+
+
+@pytest.mark.parametrize("controller", ["launcher", "trainer"])
+def test_a_cloud_resume_asks_like_a_launch_and_a_no_or_no_terminal_stops_it(home, tmp_path, monkeypatch, controller):
+    """`launch --resume` starts again what is gone (the trainer, spot workers): it spends like a launch."""
+    from typer.testing import CliRunner
+
+    from rlboost.cli.main import app
+
+    jid = _stopped_cloud_job(home, controller)
+    off = cli("launch", "--resume", str(jid), home=home, env=creds(tmp_path))  # CliRunner's stdin is no terminal
+    assert off.returncode == 2, off.stdout + off.stderr
+    assert "stdin is not a terminal to ask on; pass --yes to go ahead" in off.stderr
+    monkeypatch.setattr(confirm_mod, "on_terminal", lambda: True)
+    for k, v in {**creds(tmp_path), "RLBOOST_HOME": str(home), "COLUMNS": "200"}.items():
+        monkeypatch.setenv(k, v)
+    r = CliRunner().invoke(app, ["launch", "--resume", str(jid)], input="n\n", catch_exceptions=False)
+    assert r.exit_code == 1, r.stdout + r.stderr
+    assert f"resuming job aws-gcp-demo (id {jid}) on provider skypilot: what still runs is reattached" in r.stdout
+    assert "trainer: 1 × A100:8 on aws/us-east-1, on-demand, about $32.77/h in all" in r.stdout
+    assert "spot worker" in r.stdout and f"resume job aws-gcp-demo (id {jid}) on skypilot?" in r.stdout
+    assert "not confirmed; nothing was done" in r.stderr
+    assert _controller_pid(home, jid) is None and "resuming job" not in r.stderr  # the job was not touched
+
+
+@pytest.mark.parametrize("how", ["answer", "--yes", "-y"])
+def test_a_yes_resumes(home, tmp_path, monkeypatch, how):
+    from typer.testing import CliRunner
+
+    from rlboost.cli.commands import launch
+    from rlboost.cli.main import app
+
+    def record_controller():
+        raise Launched
+
+    jid = _stopped_cloud_job(home, "launcher")
+    monkeypatch.setattr(launch, "controller_identity", record_controller)  # where the resume takes the job over
+    monkeypatch.setattr(confirm_mod, "on_terminal", lambda: how == "answer")
+    for k, v in {**creds(tmp_path), "RLBOOST_HOME": str(home)}.items():
+        monkeypatch.setenv(k, v)
+    args = ["launch", "--resume", str(jid), *([how] if how != "answer" else [])]
+    with pytest.raises(Launched):
+        CliRunner().invoke(app, args, input="y\n", catch_exceptions=False)
+
+
 # ---- asking before deleting ---------------------------------------------------------------------
 def _ended_job(home: Path, name: str, ended_ago_s: float) -> int:
     import time

@@ -8,6 +8,7 @@ import contextlib
 import secrets
 import signal
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -102,9 +103,12 @@ def _check_provider(spec: JobSpec, dryrun: bool = False) -> None:
         )
 
 
-def _confirm_spending(spec: JobSpec, t_offer: Offer, s_offers: list[Offer], yes: bool) -> None:
+def _confirm_spending(
+    spec: JobSpec, t_offer: Offer, s_offers: list[Offer], yes: bool, resuming: int | None = None
+) -> None:
     """A provider whose instances cost money: say what starts, at what on-demand price, and ask
-    (refused without --yes where nobody can answer). Local jobs never ask."""
+    (refused without --yes where nobody can answer). Local jobs never ask. `resuming`: the id of the
+    job `launch --resume` continues (it starts again what is gone, so it asks like a new launch)."""
     from rlboost.contracts.provider_kinds import provider_kind
     from rlboost.rollout.scheduling import most_workers, shared_cores
 
@@ -115,8 +119,17 @@ def _confirm_spending(spec: JobSpec, t_offer: Offer, s_offers: list[Offer], yes:
     mw = most_workers(spec, shared_cores(spec))
     regions = sorted({f"{o.cloud}/{o.region or 'any region'}" for o in s_offers})
     accels = sorted({o.accelerator or "cpu" for o in s_offers})
+    if resuming is None:
+        head = f"job {spec.name} on provider {spec.provider} starts:"
+        question = f"launch job {spec.name} on {spec.provider}?"
+    else:
+        head = (
+            f"resuming job {spec.name} (id {resuming}) on provider {spec.provider}: what still runs is "
+            "reattached, what is gone starts again:"
+        )
+        question = f"resume job {spec.name} (id {resuming}) on {spec.provider}?"
     summary = [
-        f"job {spec.name} on provider {spec.provider} starts:",
+        head,
         f"  trainer: {t.nodes} × {t.accelerators or 'cpu'} on {where}, on-demand, "
         f"about ${t_offer.hourly_price:.2f}/h in all",
         f"  up to {spot_workers(mw)} ({', '.join(accels) or '-'}) in "
@@ -125,7 +138,16 @@ def _confirm_spending(spec: JobSpec, t_offer: Offer, s_offers: list[Offer], yes:
     if s_offers and mw:
         worst = t_offer.hourly_price + mw * max(o.hourly_price for o in s_offers)
         summary.append(f"  at most about ${worst:.2f}/h with every spot worker up (`--dryrun` prints the plan)")
-    confirm(summary, f"launch job {spec.name} on {spec.provider}?", yes=yes)
+    confirm(summary, question, yes=yes)
+
+
+def _confirm_resume(spec: JobSpec, job_id: int, yes: bool) -> None:
+    """`launch --resume` of a node-controlled job: its offers are looked up only to say what it may spend."""
+    from rlboost.contracts.provider_kinds import provider_kind
+
+    if provider_kind(spec.provider).spends_money:
+        t_offer, s_offers, _ = job_offers(spec)
+        _confirm_spending(spec, t_offer, s_offers, yes, resuming=job_id)
 
 
 def _check_sinks(spec: JobSpec) -> None:
@@ -200,7 +222,7 @@ def launch(
         if overrides or env_options:
             what = "--set" if overrides else "--env"
             fail(f"{what} applies to a new launch; --resume continues the job as saved (with its --env values)", 2)
-        _resume(job_file, record_rollouts, detach)
+        _resume(job_file, record_rollouts, detach, yes)
         return
     try:
         secret_envs = parse_env_options(env_options or [])
@@ -327,7 +349,7 @@ def _follow_node_job(store: StateStore, job_id: int) -> None:
         fail(f"job {job.name} {job.status}: {job.error}")
 
 
-def _resume(ref: str, record_rollouts: bool, detach: bool = False) -> None:
+def _resume(ref: str, record_rollouts: bool, detach: bool = False, yes: bool = False) -> None:
     """`launch --resume ID|NAME|FILE`: the same job id, run dir, token and ledger; a new controller."""
     from rlboost.cli.pids import controller_alive
 
@@ -357,10 +379,11 @@ def _resume(ref: str, record_rollouts: bool, detach: bool = False) -> None:
     if missing:  # its --env values were kept in the run dir; without them the nodes would start wrong
         fail(f"job {name!r} cannot be resumed: {SECRET_ENVS_FILE} in {run_dir} lacks a value\n" + "\n".join(missing), 2)
     if spec.controller == "trainer":
-        _resume_on_node(store, job, token, record_rollouts, detach)
+        _resume_on_node(store, job, token, record_rollouts, detach, lambda: _confirm_resume(spec, job.id, yes))
         return
     _check_provider(spec)
     t_offer, s_offers, _ = job_offers(spec)  # before the job record is touched: bad prices fail cleanly
+    _confirm_spending(spec, t_offer, s_offers, yes, resuming=job.id)
     market = spot_market(spec)
     store.update_job(job.id, **controller_identity())
     console.print(
@@ -375,8 +398,16 @@ def _resume(ref: str, record_rollouts: bool, detach: bool = False) -> None:
     )
 
 
-def _resume_on_node(store: StateStore, job: JobRow, token: str, record_rollouts: bool, detach: bool) -> None:
-    """A node-controlled job whose controller died: start a new one on the node, on the node's records."""
+def _resume_on_node(
+    store: StateStore,
+    job: JobRow,
+    token: str,
+    record_rollouts: bool,
+    detach: bool,
+    confirm_spending: Callable[[], None],
+) -> None:
+    """A node-controlled job whose controller died: start a new one on the node, on the node's records
+    (`confirm_spending` asks first, once the job is known not to run)."""
     from rlboost.cli.node_client import controller_reachable, node_run_dir, sync
     from rlboost.cli.node_host import trainer_node
 
@@ -384,6 +415,7 @@ def _resume_on_node(store: StateStore, job: JobRow, token: str, record_rollouts:
         sync(store, job)
         if store.job_by_id(job.id).active:
             fail(f"job {job.name!r} is still running on its trainer node; watch it with `rlboost status {job.id}`")
+    confirm_spending()
     trainer_node(job).stop_controller()  # one that hangs without answering must not race the new one
     console.print(
         f"[bold]rlboost[/] resuming job [cyan]{escape(job.name)}[/] (id {job.id}) on its trainer node: "

@@ -81,7 +81,8 @@ class AlgorithmSpec(Strict):
     # ---- DAPO (arXiv 2503.14476) ----
     # soft overlong punishment added to each response's reward before advantages (off: None)
     overlong_buffer: OverlongBuffer | None = None
-    # drop groups whose rewards are all equal (zero advantage) from the update; the batch is not refilled
+    # drop groups whose rewards are all equal (zero advantage) from the update; dropped groups are not
+    # replaced (no refill like veRL's filter_groups.max_num_gen_batches): the step trains on fewer groups
     dynamic_sampling: bool = False
 
     @model_validator(mode="after")

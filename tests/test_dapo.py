@@ -172,6 +172,7 @@ def test_a_step_whose_groups_are_all_dropped_makes_no_update(streamed: bool) -> 
     assert _equal(before, _params(learner)) and str(learner.optimizer.state_dict()) == opt_before
     assert metrics["update_skipped"] == 1.0 and metrics["groups_dropped"] == 2.0
     assert metrics["loss"] == 0.0 and metrics["reward_mean"] == 0.5
+    assert (metrics["updates"], metrics["lr"]) == (0.0, learner.optimizer.param_groups[0]["lr"])
     assert learner.steps_done == 2
     learner.train_step(_samples(*TINY, n_groups=2))  # and the next step trains as usual
     assert not _equal(before, _params(learner))

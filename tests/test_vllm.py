@@ -153,3 +153,15 @@ def test_local_job_with_vllm_workers(assets, tmp_path) -> None:
     assert engines and all("-w" in e for e in engines), engines  # the spot worker generated all (vLLM)
     worker_logs = "".join(p.read_text() for p in (home / "jobs").glob("*/instances/*-w*/log"))
     assert "loaded version 0" in worker_logs and "vllm" in worker_logs.lower()
+
+
+def test_vllm_refuses_speculation_beside_the_seeded_sampler(assets) -> None:
+    """Why the vLLM engine decodes plain under rollout.speculative: vLLM will not run a speculative
+    proposer (here its `ngram`) together with a custom logits processor, and the seeded per-position
+    sampler that keeps vLLM's tokens identical to the torch engine's (and a migrated response's to
+    its uninterrupted run) is one. When a vLLM release lifts this, this test fails: enable it then."""
+    from rlboost.worker.engines.vllm_engine import VllmEngine
+
+    ngram = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3, "prompt_lookup_min": 1}
+    with pytest.raises(ValueError, match="not supported when speculative decoding is enabled"):
+        VllmEngine(assets[2], dtype="float32", max_batch=8, speculative_config=ngram)

@@ -417,13 +417,17 @@ class Learner:
         and the optimizer's state stay as they are (no division by zero, no Adam step on a zero
         gradient); the step still counts."""
         self.optimizer.zero_grad(set_to_none=True)
+        self._schedule_lr()  # the rate this step would have used: metrics.jsonl's lr column stays whole
         self.steps_done += 1
         metrics = {
             "loss": 0.0,
+            "pg_loss": 0.0,
             "reward_mean": acc.reward_sum / acc.samples,
             "adv_abs_mean": 0.0,
             "tokens": float(acc.tokens),
             "grad_norm": 0.0,
+            "lr": self._lr(),
+            "updates": 0.0,
             "clip_frac": 0.0,
         }
         return {**metrics, **self._dapo_metrics(acc, skipped=True)}

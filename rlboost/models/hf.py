@@ -4,6 +4,8 @@ Any local directory (config.json + *.safetensors + tokenizer files) or hub id th
 `AutoModelForCausalLM` loads. The learner loads the pretrained weights; engines build the same
 architecture from the config alone and receive every weight version from the trainer, so a spot
 worker needs only the config and tokenizer (the weights it pulls are the ones that are trained).
+With `model.lora` (rlboost/models/lora.py) the engine loads the pretrained weights too: versions carry
+only the adapters, merged into them.
 
 Weight names are the model's own `named_parameters()` names (checkpoint names, e.g.
 `model.layers.0.self_attn.q_proj.weight`; a tied `lm_head.weight` is left out), which is what

@@ -60,12 +60,19 @@ class TorchEngine:
         self.dtype, self.max_batch, self.device = _DTYPES[dtype], max_batch, torch.device(device)
         self.version: int | None = None
         self.hf = model_spec.kind == "hf"
+        self._adapters = None  # model.lora: the merger of each version's adapters into the base weights
         # Until the first load_weights the engine holds a fixed-seed random init (the global RNG
         # is left alone), so even that is reproducible.
         if self.hf:
             from rlboost.models import hf
 
-            self.model = hf.from_config(model_spec, self.dtype, self.device, seed=0)
+            if model_spec.lora is not None:  # versions carry only adapters: the base comes from model.path
+                from rlboost.models.lora import AdapterMerger
+
+                self.model = hf.from_pretrained(model_spec, self.dtype, self.device)
+                self._adapters = AdapterMerger(self.model, model_spec.lora.scale)
+            else:
+                self.model = hf.from_config(model_spec, self.dtype, self.device, seed=0)
             self.block_size = hf.max_model_len(model_spec, self.model.config)
             self.eos_id = eos_id if eos_id is not None else hf.eos_token_id(hf.load_tokenizer(model_spec))
         else:
@@ -133,7 +140,12 @@ class TorchEngine:
     def load_weights(self, version: int, tensors: Mapping[str, object]) -> None:
         """Copy a full set of weights into the existing module, casting to the compute dtype.
 
-        Everything is validated before anything is copied, so a bad set leaves the old weights."""
+        Everything is validated before anything is copied, so a bad set leaves the old weights. With
+        model.lora the set is a version's adapters, merged into the base weights (models/lora.py)."""
+        if self._adapters is not None:
+            self._adapters.load(tensors)
+            self.version = version
+            return
         missing, extra = self._params.keys() - tensors.keys(), tensors.keys() - self._params.keys()
         if missing or extra:
             raise ValueError(f"weight names do not match: missing {sorted(missing)}, unexpected {sorted(extra)}")

@@ -21,7 +21,8 @@ equals the whole-batch one up to float summation order.
 The loss terms are trainer.grpo's: the PPO-clipped policy term, a KL penalty against a reference
 model (a frozen copy of the weights GRPO started from, held only when algorithm.kl_coef > 0: one more
 copy of the weights in memory, sharded like the policy under FSDP, and one more forward per
-micro-batch) and an entropy bonus.
+micro-batch) and an entropy bonus. With model.lora (rlboost/models/lora.py) only the adapters train and
+publish, and the reference is the base: the policy with its adapters disabled, no copy.
 
 With algorithm.ppo_mini_batch_size or ppo_epochs (several optimizer updates per step, as veRL), a step
 is no longer one streamed update: add_groups computes each response's old log-probs (no grad, the
@@ -59,6 +60,7 @@ from torch import Tensor, nn
 from rlboost.contracts.engine import Engine, GenRequest
 from rlboost.contracts.sampling import request_id, request_seed
 from rlboost.contracts.spec import AlgorithmSpec, ModelSpec, TaskSpec
+from rlboost.models import lora
 from rlboost.models.tiny_gpt import TinyGPT, from_spec, left_pad
 from rlboost.trainer import learner_state
 from rlboost.trainer.grpo import (
@@ -128,6 +130,7 @@ class Learner:
         self.dist = dist
         self.rank, self.world = (dist.rank, dist.world_size) if dist else (0, 1)
         self.hf = model_spec.kind == "hf"
+        self.lora = model_spec.lora if self.hf else None  # adapters only train (rlboost/models/lora.py)
         if device is None:
             device = dist.device if dist else ("cuda" if self.hf and torch.cuda.is_available() else "cpu")
         self.device = torch.device(device)
@@ -138,6 +141,10 @@ class Learner:
             # published in model.dtype (what the engines run)
             self.publish_dtype = hf.TORCH_DTYPES[model_spec.dtype]
             self.model: nn.Module = hf.from_pretrained(model_spec, torch.float32, self.device)
+            if self.lora is not None:
+                with torch.random.fork_rng(devices=[]):  # the adapters' init, seeded
+                    torch.manual_seed(self.seed)
+                    self.model = lora.wrap(self.model, self.lora)
             self.model.train()
             limit = hf.max_model_len(model_spec, self.model.config)
             longest = getattr(self.task, "max_prompt_len", 0) + algo_spec.max_new_tokens
@@ -171,7 +178,7 @@ class Learner:
         # grad_clip default to the values fixed before they were knobs: (0.9, 0.99), 0 (no weight decay
         # on a tiny model), 1.0.
         self.optimizer = torch.optim.AdamW(
-            self.model.parameters(),
+            [p for p in self.model.parameters() if p.requires_grad],  # with LoRA: the adapters only
             lr=algo_spec.learning_rate,
             betas=tuple(algo_spec.betas),
             weight_decay=algo_spec.weight_decay,
@@ -241,6 +248,8 @@ class Learner:
                 for r, p in zip(ref.parameters(), self.model.parameters(), strict=True):
                     local_shard(r).copy_(local_shard(p))
             return ref
+        if self.lora is not None:  # the base: the policy with its adapters disabled, no copy
+            return lora.AdapterFree(self.model)
         ref = copy.deepcopy(self.model)
         ref.requires_grad_(False)
         return ref.eval()
@@ -609,7 +618,9 @@ class Learner:
         hf). Names are the model's parameter names (an hf model's checkpoint names, tied weights once).
         Under FSDP every rank must call this (it gathers the shards)."""
         params = dict(self.model.named_parameters())
-        if not self.hf:
+        if self.lora is not None:  # the adapters only: engines merge them into the base they hold
+            params = lora.adapter_tensors(self.model)
+        elif not self.hf:
             params = dict(self.model.state_dict())
         out = {}
         for k, v in params.items():
@@ -632,6 +643,9 @@ class Learner:
 
     def load_state_dict(self, tensors: Mapping[str, Tensor]) -> None:
         """Restore weights (e.g. from a checkpoint); optimizer state is not part of it."""
+        if self.lora is not None:
+            lora.load_adapters(self.model, tensors)
+            return
         if self.hf:
             own = dict(self.model.named_parameters())
             with torch.no_grad():

@@ -28,7 +28,8 @@ def checkpoint_state(learner: Any) -> dict:
     if learner.rank != 0:  # a ddp replica: rank 0's copy is the one saved
         return {}
     return {
-        "model": cpu_copy(learner.model),
+        # with LoRA the adapters (the base is the job's model.path, never changed)
+        "model": cpu_copy(learner.model) if learner.lora is None else _adapters(learner.model),
         # a copy: the save runs in the background while the next step trains in place
         "optimizer": copy.deepcopy(learner.optimizer.state_dict()),
         "steps_done": learner.steps_done,
@@ -37,6 +38,12 @@ def checkpoint_state(learner: Any) -> dict:
         # the KL reference is the weights at step 0, which a resumed run no longer has
         **({"reference": cpu_copy(learner.reference)} if learner.reference is not None else {}),
     }
+
+def _adapters(model: nn.Module) -> dict[str, Tensor]:
+    from rlboost.models.lora import trainable_state
+
+    return trainable_state(model)
+
 
 def _fsdp_checkpoint_state(learner: Any) -> dict:
     from torch.distributed.checkpoint.state_dict import (
@@ -63,7 +70,10 @@ def load_checkpoint_state(learner: Any, state: Mapping) -> None:
     if learner.fsdp:
         _fsdp_load_checkpoint_state(learner, state)
         return
-    learner.model.load_state_dict({k: v.to(learner.device) for k, v in state["model"].items()})
+    lora = learner.lora is not None
+    got = learner.model.load_state_dict({k: v.to(learner.device) for k, v in state["model"].items()}, strict=not lora)
+    if lora and got.unexpected_keys:
+        raise ValueError(f"the checkpoint's weights do not fit the LoRA model: {got.unexpected_keys[:4]}")
     learner.optimizer.load_state_dict(state["optimizer"])
     learner.steps_done = int(state["steps_done"])
     learner._demo_rng.bit_generator.state = state["demo_rng"]

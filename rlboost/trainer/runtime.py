@@ -222,6 +222,10 @@ class TrainerRuntime:
 
     async def publish(self, version: int) -> None:
         tensors = self.learner.state_dict()
+        if self.publisher.latest is None:  # once: what each version costs to move
+            size = sum(t.numel() * t.element_size() for t in tensors.values())
+            what = "LoRA adapters only, model.lora" if self.spec.model.lora is not None else "every weight"
+            print(f"weights: {size / 2**20:.3f} MiB a version ({len(tensors)} tensors: {what})", flush=True)
         # Blocks only for the copy to host memory; hashing and the delta finish in the background
         # (the manifest route waits for them).
         await asyncio.to_thread(self.publisher.stage, version, tensors)

@@ -16,7 +16,7 @@ from rlboost.contracts.spec.errors import SpecError, format_validation_error
 from rlboost.contracts.spec.job import JobSpec, env_name_problem
 from rlboost.contracts.spec.loading import apply_overrides, load_spec, load_yaml, parse_spec, spec_to_yaml
 from rlboost.contracts.spec.local import LocalSpec
-from rlboost.contracts.spec.model import ModelSpec
+from rlboost.contracts.spec.model import LoraSpec, ModelSpec
 from rlboost.contracts.spec.paths import resolve_paths
 from rlboost.contracts.spec.rollout import LengthSpec, RolloutSpec, SpeculativeSpec, SpotCandidate, SyntheticSpec
 from rlboost.contracts.spec.simulate import PerfSpec, SimulateSpec
@@ -34,6 +34,7 @@ __all__ = [
     "LengthSpec",
     "LocalSpec",
     "LoggingSpec",
+    "LoraSpec",
     "ModelSpec",
     "OverlongBuffer",
     "PerfSpec",

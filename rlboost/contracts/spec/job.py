@@ -141,6 +141,12 @@ class JobSpec(Strict):
                 f"rollout.engine is 'vllm' but model.kind is {m.kind!r}: vLLM runs Hugging Face models "
                 "(model: {kind: hf, path: ...}); use engine: torch for tiny-gpt"
             )
+        if m.lora is not None and self.rollout.engine == "vllm":
+            raise ValueError("model.lora with rollout.engine vllm: not yet (its engine would need the base weights "
+                             "and a merge per version); use engine: torch")
+        if m.lora is not None and self.trainer.strategy == "fsdp":
+            raise ValueError("model.lora with trainer.strategy fsdp: not supported (the adapters are small; "
+                             "use strategy: ddp)")
         if self.rollout.engine_dtype == "float64" and self.rollout.engine == "vllm":
             raise ValueError("rollout.engine_dtype float64 is a torch-engine option (vLLM: float32, bfloat16, float16)")
         if m.kind == "tiny-gpt" and need > m.block_size:

@@ -9,6 +9,31 @@ from pydantic import Field, model_validator
 from rlboost.contracts.spec.base import Strict, TokenRate
 
 
+class LoraSpec(Strict):
+    """LoRA adapters on an hf model (rlboost/models/lora.py, through peft): only the adapters train, and
+    only they are published; engines keep the base weights and merge W = W_base + alpha/rank * B @ A."""
+
+    rank: Annotated[int, Field(ge=1, le=4096)]
+    # None = 2 * rank (a common choice; peft's own default is 8 whatever the rank)
+    alpha: Annotated[float, Field(gt=0, le=1e6)] | None = None
+    dropout: Annotated[float, Field(ge=0, lt=1)] = 0.0
+    # module names (suffixes, as peft matches them: q_proj, v_proj, ...) or "all-linear" (every linear
+    # layer but the output head; veRL's default)
+    target_modules: list[str] | Literal["all-linear"] = "all-linear"
+
+    @model_validator(mode="after")
+    def _targets(self) -> LoraSpec:
+        t = self.target_modules
+        if isinstance(t, list) and (not t or not all(t)):
+            raise ValueError("target_modules: list module names such as [q_proj, v_proj], or write all-linear")
+        return self
+
+    @property
+    def scale(self) -> float:
+        """alpha / rank: the factor of B @ A in the merged weight."""
+        return (self.alpha if self.alpha is not None else 2.0 * self.rank) / self.rank
+
+
 class ModelSpec(Strict):
     """The policy model. `tiny-gpt` is defined in rlboost/models/tiny_gpt.py and trains on CPU. `synthetic` has
     no weights to speak of: the trainer takes `train_tokens_per_s` to "train" (drives the control
@@ -30,13 +55,15 @@ class ModelSpec(Strict):
     # engines' context length (prompt + response); None = the model config's, capped at 4096
     max_model_len: Annotated[int, Field(ge=16, le=1_048_576)] | None = None
     trust_remote_code: bool = False
+    # LoRA adapters instead of full fine-tuning (None: every weight trains)
+    lora: LoraSpec | None = None
 
     @model_validator(mode="after")
     def _heads_divide(self) -> ModelSpec:
         # "set" = differs from the default, so a model_dump() round trip (the worker's welcome) validates
         changed = {k for k, f in type(self).model_fields.items() if getattr(self, k) != f.default}
         tiny_fields = {"n_layer", "n_head", "n_embd", "block_size"} & changed
-        hf_fields = {"path", "dtype", "max_model_len", "trust_remote_code"} & changed
+        hf_fields = {"path", "dtype", "max_model_len", "trust_remote_code", "lora"} & changed
         if self.kind == "hf":
             if not self.path:
                 raise ValueError("kind: hf needs path (a local model directory or a hub id, e.g. Qwen/Qwen2.5-0.5B)")

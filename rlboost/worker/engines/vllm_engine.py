@@ -119,6 +119,8 @@ class VllmEngine:
             raise ValueError("the vllm engine runs Hugging Face models (model: {kind: hf, path: ...})")
         if dtype not in ("float32", "bfloat16", "float16"):
             raise ValueError(f"vllm engine dtype must be float32, bfloat16 or float16, got {dtype!r}")
+        if model_spec.lora is not None:  # the job file refuses it too (rlboost/contracts/spec/job.py)
+            raise ValueError("model.lora with engine vllm: not yet; use engine torch")
         if speculative is not None and speculative.method != "none":
             log.warning("rollout.speculative.method %s: the vllm engine decodes plain", speculative.method)
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")

@@ -93,6 +93,16 @@ def test_a_local_parquet_task_needs_the_data_extra(tmp_path, without):
     assert missing_extras(spec) == [f"{field} needs pyarrow, which is not installed here; {fix}"]
 
 
+def test_a_local_lora_job_needs_peft_and_an_hf_job_without_lora_does_not(without):
+    job = yaml.safe_load(LOCAL.read_text())
+    job["model"], job["task"] = {**HF, "lora": {"rank": 4}}, {"name": "jsonl", "path": "train.jsonl"}
+    without("peft")
+    fix = "install it with pip install 'rlboost[hf]'"
+    assert missing_extras(parse_spec(job, source="t")) == [f"model.lora needs peft, which is not installed here; {fix}"]
+    job["model"] = HF
+    assert missing_extras(parse_spec(job, source="t")) == []
+
+
 def test_with_everything_installed_the_local_dryrun_goes_on(home, without):
     without()
     out = cli("launch", str(LOCAL), "--dryrun", home=home)

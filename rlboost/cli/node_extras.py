@@ -78,9 +78,12 @@ def missing_extras(spec: JobSpec) -> list[str]:
     """One line per module the job needs here that is not installed, with the pip command that installs it."""
     from rlboost.providers import installed
 
+    here = extras_here(spec)
+    needed = [(field, extra, module) for field, extra in here for module in EXTRA_MODULES[extra]]
+    if spec.model.lora is not None and any(extra == "hf" for _, extra in here):
+        needed.append(("model.lora", "hf", "peft"))  # in the hf extra, but only LoRA jobs import it
     return [
         f"{field} needs {module}, which is not installed here; install it with pip install 'rlboost[{extra}]'"
-        for field, extra in extras_here(spec)
-        for module in EXTRA_MODULES[extra]
+        for field, extra, module in needed
         if not installed(module)
     ]

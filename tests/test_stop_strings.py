@@ -1,0 +1,175 @@
+"""algorithm.stop (contracts/stop.py): the spec's validation, the rule on decoded text, the rollout book
+ending a response at a stop string whichever engines made its tokens, and a live step with workers.
+Each engine's agreement (torch on tiny-gpt and on a Hugging Face model, vLLM in CI's vllm tier) is in
+tests/test_engine_contract.py (test_stop_strings_end_responses_at_the_same_token_in_process_and_migrated)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+from pydantic import ValidationError
+
+from rlboost.contracts.spec import AlgorithmSpec
+from rlboost.contracts.stop import MAX_STOP_CHARS, MAX_STOP_STRINGS, StopCollector, StopStrings
+from rlboost.models.vocab import EOS, decode, encode
+from rlboost.rollout.book import Response, RolloutBook
+
+
+def text_of(ids: list[int]) -> str:
+    """tiny-gpt's response text (the tiny tasks' decode_response: a final EOS is not text)."""
+    return decode(ids[:-1] if ids and ids[-1] == EOS else ids)
+
+
+@pytest.mark.parametrize(
+    ("value", "fix"),
+    [
+        ([""], "non-empty"),
+        (["x" * (MAX_STOP_CHARS + 1)], f"at most {MAX_STOP_CHARS} characters"),
+        (["a"] * (MAX_STOP_STRINGS + 1), f"at most {MAX_STOP_STRINGS} stop strings"),
+        ([3], "non-empty strings"),
+        ({"a": 1}, "a list of strings"),
+    ],
+)
+def test_spec_rejects_bad_stop_lists_naming_the_field(value: object, fix: str) -> None:
+    with pytest.raises(ValidationError) as e:
+        AlgorithmSpec(stop=value)
+    assert "algorithm.stop" in str(e.value) and fix in str(e.value)
+
+
+def test_spec_takes_a_list_or_one_string_and_defaults_to_none() -> None:
+    assert AlgorithmSpec().stop == []
+    assert AlgorithmSpec(stop=["</answer>", "\n\n"]).stop == ["</answer>", "\n\n"]
+    assert AlgorithmSpec(stop="</answer>").stop == ["</answer>"]
+
+
+def test_the_rule_ends_at_the_token_completing_the_first_stop_string() -> None:
+    rule = StopStrings(["cd", "x"], text_of)
+    ids = encode("abcdexcd")
+    assert rule.end(ids) == 4  # "abcd": the token that completes "cd" is kept
+    assert rule.cut(ids) == encode("abcd")
+    assert rule.end(encode("abx")) == 3 and rule.end(encode("abab")) is None
+    assert rule.end(encode("ababxy"), checked=4) == 5  # only what follows the checked tokens is new
+    assert rule.cut([*encode("ab"), EOS]) == [*encode("ab"), EOS]
+    with pytest.raises(ValueError, match=r"algorithm\.stop"):
+        StopStrings([""], text_of)
+
+
+def _book(stops: list[str]) -> tuple[RolloutBook, Response]:
+    book = RolloutBook(EOS, page=4, stop=StopStrings(stops, text_of))
+    r = Response("s0-p0-g0", 0, 1, [1, 5, 3], 20, seed=7)
+    book.add([r])
+    return book, r
+
+
+def test_book_ends_a_response_mid_chunk_and_drops_what_follows() -> None:
+    book, r = _book(["cd"])
+    book.take("e0", 1, 1)
+    ids = encode("abcdef")
+    book.accept_columns(
+        "e0", 1, np.array([r.handle]), np.array([0]), np.array([len(ids)]), np.array(ids), np.zeros(len(ids))
+    )
+    assert r.tokens == encode("abcd") and r.finish == "stop" and r.engine is None
+    assert book.take_stopped() == [("e0", r.rid)] and book.take_stopped() == []
+    assert book.drain_completed() == [r] and book.outstanding(0) == 0
+    # late tokens and the engine's own end for it change nothing
+    assert book.accept("e0", r.rid, 6, encode("g"), [0.0], 1) == 0
+    assert not book.finish("e0", r.rid, "aborted", 6)
+    assert r.tokens == encode("abcd") and [x.rid for x in book.collect(0)] == [r.rid]
+
+
+def test_book_finds_a_stop_string_split_between_two_engines() -> None:
+    """A response migrated between "c" and "d" ends at "d", as if it had never moved."""
+    book, r = _book(["cd"])
+    book.take("e0", 1, 1)
+    book.accept("e0", r.rid, 0, encode("abc"), [0.0] * 3, 1)
+    assert not r.done
+    assert book.release("e0") == [r.rid]
+    book.take("e1", 1, 1)
+    book.accept("e1", r.rid, 3, encode("dxy"), [0.0] * 3, 1)
+    assert r.tokens == encode("abcd") and r.finish == "stop" and r.migrated
+    assert book.take_stopped() == [("e1", r.rid)]
+
+
+def test_a_stop_string_at_eos_is_an_eos_end_and_no_stop_leaves_eos_and_length() -> None:
+    book, r = _book(["zz"])
+    book.take("e0", 1, 1)
+    book.accept("e0", r.rid, 0, [*encode("ab"), EOS], [0.0] * 3, 1)
+    assert not r.done and book.finish("e0", r.rid, "eos", 3) and r.finish == "eos"
+    assert book.take_stopped() == []
+
+
+def test_collector_aborts_at_the_stop_and_keeps_later_tokens_out() -> None:
+    got = StopCollector(["a", "b"], StopStrings(["cd"], text_of))
+    got.on_tokens("a", 0, encode("abc"), [0.0] * 3)
+    got.on_tokens("a", 3, encode("de"), [0.0] * 2)
+    got.on_tokens("a", 5, encode("f"), [0.0])  # the engine had not seen the abort yet
+    got.on_tokens("b", 0, encode("xy"), [0.0] * 2)
+    assert got.tokens == {"a": encode("abcd"), "b": encode("xy")}
+    assert got.should_abort("a") and not got.should_abort("b")
+
+
+@pytest.mark.integration
+def test_a_live_step_ends_responses_at_stop_strings(tmp_path) -> None:
+    """Coordinator + two WorkerAgents with synthetic engines: each response is the synthetic engine's
+    response ended by the rule, and the engines are told to abort those a stop string ended."""
+    torch = pytest.importorskip("torch")
+    from rlboost.contracts.lengths import LengthModel
+    from rlboost.contracts.sampling import request_seed
+    from rlboost.rollout.live import CoordinatorConfig, LiveCoordinator, RolloutRequest
+    from rlboost.trainer.server import build_app
+    from rlboost.weights.publisher import WeightPublisher
+    from rlboost.worker.agent import WorkerAgent, WorkerConfig
+    from rlboost.worker.engines.synthetic import token_at
+
+    rule = StopStrings(["7", "k"], text_of)
+    lengths = {"median": 24, "sigma": 0.3, "prompt_sigma": 0.2}
+
+    async def main():
+        from aiohttp import web
+
+        cfg = CoordinatorConfig(
+            job_seed=1, temperature=1.0, chunk_tokens=4, heartbeat_s=0.5, heartbeat_timeout_s=10,
+            weights_url="", model={"kind": "synthetic", "synthetic": {"perf": {}, "lengths": lengths}},
+            engine_dtype="float32", engine_batch=8, eos_id=EOS, max_new_tokens=64, stop=rule,
+        )
+        coord = LiveCoordinator(cfg)
+        pub = WeightPublisher()
+        runner = web.AppRunner(build_app("tok", coord, pub, lambda *_: {}), handle_signals=False)
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", 0).start()
+        url = f"http://127.0.0.1:{runner.addresses[0][1]}"
+        coord.cfg.weights_url = url
+        coord.start()
+        stage = getattr(pub, "stage", None) or pub.publish
+        await asyncio.to_thread(stage, 0, {"w": torch.zeros(4)})
+        await coord.publish(0)
+        agents = [
+            WorkerAgent(WorkerConfig(url, "tok", f"w{i}", engine="synthetic", accelerator="cpu")) for i in (0, 1)
+        ]
+        runs = [asyncio.create_task(a.run()) for a in agents]
+        reqs = [
+            RolloutRequest(f"s0-p{i}-g{g}", [1, 4 + i, 5, 3], 64, group=f"p{i}") for i in range(4) for g in range(4)
+        ]
+        done = await asyncio.wait_for(coord.run_step(0, 0, reqs), timeout=60)
+        await coord.close()
+        await asyncio.wait_for(asyncio.gather(*runs, return_exceptions=True), timeout=20)
+        await runner.cleanup()
+        return coord, done
+
+    coord, done = asyncio.run(main())
+    lm = LengthModel(**lengths)
+    stopped = 0
+    assert len(done) == 16
+    for r in done:
+        seed = request_seed(1, r.rid)
+        n = min(lm.length(r.prompt, seed), 64)
+        full = [token_at(seed, p) for p in range(n)]
+        if lm.length(r.prompt, seed) <= 64:
+            full[-1] = EOS
+        assert r.tokens == rule.cut(full)
+        if r.finish == "stop":
+            stopped += 1
+            assert len(r.tokens) < len(full) and text_of(r.tokens)[-1] in "7k"
+    assert stopped >= 3 and coord.rejected_frames == 0

@@ -110,29 +110,22 @@ def test_collector_aborts_at_the_stop_and_keeps_later_tokens_out() -> None:
     assert got.should_abort("a") and not got.should_abort("b")
 
 
-@pytest.mark.integration
-def test_a_live_step_ends_responses_at_stop_strings(tmp_path) -> None:
-    """Coordinator + two WorkerAgents with synthetic engines: each response is the synthetic engine's
-    response ended by the rule, and the engines are told to abort those a stop string ended."""
+def _live_step(lengths: dict, rule: StopStrings, kill_busy: bool):
+    """Coordinator + two WorkerAgents with synthetic engines run one step of 16 responses (kill_busy:
+    the first worker is killed once it holds 4 partial responses); (coordinator, responses)."""
     torch = pytest.importorskip("torch")
-    from rlboost.contracts.lengths import LengthModel
-    from rlboost.contracts.sampling import request_seed
+    from aiohttp import web
+
     from rlboost.rollout.live import CoordinatorConfig, LiveCoordinator, RolloutRequest
     from rlboost.trainer.server import build_app
     from rlboost.weights.publisher import WeightPublisher
     from rlboost.worker.agent import WorkerAgent, WorkerConfig
-    from rlboost.worker.engines.synthetic import token_at
-
-    rule = StopStrings(["7", "k"], text_of)
-    lengths = {"median": 24, "sigma": 0.3, "prompt_sigma": 0.2}
 
     async def main():
-        from aiohttp import web
-
         cfg = CoordinatorConfig(
             job_seed=1, temperature=1.0, chunk_tokens=4, heartbeat_s=0.5, heartbeat_timeout_s=10,
             weights_url="", model={"kind": "synthetic", "synthetic": {"perf": {}, "lengths": lengths}},
-            engine_dtype="float32", engine_batch=8, eos_id=EOS, max_new_tokens=64, stop=rule,
+            engine_dtype="float32", engine_batch=8, eos_id=EOS, max_new_tokens=BUDGET, stop=rule,
         )
         coord = LiveCoordinator(cfg)
         pub = WeightPublisher()
@@ -150,26 +143,68 @@ def test_a_live_step_ends_responses_at_stop_strings(tmp_path) -> None:
         ]
         runs = [asyncio.create_task(a.run()) for a in agents]
         reqs = [
-            RolloutRequest(f"s0-p{i}-g{g}", [1, 4 + i, 5, 3], 64, group=f"p{i}") for i in range(4) for g in range(4)
+            RolloutRequest(f"s0-p{i}-g{g}", [1, 4 + i, 5, 3], BUDGET, group=f"p{i}") for i in range(4) for g in range(4)
         ]
-        done = await asyncio.wait_for(coord.run_step(0, 0, reqs), timeout=60)
+        step = asyncio.create_task(coord.run_step(0, 0, reqs))
+        if kill_busy:  # wait on state: the first worker holds partial responses, then it dies
+            while not any(w["worker_id"] == "w0" and w["partial"] >= 4 for w in coord.workers_snapshot()):
+                assert not step.done(), "the step ended before the worker could be killed"
+                await asyncio.sleep(0.001)
+            runs[0].cancel()
+        done = await asyncio.wait_for(step, timeout=60)
         await coord.close()
         await asyncio.wait_for(asyncio.gather(*runs, return_exceptions=True), timeout=20)
         await runner.cleanup()
         return coord, done
 
-    coord, done = asyncio.run(main())
-    lm = LengthModel(**lengths)
+    return asyncio.run(main())
+
+
+BUDGET = 64
+
+
+def _synthetic_response(lengths: dict, r: Response) -> list[int]:
+    """The synthetic engine's whole response to r (no stop strings): what every engine generates."""
+    from rlboost.contracts.lengths import LengthModel
+    from rlboost.contracts.sampling import request_seed
+    from rlboost.worker.engines.synthetic import token_at
+
+    seed = request_seed(1, r.rid)
+    full_len = LengthModel(**lengths).length(r.prompt, seed)
+    full = [token_at(seed, p) for p in range(min(full_len, BUDGET))]
+    if full_len <= BUDGET:
+        full[-1] = EOS
+    return full
+
+
+@pytest.mark.integration
+def test_a_live_step_ends_responses_at_stop_strings() -> None:
+    """Each response is the synthetic engine's response ended by the rule, and the engines are told to
+    abort those a stop string ended (the step completes with every frame accepted)."""
+    lengths = {"median": 24, "sigma": 0.3, "prompt_sigma": 0.2}
+    rule = StopStrings(["7", "k"], text_of)
+    coord, done = _live_step(lengths, rule, kill_busy=False)
+    assert len(done) == 16 and coord.rejected_frames == 0
     stopped = 0
-    assert len(done) == 16
     for r in done:
-        seed = request_seed(1, r.rid)
-        n = min(lm.length(r.prompt, seed), 64)
-        full = [token_at(seed, p) for p in range(n)]
-        if lm.length(r.prompt, seed) <= 64:
-            full[-1] = EOS
+        full = _synthetic_response(lengths, r)
         assert r.tokens == rule.cut(full)
         if r.finish == "stop":
             stopped += 1
             assert len(r.tokens) < len(full) and text_of(r.tokens)[-1] in "7k"
-    assert stopped >= 3 and coord.rejected_frames == 0
+    assert stopped >= 3
+
+
+@pytest.mark.integration
+def test_responses_of_a_killed_worker_stop_where_they_would_have() -> None:
+    """A worker dies mid-step: its partial responses continue on the other one and still end at the
+    rule's token, as the responses that never moved do."""
+    lengths = {"median": 48, "sigma": 0.2, "prompt_sigma": 0.1}
+    rule = StopStrings(["k"], text_of)
+    coord, done = _live_step(lengths, rule, kill_busy=True)
+    assert len(done) == 16
+    for r in done:
+        assert r.tokens == rule.cut(_synthetic_response(lengths, r))
+    moved = [r for r in done if r.migrated]
+    assert moved and coord.book.migrations >= 1
+    assert any(r.finish == "stop" for r in moved), "no migrated response reached a stop string"

@@ -208,3 +208,36 @@ def test_responses_of_a_killed_worker_stop_where_they_would_have() -> None:
     moved = [r for r in done if r.migrated]
     assert moved and coord.book.migrations >= 1
     assert any(r.finish == "stop" for r in moved), "no migrated response reached a stop string"
+
+
+def _rule_on_whole_prefixes(rule: StopStrings, tokens: list[int]) -> int | None:
+    """The rule as written: the first n whose whole text tokens[:n] holds a stop string."""
+    return next((n for n in range(1, len(tokens) + 1) if any(s in rule.decode(tokens[:n]) for s in rule.stops)), None)
+
+
+@pytest.mark.parametrize("chunk", [1, 3, 16])
+def test_incremental_windows_find_the_whole_text_rule_on_a_byte_level_tokenizer(chunk: int) -> None:
+    """Random responses of a byte-level BPE tokenizer (multi-byte characters split over tokens): checked
+    chunk by chunk, as the book does (a window of `lookback` tokens before the new ones), a response ends
+    where the rule on whole prefixes ends it, whatever the chunks."""
+    pytest.importorskip("transformers")
+    from testkit.hf_fixtures import make_tokenizer
+
+    tok = make_tokenizer()
+    rng = np.random.default_rng(chunk)
+    words = ["</answer>", "é", "Привет", "日本語", " the", "\n\n", "ab", "🙂"]
+    found = 0
+    for trial in range(40):
+        text = "".join(rng.choice(words, size=30))
+        ids = tok.encode(text, add_special_tokens=False)
+        stop = ["</answer>", "\n\n", "日本", "é P", "🙂🙂"][trial % 5]
+        rule = StopStrings([stop], lambda x: tok.decode(x, skip_special_tokens=True))
+        want = _rule_on_whole_prefixes(rule, ids)
+        got, checked = None, 0
+        while got is None and checked < len(ids):
+            nxt = min(len(ids), checked + chunk)
+            got = rule.end(ids[:nxt], checked)
+            checked = nxt
+        assert got == want, (text, stop)
+        found += want is not None
+    assert found >= 10

@@ -9,11 +9,16 @@ rule is one pure function of the token list: a response ends at the first token 
 as vLLM's `token_ids` do (veRL trains on them; only vLLM's `text` drops the stop string). An engine
 may generate past the stop before its abort arrives: those tokens are dropped. Since the rule reads
 nothing but the tokens, every engine, the seeded sampler and a migrated response end at the same token.
+
+Cost: each new chunk of a response decodes a window (the new tokens and `lookback` before them), not
+the whole response; the exact token is found on whole prefixes once, when the window holds a stop string.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+
+import numpy as np
 
 MAX_STOP_STRINGS = 16
 MAX_STOP_CHARS = 200
@@ -42,20 +47,25 @@ class StopStrings:
             raise ValueError("algorithm.stop: no stop strings (leave the checker out instead)")
         self.stops = tuple(stops)
         self.decode = decode
+        # tokens before the new ones that a stop string ending in the new text can reach back into:
+        # each token is at least a byte of text, a character at most 4 (+ a few: a window's first
+        # token may decode differently from its place in the whole, e.g. SentencePiece's leading space)
+        self.lookback = 4 * max(len(x) for x in self.stops) + 4
 
-    def _hit(self, tokens: Sequence[int]) -> bool:
-        text = self.decode(list(tokens))
+    def _hit(self, tokens: Sequence[int] | np.ndarray) -> bool:
+        text = self.decode(tokens.tolist() if isinstance(tokens, np.ndarray) else list(tokens))
         return any(s in text for s in self.stops)
 
-    def end(self, tokens: Sequence[int], checked: int = 0) -> int | None:
+    def end(self, tokens: Sequence[int] | np.ndarray, checked: int = 0) -> int | None:
         """The length `tokens` end at: the first n > checked whose text tokens[:n] holds a stop string;
         None if none does. tokens[:checked] holds none (the caller checked it before)."""
-        if len(tokens) <= checked or not self._hit(tokens):
-            return None  # one decode: the common case, nothing new ends the response
-        for n in range(checked + 1, len(tokens) + 1):
-            if self._hit(tokens[:n]):
-                return n
-        return len(tokens)  # (a decoder whose text of a prefix is no prefix of the whole: end here)
+        n = len(tokens)
+        if n <= checked or not self._hit(tokens[max(0, checked - self.lookback) :]):
+            return None  # the common case: nothing new ends the response (one short decode)
+        for k in range(checked + 1, n + 1):  # the exact token, on the whole text (once per response)
+            if self._hit(tokens[:k]):
+                return k
+        return None  # (the window's text had one its start made up, e.g. a split UTF-8 character)
 
     def cut(self, tokens: Sequence[int]) -> list[int]:
         """tokens ended at the rule's token (all of them when no stop string occurs)."""

@@ -468,7 +468,7 @@ class RolloutBook:
                 continue
             r = self._resp[s]
             assert r is not None
-            toks = self.tokens_of(r)[0]
+            toks = self._ids_of(s)
             end = self.stop.end(toks, checked)
             self._stop_checked[h] = n if end is None else end
             if end is None:
@@ -520,16 +520,22 @@ class RolloutBook:
         r = self._resp[int(slot)]
         return r.rid if r is not None else "?"
 
+    def _pool_index(self, s: int) -> np.ndarray:
+        """Where the tokens of the response in slot s are in the pool, in order."""
+        n, P = int(self._len[s]), self._page
+        pages = self._pt[s, : -(-n // P)]
+        return (pages[:, None] * P + np.arange(P)).ravel()[:n]
+
+    def _ids_of(self, s: int) -> np.ndarray:
+        return self._pool_ids[self._pool_index(s)]
+
     def tokens_of(self, r: Response) -> tuple[list[int], list[float]]:
         s = self._slot(r)
         if self._hnd[s] != r.handle:
             return r._tok, r._lp
-        n = int(self._len[s])
-        if n == 0:
+        if self._len[s] == 0:
             return [], []
-        P = self._page
-        pages = self._pt[s, : -(-n // P)]
-        idx = (pages[:, None] * P + np.arange(P)).ravel()[:n]
+        idx = self._pool_index(s)
         return self._pool_ids[idx].tolist(), self._pool_lps[idx].tolist()
 
     def length_of(self, r: Response) -> int:

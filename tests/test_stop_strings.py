@@ -241,3 +241,26 @@ def test_incremental_windows_find_the_whole_text_rule_on_a_byte_level_tokenizer(
         assert got == want, (text, stop)
         found += want is not None
     assert found >= 10
+
+
+def test_the_simulators_calibration_measures_lengths_ended_at_stop_strings(monkeypatch) -> None:
+    """`rlboost simulate`'s local calibration generates the first step's responses as the job does: with
+    algorithm.stop each is the same response ended at the rule's token, never longer."""
+    pytest.importorskip("torch")
+    import rlboost.simulator.local_calibration as lc
+    from rlboost.contracts.spec import JobSpec
+    from rlboost.trainer.learner import Learner
+    from rlboost.trainer.tasks import make_task
+
+    monkeypatch.setattr(lc, "LENGTH_SAMPLES", 64)
+    got = {}
+    for stop in ([], ["a"]):
+        spec = JobSpec.model_validate({
+            "name": "stops", "rollout": {"max_workers": 0}, "task": {"name": "reverse"},
+            "algorithm": {"prompts_per_step": 8, "group_size": 8, "max_new_tokens": 12, "warm_start_steps": 20,
+                          "stop": stop},
+        })
+        learner = Learner(spec.model, spec.algorithm, spec.task, seed=0)
+        got[bool(stop)] = lc.first_step_lengths(spec, make_task(spec.task, spec.model), learner)
+    assert all(s <= n for s, n in zip(got[True], got[False], strict=True))
+    assert sum(got[True]) < sum(got[False])

@@ -29,6 +29,7 @@ class Kit:
     prompts: list[list[int]]
     eos: int
     atol: float  # log-prob tolerance across engines / batch shapes
+    decode: Callable[[list[int]], str]  # the task's response text (Task.decode_response): stop strings
     engines: list[Engine] = field(default_factory=list)
 
     def engine(self, i: int, weights: str, version: int = 1) -> Engine:
@@ -43,6 +44,7 @@ class Kit:
 def _tiny_gpt_kit() -> Kit:
     from rlboost.models.torch_engine import TorchEngine
     from rlboost.trainer.learner import Learner
+    from rlboost.trainer.tasks import make_task
 
     spec = ModelSpec()
     stops = Learner(spec, AlgorithmSpec(), TaskSpec(), seed=0)
@@ -56,11 +58,12 @@ def _tiny_gpt_kit() -> Kit:
         prompts,
         eos=2,
         atol=1e-9,
+        decode=make_task(TaskSpec()).decode_response,
     )
 
 
 @pytest.fixture(scope="module")
-def hf_assets(tmp_path_factory) -> tuple[ModelSpec, dict[str, dict], list[list[int]], int]:
+def hf_assets(tmp_path_factory) -> tuple[ModelSpec, dict[str, dict], list[list[int]], int, Callable]:
     """A tiny random Qwen2 + tokenizer, a math dataset, and two weight sets for it."""
     pytest.importorskip("transformers")
     from safetensors.torch import load_file
@@ -78,7 +81,7 @@ def hf_assets(tmp_path_factory) -> tuple[ModelSpec, dict[str, dict], list[list[i
         "stops": warm_started_weights(model_dir, data, steps=6),
         "long": load_file(model_dir / "model.safetensors"),
     }
-    return spec, weights, prompts, task.eos_id
+    return spec, weights, prompts, task.eos_id, task.decode_response
 
 
 KINDS = ["torch", "torch-hf", pytest.param("vllm", marks=pytest.mark.vllm)]
@@ -89,16 +92,18 @@ def kit(request) -> Iterator[Kit]:
     if request.param == "torch":
         yield _tiny_gpt_kit()
         return
-    spec, weights, prompts, eos = request.getfixturevalue("hf_assets")
+    spec, weights, prompts, eos, decode = request.getfixturevalue("hf_assets")
     if request.param == "torch-hf":
         from rlboost.models.torch_engine import TorchEngine
 
-        yield Kit("torch", lambda: TorchEngine(spec, dtype="float32"), weights, prompts, eos, atol=1e-4)
+        yield Kit("torch", lambda: TorchEngine(spec, dtype="float32"), weights, prompts, eos, atol=1e-4, decode=decode)
         return
     pytest.importorskip("vllm")
     from rlboost.worker.engines.vllm_engine import VllmEngine
 
-    yield Kit("vllm", lambda: VllmEngine(spec, dtype="float32", max_batch=32), weights, prompts, eos, atol=1e-4)
+    yield Kit(
+        "vllm", lambda: VllmEngine(spec, dtype="float32", max_batch=32), weights, prompts, eos, 1e-4, decode
+    )
 
 
 class Recorder:
@@ -205,6 +210,70 @@ def test_continuation_with_top_k_top_p_equals_the_uninterrupted_response(kit: Ki
             tail, tail_reasons = run(kit.engine(1, "long"), [cont], **truncation)
             assert tokens[:k] + tail.ids[r.rid] == tokens and tail_reasons[r.rid] == reasons[r.rid]
             np.testing.assert_allclose(tail.lps[r.rid], full.lps[r.rid][k:], rtol=0, atol=kit.atol)
+
+
+def _stop_in(decode: Callable[[list[int]], str], tokens: list[int]) -> tuple[str, int] | None:
+    """A stop string the response's text holds, ending after its second token at the earliest, and where
+    the rule ends the response at (it keeps that token)."""
+    from rlboost.contracts.stop import StopStrings
+
+    for m in range(2, len(tokens)):
+        text = decode(tokens[:m]).strip()
+        if len(text) >= 2:
+            stop = text[-2:]
+            end = StopStrings([stop], decode).end(tokens)
+            if end is not None and end >= 2:
+                return stop, end
+    return None
+
+
+def _ends_at_the_stop(kit: Kit, r: GenRequest, stop: str, want: list[int]) -> None:
+    """r with `stop` ends with `want` in process and migrated one token before the stop completes."""
+    from rlboost.contracts.stop import StopCollector, StopStrings
+    from rlboost.rollout.book import Response, RolloutBook
+
+    rule = StopStrings([stop], kit.decode)
+    got = StopCollector([r.rid], rule)
+    kit.engine(0, "long").generate([r], got.on_tokens, got.should_abort, 1.0)
+    assert got.tokens[r.rid] == want
+    # migrated: engine e0 makes len(want) - 1 tokens, e1 continues from them through the book
+    cut = len(want) - 1
+    book = RolloutBook(kit.eos, stop=rule)
+    resp = Response(r.rid, 0, 1, r.prompt, BUDGET, r.seed)
+    book.add([resp])
+    book.take("e0", 1, 1)
+    first = Recorder([r])
+    kit.engine(0, "long").generate([r], first, lambda rid: len(first.ids[rid]) >= cut, 1.0)
+    book.accept("e0", r.rid, 0, first.ids[r.rid][:cut], first.lps[r.rid][:cut], 1)
+    assert not resp.done
+    book.release("e0")
+    book.take("e1", 1, 1)
+    cont = req(r.rid, r.prompt, BUDGET - cut, r.seed, resp.tokens)
+
+    def into_book(rid: str, offset: int, ids: list[int], lps: list[float]) -> None:
+        book.accept("e1", rid, offset, ids, lps, 1)
+
+    kit.engine(1, "long").generate([cont], into_book, lambda rid: resp.done, 1.0)
+    assert resp.tokens == want and resp.migrated
+    assert resp.finish == ("eos" if want[-1] == kit.eos else "stop")
+    assert book.take_stopped() == [("e1", r.rid)] and book.drain_completed() == [resp]
+
+
+def test_stop_strings_end_responses_at_the_same_token_in_process_and_migrated(kit: Kit) -> None:
+    """algorithm.stop: every engine's response ends at the rule's token (contracts/stop.py) — in process
+    (the collector aborts the engine as soon as a stop string shows), and through the rollout book
+    when the response migrates one token before the stop string completes (a stop string of several
+    tokens then straddles two engines' parts)."""
+    requests = [req(f"r{i}", p, BUDGET, seed=500 + i) for i, p in enumerate(kit.prompts)]
+    full, _ = run(kit.engine(0, "long"), requests)
+    checked = 0
+    for r in requests:
+        found = _stop_in(kit.decode, full.ids[r.rid])
+        if found is not None:
+            stop, end = found
+            _ends_at_the_stop(kit, r, stop, full.ids[r.rid][:end])
+            checked += 1
+    assert checked >= 2, "too few responses with a stop string to test"
 
 
 def test_batch_neighbours_do_not_change_a_response(kit: Kit) -> None:

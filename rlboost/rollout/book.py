@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from rlboost.contracts.stop import StopStrings
+
 
 @dataclass(eq=False)
 class Response:
@@ -34,7 +36,7 @@ class Response:
     max_new_tokens: int
     seed: int
     engine: str | None = None
-    finish: str | None = None  # "eos" | "length" once complete
+    finish: str | None = None  # "eos" | "length" | "stop" (algorithm.stop) once complete
     engines: list[str] = field(default_factory=list)  # every engine that generated part of it
     dispatches: int = 0
     handle: int = -1  # set by RolloutBook.add
@@ -88,8 +90,13 @@ _I64 = np.int64
 
 
 class RolloutBook:
-    def __init__(self, eos_id: int, page: int = 64) -> None:
+    def __init__(self, eos_id: int, page: int = 64, stop: StopStrings | None = None) -> None:
         self.eos_id = eos_id
+        # algorithm.stop: checked here, on each response's whole token list (contracts/stop.py), so a
+        # stop string split between two engines' parts of a migrated response is found all the same
+        self.stop = stop
+        self._stop_checked: dict[int, int] = {}  # handle -> tokens checked for stop strings so far
+        self.stopped: list[tuple[str, str]] = []  # (engine, rid) ended by a stop string: abort it there
         self.responses: dict[str, Response] = {}
         self.queue: deque[str] = deque()
         self.by_engine: dict[str, set[str]] = {}
@@ -227,6 +234,7 @@ class RolloutBook:
             self._free[self._nfree : self._nfree + used.size] = used
             self._nfree += used.size
         self._pt[s] = -1
+        self._stop_checked.pop(int(self._hnd[s]), None)
         self._hnd[s], self._owner[s], self._len[s] = -1, -1, 0
         self._resp[s] = None
 
@@ -328,6 +336,12 @@ class RolloutBook:
         """Append a frame of token chunks (columns, see rlboost/contracts/token_frames.py); returns new tokens.
 
         All-or-nothing: a violation anywhere raises before anything is stored."""
+        n = self._accept_columns(engine, version, handles, offsets, counts, ids, lps)
+        if n and self.stop is not None:
+            self._check_stops(engine, handles)
+        return n
+
+    def _accept_columns(self, engine, version, handles, offsets, counts, ids, lps) -> int:
         e = self._eidx.get(engine)
         k = handles.shape[0]
         if e is None or k == 0:
@@ -440,6 +454,37 @@ class RolloutBook:
             self._last[s] = last[s]
         return len(t_idx)
 
+    def _check_stops(self, engine: str, handles: np.ndarray) -> None:
+        """End the responses of this frame whose text now holds a stop string (at that token: the rest
+        of what arrived is dropped) and complete them; their engine is to abort them (`stopped`)."""
+        assert self.stop is not None
+        e = self._eidx[engine]
+        for h in np.unique(handles.astype(_I64, copy=False)).tolist():
+            s = h & (self._cap - 1)
+            if h < 0 or self._hnd[s] != h or self._owner[s] != e:
+                continue
+            n, checked = int(self._len[s]), self._stop_checked.get(h, 0)
+            if n <= checked:
+                continue
+            r = self._resp[s]
+            assert r is not None
+            toks = self._ids_of(s)
+            end = self.stop.end(toks, checked)
+            self._stop_checked[h] = n if end is None else end
+            if end is None:
+                continue
+            self._len[s], self._last[s] = end, toks[end - 1]
+            r.finish = "eos" if toks[end - 1] == self.eos_id else "stop"
+            self._open[r.step] -= 1
+            self._completed.append(r)
+            self._unassign(r)
+            self.stopped.append((engine, r.rid))
+
+    def take_stopped(self) -> list[tuple[str, str]]:
+        """(engine, rid) of the responses stop strings ended since the last call: abort each there."""
+        out, self.stopped = self.stopped, []
+        return out
+
     def _store(self, t_slot: np.ndarray, t_pos: np.ndarray, t_ids: np.ndarray, t_lps: np.ndarray) -> None:
         pt = self._pt.reshape(-1)  # a view: one flat gather is cheaper than a 2-D one
         key = t_slot * self._pt.shape[1] + (t_pos >> self._page_shift)
@@ -475,16 +520,22 @@ class RolloutBook:
         r = self._resp[int(slot)]
         return r.rid if r is not None else "?"
 
+    def _pool_index(self, s: int) -> np.ndarray:
+        """Where the tokens of the response in slot s are in the pool, in order."""
+        n, P = int(self._len[s]), self._page
+        pages = self._pt[s, : -(-n // P)]
+        return (pages[:, None] * P + np.arange(P)).ravel()[:n]
+
+    def _ids_of(self, s: int) -> np.ndarray:
+        return self._pool_ids[self._pool_index(s)]
+
     def tokens_of(self, r: Response) -> tuple[list[int], list[float]]:
         s = self._slot(r)
         if self._hnd[s] != r.handle:
             return r._tok, r._lp
-        n = int(self._len[s])
-        if n == 0:
+        if self._len[s] == 0:
             return [], []
-        P = self._page
-        pages = self._pt[s, : -(-n // P)]
-        idx = (pages[:, None] * P + np.arange(P)).ravel()[:n]
+        idx = self._pool_index(s)
         return self._pool_ids[idx].tolist(), self._pool_lps[idx].tolist()
 
     def length_of(self, r: Response) -> int:

@@ -31,6 +31,7 @@ from rlboost.contracts import token_frames
 from rlboost.contracts.perf import AcceleratorPerf
 from rlboost.contracts.sampling import request_seed
 from rlboost.contracts.step_record import StepTiming
+from rlboost.contracts.stop import StopStrings
 from rlboost.rollout.book import ProtocolViolation, Response, RolloutBook
 from rlboost.rollout.coordinator import Coordinator, CoordinatorRules
 from rlboost.rollout.live_pool import EngineConn, LivePool
@@ -74,6 +75,8 @@ class CoordinatorConfig:
     speculative: P.Speculation = field(default_factory=P.Speculation)  # rollout.speculative, for the engines
     top_k: int = 0  # algorithm.top_k / top_p, for the engines (off by default)
     top_p: float = 1.0
+    # algorithm.stop with the task's decoder: the book ends responses at stop strings (contracts/stop.py)
+    stop: StopStrings | None = None
 
 
 class LiveCoordinator(Coordinator):
@@ -81,7 +84,7 @@ class LiveCoordinator(Coordinator):
         self, cfg: CoordinatorConfig, offload: OffloadPolicy | None = None, clock: Callable[[], float] = time.monotonic
     ) -> None:
         stats = LengthStats(max(1, cfg.max_new_tokens or 1))
-        self.pool: LivePool = LivePool(RolloutBook(cfg.eos_id), cfg.perf, stats, clock)
+        self.pool: LivePool = LivePool(RolloutBook(cfg.eos_id, stop=cfg.stop), cfg.perf, stats, clock)
         super().__init__(
             self.pool,
             CoordinatorRules(
@@ -349,6 +352,21 @@ class LiveCoordinator(Coordinator):
         self.frames_total += 1
         if n:
             self._count_tokens(conn, n)
+            self._abort_stopped()
+
+    def _abort_stopped(self) -> None:
+        """Responses a stop string just ended are complete: their engines stop generating them."""
+        stopped = self.book.take_stopped()
+        if not stopped:
+            return
+        by_engine: dict[str, list[str]] = {}
+        for eid, rid in stopped:
+            by_engine.setdefault(eid, []).append(rid)
+        for eid, rids in by_engine.items():
+            self.pool.abort(eid, rids)
+            self.pool.dirty.add(eid)
+        self.slots_changed()
+        self.pool.changed.set()
 
     def _count_tokens(self, conn: EngineConn, n: int) -> None:
         conn.tokens += n
@@ -364,6 +382,7 @@ class LiveCoordinator(Coordinator):
             self.frames_total += 1
             if n:
                 self._count_tokens(conn, n)
+                self._abort_stopped()
         elif isinstance(msg, P.Finished):
             if not len(msg.rids) == len(msg.reasons) == len(msg.lengths):
                 raise ProtocolViolation("finished: rids, reasons and lengths differ in length")

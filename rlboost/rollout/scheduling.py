@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING
 
@@ -119,8 +119,13 @@ def coordinator_rules(
     )
 
 
-def coordinator_config(spec: JobSpec, eos_id: int) -> CoordinatorConfig:
-    """This job's CoordinatorConfig (rlboost/rollout/live.py); weights_url is set once the server is up."""
+def coordinator_config(
+    spec: JobSpec, eos_id: int, decode: Callable[[list[int]], str] | None = None
+) -> CoordinatorConfig:
+    """This job's CoordinatorConfig (rlboost/rollout/live.py); weights_url is set once the server is up.
+    `decode`: the task's response text (Task.decode_response), for algorithm.stop; without one (a replay
+    of synthetic tokens) stop strings are not checked."""
+    from rlboost.contracts.stop import StopStrings
     from rlboost.rollout.live import CoordinatorConfig  # aiohttp and the rest: only where a coordinator runs
 
     return CoordinatorConfig(
@@ -144,6 +149,7 @@ def coordinator_config(spec: JobSpec, eos_id: int) -> CoordinatorConfig:
         tick=tick_cadence(spec),
         sibling_scheduling=spec.rollout.sibling_scheduling,
         speculative=Speculation.model_validate(spec.rollout.speculative.model_dump()),
+        stop=StopStrings(spec.algorithm.stop, decode) if spec.algorithm.stop and decode is not None else None,
     )
 
 

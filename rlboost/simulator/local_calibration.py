@@ -14,10 +14,10 @@ the workers run: torch.set_num_threads(1)):
             worker agent and weight pull (round_trip.py), and the trainer's CPU per response it serves
             a worker in another process (-> serve_s); this machine's cores (-> cpu_cores)
   workload  response lengths: what the job's model generates at its first step (after the job's
-            warm start, at its temperature / top_k / top_p, on its first prompts and request seeds), or
-            the replay's recorded ones; the training rate is measured at them, a fresh draw of a step's lengths
-            per timed step (the learner pads a batch to its longest sequence, so the few responses
-            that never stop set the cost of the steps they fall in)
+            warm start, at its temperature / top_k / top_p, ended at its stop strings, on its first
+            prompts and request seeds), or the replay's recorded ones; the training rate is measured at
+            them, a fresh draw of a step's lengths per timed step (the learner pads a batch to its
+            longest sequence, so the few responses that never stop set the cost of the steps they fall in)
 
 Nothing here is fitted to an end-to-end run. A job file's own `perf:` entries and `simulate:` values
 win over what is measured (`apply`).
@@ -171,6 +171,7 @@ def first_step_lengths(spec: JobSpec, task: Task, learner: Learner) -> tuple[int
     and a few never do."""
     from rlboost.contracts.engine import GenRequest
     from rlboost.contracts.sampling import request_id, request_seed
+    from rlboost.contracts.stop import StopCollector, StopStrings
     from rlboost.models.torch_engine import TorchEngine
 
     algo, batch = spec.algorithm, spec.rollout.engine_batch
@@ -180,9 +181,7 @@ def first_step_lengths(spec: JobSpec, task: Task, learner: Learner) -> tuple[int
     engine.load_weights(0, learner.state_dict())
     prompt_rng = np.random.default_rng(algo.seed)  # the trainer's prompt sampler
     got: dict[str, int] = {}  # request id -> tokens generated
-
-    def count(rid: str, _offset: int, ids: list[int], _logprobs: list[float]) -> None:
-        got[rid] = got.get(rid, 0) + len(ids)
+    stop = StopStrings(algo.stop, task.decode_response) if algo.stop else None  # algorithm.stop ends them too
 
     out: list[int] = []
     step = 0
@@ -194,8 +193,10 @@ def first_step_lengths(spec: JobSpec, task: Task, learner: Learner) -> tuple[int
             for rid in (request_id(step, i, g) for g in range(algo.group_size))
         ]
         for k in range(0, len(reqs), batch):
-            engine.generate(reqs[k : k + batch], count, _never, temperature=algo.temperature,
+            col = StopCollector([r.rid for r in reqs[k : k + batch]], stop)
+            engine.generate(reqs[k : k + batch], col.on_tokens, col.should_abort, temperature=algo.temperature,
                             top_k=algo.top_k, top_p=algo.top_p)
+            got.update((rid, len(t)) for rid, t in col.tokens.items())
         out += [max(1, got.get(r.rid, 0)) for r in reqs]
         step += 1
     return tuple(out)

@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from rlboost.contracts.engine import GenRequest
 from rlboost.contracts.sampling import request_seed
 from rlboost.contracts.spec import JobSpec
+from rlboost.contracts.stop import StopCollector, StopStrings
 from rlboost.trainer.tasks import Problem, Task
 
 PASS_AT = 1.0  # a response passes when its reward reaches this
@@ -29,6 +30,7 @@ class Evaluator:
         self.problems: list[Problem] = task.eval_problems(spec.algorithm.seed, t.eval_size)
         if not self.problems:
             raise ValueError("task.eval_every is set but the task has no held-out problems")
+        self.stop = StopStrings(spec.algorithm.stop, task.decode_response) if spec.algorithm.stop else None
         self._engine = None  # built on first use (an hf model loads its config and tokenizer)
 
     def _engine_for(self):
@@ -52,12 +54,10 @@ class Evaluator:
         for i, p in enumerate(self.problems):
             rid = f"eval-v{version}-p{i}"
             requests.append(GenRequest(rid, list(p.prompt_ids), algo.max_new_tokens, request_seed(algo.seed, rid)))
-        out: dict[str, list[int]] = {r.rid: [] for r in requests}
-
-        def on_tokens(rid: str, offset: int, ids: list[int], logprobs: list[float]) -> None:
-            out[rid].extend(ids)
-
-        engine.generate(requests, on_tokens, lambda rid: False, temp)
+        # algorithm.stop ends held-out responses as it ends rollouts (contracts/stop.py)
+        got = StopCollector([r.rid for r in requests], self.stop)
+        engine.generate(requests, got.on_tokens, got.should_abort, temp)
+        out = got.tokens
         rewards = [self.task.reward(p, out[r.rid]) for p, r in zip(self.problems, requests, strict=True)]
         return {
             "version": version,

@@ -167,7 +167,8 @@ class TrainerRuntime:
         """Serve on `sock` (bound to `host` by the caller: enrolment may have served on it first)."""
         spec = self.spec
         self.coord = LiveCoordinator(
-            scheduling.coordinator_config(spec, self.task.eos_id), offload=scheduling.offload_policy(spec)
+            scheduling.coordinator_config(spec, self.task.eos_id, self.task.decode_response),
+            offload=scheduling.offload_policy(spec),
         )
         # spot workers enrol here for the token and the job's secret variables, with credentials
         # the controller issued for this trainer instance

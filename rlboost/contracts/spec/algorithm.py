@@ -7,6 +7,7 @@ from typing import Annotated, Literal
 from pydantic import Field, field_validator, model_validator
 
 from rlboost.contracts.spec.base import SEED_LIMIT, Strict
+from rlboost.contracts.stop import stop_problem
 
 Beta = Annotated[float, Field(ge=0, lt=1)]
 
@@ -44,6 +45,9 @@ class AlgorithmSpec(Strict):
     # the seeded rule (contracts/sampling.py), so every engine draws the same tokens.
     top_k: Annotated[int, Field(ge=0, le=10_000_000)] = 0
     top_p: Annotated[float, Field(gt=0, le=1)] = 1.0
+    # Stop strings (vLLM's SamplingParams.stop, veRL's rollout.stop): a response ends at the first token
+    # after which its decoded text holds one (contracts/stop.py); [] = EOS and max_new_tokens only.
+    stop: list[str] = Field(default_factory=list)
     # Supervised steps on task demonstrations before RL starts ("brief warm start").
     warm_start_steps: Annotated[int, Field(ge=0, le=1_000_000)] = 100
     # Sequences per forward/backward pass (gradients accumulate); None = the whole step's share at once.
@@ -94,6 +98,18 @@ class AlgorithmSpec(Strict):
                 "the buffer is the last overlong_buffer.length tokens before max_new_tokens"
             )
         return self
+
+    @field_validator("stop", mode="before")
+    @classmethod
+    def _stop_list(cls, v: object) -> object:
+        if isinstance(v, str):  # one string where a list was meant: take it as the one stop string
+            v = [v]
+        if not isinstance(v, list):
+            raise ValueError(f"algorithm.stop: a list of strings, got {type(v).__name__}")
+        why = stop_problem(v)
+        if why is not None:
+            raise ValueError(f"algorithm.stop: {why} (e.g. stop: [\"</answer>\"])")
+        return v
 
     @field_validator("betas", mode="before")
     @classmethod

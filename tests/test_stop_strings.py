@@ -113,13 +113,9 @@ def test_collector_aborts_at_the_stop_and_keeps_later_tokens_out() -> None:
 def _live_step(lengths: dict, rule: StopStrings, kill_busy: bool):
     """Coordinator + two WorkerAgents with synthetic engines run one step of 16 responses (kill_busy:
     the first worker is killed once it holds 4 partial responses); (coordinator, responses)."""
-    torch = pytest.importorskip("torch")
-    from aiohttp import web
-
-    from rlboost.rollout.live import CoordinatorConfig, LiveCoordinator, RolloutRequest
-    from rlboost.trainer.server import build_app
-    from rlboost.weights.publisher import WeightPublisher
-    from rlboost.worker.agent import WorkerAgent, WorkerConfig
+    pytest.importorskip("torch")
+    from rlboost.rollout.live import CoordinatorConfig, RolloutRequest
+    from testkit.live_rollout import live_rollout
 
     async def main():
         cfg = CoordinatorConfig(
@@ -127,34 +123,19 @@ def _live_step(lengths: dict, rule: StopStrings, kill_busy: bool):
             weights_url="", model={"kind": "synthetic", "synthetic": {"perf": {}, "lengths": lengths}},
             engine_dtype="float32", engine_batch=8, eos_id=EOS, max_new_tokens=BUDGET, stop=rule,
         )
-        coord = LiveCoordinator(cfg)
-        pub = WeightPublisher()
-        runner = web.AppRunner(build_app("tok", coord, pub, lambda *_: {}), handle_signals=False)
-        await runner.setup()
-        await web.TCPSite(runner, "127.0.0.1", 0).start()
-        url = f"http://127.0.0.1:{runner.addresses[0][1]}"
-        coord.cfg.weights_url = url
-        coord.start()
-        stage = getattr(pub, "stage", None) or pub.publish
-        await asyncio.to_thread(stage, 0, {"w": torch.zeros(4)})
-        await coord.publish(0)
-        agents = [
-            WorkerAgent(WorkerConfig(url, "tok", f"w{i}", engine="synthetic", accelerator="cpu")) for i in (0, 1)
-        ]
-        runs = [asyncio.create_task(a.run()) for a in agents]
-        reqs = [
-            RolloutRequest(f"s0-p{i}-g{g}", [1, 4 + i, 5, 3], BUDGET, group=f"p{i}") for i in range(4) for g in range(4)
-        ]
-        step = asyncio.create_task(coord.run_step(0, 0, reqs))
-        if kill_busy:  # wait on state: the first worker holds partial responses, then it dies
-            while not any(w["worker_id"] == "w0" and w["partial"] >= 4 for w in coord.workers_snapshot()):
-                assert not step.done(), "the step ended before the worker could be killed"
-                await asyncio.sleep(0.001)
-            runs[0].cancel()
-        done = await asyncio.wait_for(step, timeout=60)
-        await coord.close()
-        await asyncio.wait_for(asyncio.gather(*runs, return_exceptions=True), timeout=20)
-        await runner.cleanup()
+        async with live_rollout(cfg) as (coord, runs):
+            reqs = [
+                RolloutRequest(f"s0-p{i}-g{g}", [1, 4 + i, 5, 3], BUDGET, group=f"p{i}")
+                for i in range(4)
+                for g in range(4)
+            ]
+            step = asyncio.create_task(coord.run_step(0, 0, reqs))
+            if kill_busy:  # wait on state: the first worker holds partial responses, then it dies
+                while not any(w["worker_id"] == "w0" and w["partial"] >= 4 for w in coord.workers_snapshot()):
+                    assert not step.done(), "the step ended before the worker could be killed"
+                    await asyncio.sleep(0.001)
+                runs[0].cancel()
+            done = await asyncio.wait_for(step, timeout=60)
         return coord, done
 
     return asyncio.run(main())

@@ -169,15 +169,11 @@ def test_token_frames_round_trip_and_reject_malformed():
 def test_workers_with_synthetic_engines_complete_a_step_through_binary_frames(tmp_path, siblings):
     """Coordinator + weight publisher on loopback, two real WorkerAgents with synthetic engines (with
     sibling scheduling too: the queue outgrows the 16 slots, so its whole-queue dispatch runs live)."""
-    torch = pytest.importorskip("torch")
-    from rlboost.rollout.live import CoordinatorConfig, LiveCoordinator, RolloutRequest
-    from rlboost.trainer.server import build_app
-    from rlboost.weights.publisher import WeightPublisher
-    from rlboost.worker.agent import WorkerAgent, WorkerConfig
+    pytest.importorskip("torch")
+    from rlboost.rollout.live import CoordinatorConfig, RolloutRequest
+    from testkit.live_rollout import live_rollout
 
     async def main():
-        from aiohttp import web
-
         cfg = CoordinatorConfig(
             job_seed=1,
             temperature=1.0,
@@ -195,30 +191,11 @@ def test_workers_with_synthetic_engines_complete_a_step_through_binary_frames(tm
             max_new_tokens=64,
             sibling_scheduling=siblings,
         )
-        coord = LiveCoordinator(cfg)
-        pub = WeightPublisher()
-        app = build_app("tok", coord, pub, lambda *_: {})
-        runner = web.AppRunner(app, handle_signals=False)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        url = f"http://127.0.0.1:{runner.addresses[0][1]}"
-        coord.cfg.weights_url = url
-        coord.start()
-        stage = getattr(pub, "stage", None) or pub.publish
-        await asyncio.to_thread(stage, 0, {"w": torch.zeros(4)})
-        await coord.publish(0)
-        agents = [
-            WorkerAgent(WorkerConfig(url, "tok", f"w{i}", engine="synthetic", accelerator="cpu")) for i in range(2)
-        ]
-        runs = [asyncio.create_task(a.run()) for a in agents]
-        reqs = [
-            RolloutRequest(f"s0-p{i}-g{g}", [1, 4 + i, 5, 3], 64, group=f"p{i}") for i in range(6) for g in range(4)
-        ]
-        done = await asyncio.wait_for(coord.run_step(0, 0, reqs), timeout=60)
-        await coord.close()
-        await asyncio.wait_for(asyncio.gather(*runs, return_exceptions=True), timeout=20)
-        await runner.cleanup()
+        async with live_rollout(cfg) as (coord, _):
+            reqs = [
+                RolloutRequest(f"s0-p{i}-g{g}", [1, 4 + i, 5, 3], 64, group=f"p{i}") for i in range(6) for g in range(4)
+            ]
+            done = await asyncio.wait_for(coord.run_step(0, 0, reqs), timeout=60)
         return coord, done
 
     coord, done = asyncio.run(main())

@@ -73,6 +73,12 @@ class StopStrings:
         return list(tokens if n is None else tokens[:n])
 
 
+def stop_rule(stops: Sequence[str], decode: Callable[[list[int]], str] | None) -> StopStrings | None:
+    """algorithm.stop as a rule, or None when the job has no stop strings (or no decoder: a replay of
+    synthetic tokens): the one place that decides whether responses are checked at all."""
+    return StopStrings(stops, decode) if stops and decode is not None else None
+
+
 class StopCollector:
     """An in-process generate's on_tokens and should_abort: each response's tokens, ended by the rule
     as they arrive (its engine is told to abort at once)."""

@@ -125,7 +125,7 @@ def coordinator_config(
     """This job's CoordinatorConfig (rlboost/rollout/live.py); weights_url is set once the server is up.
     `decode`: the task's response text (Task.decode_response), for algorithm.stop; without one (a replay
     of synthetic tokens) stop strings are not checked."""
-    from rlboost.contracts.stop import StopStrings
+    from rlboost.contracts.stop import stop_rule
     from rlboost.rollout.live import CoordinatorConfig  # aiohttp and the rest: only where a coordinator runs
 
     return CoordinatorConfig(
@@ -149,7 +149,7 @@ def coordinator_config(
         tick=tick_cadence(spec),
         sibling_scheduling=spec.rollout.sibling_scheduling,
         speculative=Speculation.model_validate(spec.rollout.speculative.model_dump()),
-        stop=StopStrings(spec.algorithm.stop, decode) if spec.algorithm.stop and decode is not None else None,
+        stop=stop_rule(spec.algorithm.stop, decode),
     )
 
 

@@ -171,7 +171,7 @@ def first_step_lengths(spec: JobSpec, task: Task, learner: Learner) -> tuple[int
     and a few never do."""
     from rlboost.contracts.engine import GenRequest
     from rlboost.contracts.sampling import request_id, request_seed
-    from rlboost.contracts.stop import StopCollector, StopStrings
+    from rlboost.contracts.stop import StopCollector, stop_rule
     from rlboost.models.torch_engine import TorchEngine
 
     algo, batch = spec.algorithm, spec.rollout.engine_batch
@@ -181,7 +181,7 @@ def first_step_lengths(spec: JobSpec, task: Task, learner: Learner) -> tuple[int
     engine.load_weights(0, learner.state_dict())
     prompt_rng = np.random.default_rng(algo.seed)  # the trainer's prompt sampler
     got: dict[str, int] = {}  # request id -> tokens generated
-    stop = StopStrings(algo.stop, task.decode_response) if algo.stop else None  # algorithm.stop ends them too
+    stop = stop_rule(algo.stop, task.decode_response)  # algorithm.stop ends them too
 
     out: list[int] = []
     step = 0

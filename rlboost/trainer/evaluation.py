@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from rlboost.contracts.engine import GenRequest
 from rlboost.contracts.sampling import request_seed
 from rlboost.contracts.spec import JobSpec
-from rlboost.contracts.stop import StopCollector, StopStrings
+from rlboost.contracts.stop import StopCollector, stop_rule
 from rlboost.trainer.tasks import Problem, Task
 
 PASS_AT = 1.0  # a response passes when its reward reaches this
@@ -30,7 +30,7 @@ class Evaluator:
         self.problems: list[Problem] = task.eval_problems(spec.algorithm.seed, t.eval_size)
         if not self.problems:
             raise ValueError("task.eval_every is set but the task has no held-out problems")
-        self.stop = StopStrings(spec.algorithm.stop, task.decode_response) if spec.algorithm.stop else None
+        self.stop = stop_rule(spec.algorithm.stop, task.decode_response)
         self._engine = None  # built on first use (an hf model loads its config and tokenizer)
 
     def _engine_for(self):

@@ -39,6 +39,7 @@ def checkpoint_state(learner: Any) -> dict:
         **({"reference": cpu_copy(learner.reference)} if learner.reference is not None else {}),
     }
 
+
 def _adapters(model: nn.Module) -> dict[str, Tensor]:
     from rlboost.models.lora import trainable_state
 

@@ -237,11 +237,16 @@ class Coordinator:
                 plan.extend((i, v.id) for _, i in zip(range(v.free), it))
         else:
             got = plan_dispatch(pool.req_views(head, now), views, self.dispatch_mode, avoid=pool.avoid(head))
-            plan = [(pool.item(rid), eid) for rid, eid in got]
-            placed = {i for i, _ in plan}
-            pool.put_back([i for i in head if i not in placed])
+            plan = self._placed(head, got)
         if plan:
             pool.admit(plan, now)
+
+    def _placed(self, head: list[Item], got: list[tuple[str, str]]) -> list[tuple[Item, str]]:
+        """plan_dispatch's (rid, engine) pairs as items; what it left unplaced goes back to the queue."""
+        plan = [(self.pool.item(rid), eid) for rid, eid in got]
+        placed = {i for i, _ in plan}
+        self.pool.put_back([i for i in head if i not in placed])
+        return plan
 
     def _dispatch_longest(self, views: list, now: float) -> None:
         """Sibling scheduling: of the whole queue, the longest predicted start first (Seer's
@@ -272,9 +277,7 @@ class Coordinator:
             avoid=pool.avoid(chosen),
             groups={reqs[k].rid: groups[k] for k in longest},
         )
-        plan = [(pool.item(rid), eid) for rid, eid in got]
-        placed = {i for i, _ in plan}
-        pool.put_back([i for i in head if i not in placed])
+        plan = self._placed(head, got)
         if plan:
             pool.admit(plan, now)
 

@@ -182,12 +182,15 @@ def plot_path_error(path: Path) -> str | None:
     return None
 
 
-def sweep_table(base: SimResult, points: list, title: str) -> Table:
-    """One row per max_workers x objective (simulator.cli.SweepPoint), ratios against on-demand."""
+def sweep_table(base: SimResult, points: list, title: str, job_trainer: str | None = None) -> Table:
+    """One row per max_workers x objective (simulator.cli.SweepPoint), ratios against on-demand; with
+    `job_trainer` (--sweep-trainer: the job's own trainer, the baseline's) a trainer column first."""
     t = narrow_table(title)
     cols = ("max_workers", "objective", "held", "steps/h", "trained tok/s", "$", "tokens/$", "thr vs OD", "tok/$ vs OD")
-    add_columns(t, *cols, numbers=tuple(c for c in cols if c != "objective"))
+    shape = ("trainer",) if job_trainer is not None else ()
+    add_columns(t, *shape, *cols, numbers=tuple(c for c in cols if c != "objective"))
     t.add_row(
+        *((job_trainer,) if job_trainer is not None else ()),
         "0",
         "on-demand",
         "0.0",
@@ -201,6 +204,7 @@ def sweep_table(base: SimResult, points: list, title: str) -> Table:
     for p in points:
         r = p.result
         t.add_row(
+            *((p.trainer or job_trainer,) if job_trainer is not None else ()),
             str(p.max_workers),
             p.objective,
             f"{p.mean_workers:.1f}",
@@ -215,11 +219,16 @@ def sweep_table(base: SimResult, points: list, title: str) -> Table:
     return t
 
 
-def sweep_json(base: SimResult, points: list) -> list[dict]:
+def sweep_json(base: SimResult, points: list, job_trainer: str | None = None) -> list[dict]:
+    """With `job_trainer` (--sweep-trainer), each row's `trainer`: its accelerators."""
     rows = results_json([base])
+    if job_trainer is not None:
+        rows[0]["trainer"] = job_trainer
     for p in points:
         row = results_json([base, p.result])[1]
         row.update(max_workers=p.max_workers, objective=p.objective, mean_spot_workers=round(p.mean_workers, 3))
+        if job_trainer is not None:
+            row["trainer"] = p.trainer or job_trainer
         rows.append(row)
     return rows
 
@@ -234,14 +243,15 @@ def sweep_figure(base: SimResult, points: list, title: str):
     objective; every y axis from 0 (a ratio of 0.9 drawn from 0.88 looks like a collapse)."""
     plt = _pyplot()
     fig, (ax1, ax2, ax3) = plt.subplots(3, 1, figsize=(8, 8), sharex=True)
-    for obj in dict.fromkeys(p.objective for p in points):
-        pts = [p for p in points if p.objective == obj]
+    # one line per objective (and trainer shape, --sweep-trainer); a shape alone is no line
+    points = [p for p in points if p.objective != "on-demand"]
+    for shape, obj in dict.fromkeys((p.trainer, p.objective) for p in points):
+        pts = [p for p in points if (p.trainer, p.objective) == (shape, obj)]
         xs = [p.max_workers for p in pts]
-        ax1.plot(xs, [p.result.tokens_per_s / base.tokens_per_s for p in pts], marker="o", label=f"objective {obj}")
-        ax2.plot(
-            xs, [p.result.tokens_per_dollar / base.tokens_per_dollar for p in pts], marker="o", label=f"objective {obj}"
-        )
-        ax3.plot(xs, [per_million(p.result) for p in pts], marker="o", label=f"objective {obj}")
+        name = f"objective {obj}" if shape is None else f"trainer {shape}, objective {obj}"
+        ax1.plot(xs, [p.result.tokens_per_s / base.tokens_per_s for p in pts], marker="o", label=name)
+        ax2.plot(xs, [p.result.tokens_per_dollar / base.tokens_per_dollar for p in pts], marker="o", label=name)
+        ax3.plot(xs, [per_million(p.result) for p in pts], marker="o", label=name)
     for ax, what, on_demand in (
         (ax1, "speed vs on-demand", 1.0),
         (ax2, "tokens/$ vs on-demand", 1.0),
@@ -425,7 +435,8 @@ class DeadlineVerdict:
             if not c.result.policy.spot:
                 verdict = "meets" if h is not None and h <= self.deadline_h else "misses"
                 when = f"{h:.2f} h ({verdict} it)" if h is not None else "does not finish"
-                out.append(f"The trainer alone ({c.label}) {when} for ${c.result.dollars:,.2f}.")
+                who = c.label if c.label.startswith("trainer ") else f"The trainer alone ({c.label})"  # --sweep-trainer
+                out.append(f"{who} {when} for ${c.result.dollars:,.2f}.")
         return out
 
     def as_json(self) -> dict:

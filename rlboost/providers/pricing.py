@@ -111,6 +111,13 @@ def _why_missing(prices: PriceLookup, acc: str | None, cloud: str, region: str |
     return explain(acc, cloud, region) if explain is not None else None
 
 
+def catalog_sells_trainer(spec: JobSpec) -> bool:
+    """Whether `local.catalog` prices the trainer's accelerators on demand where it runs (trainer_offer
+    then takes that price, unless trainer.hourly_price is set)."""
+    t = spec.trainer
+    return _catalog_price(spec, t.accelerators, t.cloud, t.region, spot=False) is not None
+
+
 def trainer_offer(spec: JobSpec, prices: PriceLookup | None = None) -> Offer:
     t = spec.trainer
     od = t.hourly_price

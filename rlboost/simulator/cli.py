@@ -35,6 +35,7 @@ def option_error(
     constant_workers: int | None = None,
     sweep: bool = False,
     sweep_workers: str | None = None,
+    sweep_trainer: str | None = None,
 ) -> str | None:
     """What is wrong with `rlboost simulate`'s numeric options, checked before anything replays (None: nothing)."""
     if hours is not None and not 0 < hours < math.inf:  # nan fails both comparisons
@@ -48,6 +49,8 @@ def option_error(
         return f"--constant-workers {constant_workers}: must be >= 0 (the spot workers available all along)"
     if sweep_workers is not None and not sweep:
         return "--sweep-workers needs --sweep: add --sweep, or leave --sweep-workers out"
+    if sweep_trainer is not None and not sweep:
+        return "--sweep-trainer needs --sweep: add --sweep, or leave --sweep-trainer out"
     return None
 
 
@@ -259,10 +262,14 @@ class SweepPoint:
     objective: str
     result: SimResult
     mean_workers: float  # spot workers held, averaged over the job
+    trainer: str | None = None  # the trainer's accelerators (--sweep-trainer); None: the job's own
 
     @property
     def label(self) -> str:
-        return f"objective {self.objective}, max_workers {self.max_workers}"
+        if self.objective == "on-demand":  # a swept trainer shape alone (simulator/trainer_sweep.py)
+            return f"trainer {self.trainer} alone"
+        fleet = f"objective {self.objective}, max_workers {self.max_workers}"
+        return fleet if self.trainer is None else f"trainer {self.trainer}, {fleet}"
 
 
 def sweep_points(max_workers: int, most: int | None = None) -> list[int]:

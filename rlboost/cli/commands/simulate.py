@@ -22,6 +22,7 @@ EXAMPLES = examples(
     "rlboost simulate examples/simulate/aws-p3-v100.yaml",
     "rlboost simulate job.yaml --trace trace.csv --hours 12 --policy rlboost --json",
     "rlboost simulate job.yaml --sweep --plot sweep.png",
+    "rlboost simulate job.yaml --sweep --sweep-trainer H100:4,H100:8",
 )
 
 # simulator.PRESETS' names and simulator.cli.DEFAULT_POLICIES, written out: importing the simulator (numpy
@@ -83,6 +84,13 @@ def simulate(
     sweep_workers: Annotated[
         str | None, typer.Option(help="the max_workers values --sweep tries, comma-separated (e.g. 1,2,4,8)")
     ] = None,
+    sweep_trainer: Annotated[
+        str | None,
+        typer.Option(
+            help="trainer shapes --sweep also tries, ACCELERATOR:GPUS comma-separated (e.g. H100:4,H100:8); "
+            "recommends the cheapest trainer + fleet meeting rollout.objective (and deadline_hours)"
+        ),
+    ] = None,
     jobs: Annotated[
         int | None, typer.Option(help="replays (policies, sweep points) run in parallel processes (default: CPU count)")
     ] = None,
@@ -104,6 +112,7 @@ def simulate(
         constant_workers=constant_workers,
         sweep=sweep,
         sweep_workers=sweep_workers,
+        sweep_trainer=sweep_trainer,
     )
     if wrong:
         fail(wrong, 2)
@@ -117,9 +126,14 @@ def simulate(
         fail(unwritable, 2)
     if sweep and policy:
         fail("--sweep replays objectives cost and throughput by max_workers: leave --policy out", 2)
+    from rlboost.simulator import trainer_sweep
+
+    if sweep_trainer is not None and (local := trainer_sweep.sweep_trainer_error(spec)):
+        fail(local, 2)
     t0 = time.monotonic()
     try:
         points = _sweep_workers(sweep_workers) if sweep_workers else None
+        shapes = trainer_sweep.parse_trainers(sweep_trainer, spec) if sweep_trainer is not None else None
         # a local job whose model runs here measures this machine first (~10 s): say so meanwhile
         measuring = (
             err.status("calibrating this machine for a local job (its model's rates and timings, ~10 s)")
@@ -149,7 +163,9 @@ def simulate(
         base, swept = None, []
         if sweep:
             most = most_workers(rp.spec, cores) if cores is not None else None
-            base, swept = _run_sweep(rp, points or sim_cli.sweep_points(rp.spec.rollout.max_workers, most), jobs)
+            base, swept = _run_sweep(
+                rp, points or sim_cli.sweep_points(rp.spec.rollout.max_workers, most), jobs, shapes
+            )
             results = [base, *(p.result for p in swept)]
             choices = [report.Choice(p.label, p.result) for p in swept]
         else:
@@ -170,11 +186,18 @@ def simulate(
     shown = f"{replayed:.1f} h" if replayed >= 1 else f"{replayed * 60:.0f} min"
     title = f"{spec.name}: {_shown_path(rp.trace.source)}{length}, {shown} replayed in {took:.1f}s"
     rec = report.recommend(results[0], choices, min((o.hourly_price for o in rp.spots), default=0.0))
+    job_trainer = trainer_sweep.job_shape(rp.spec) if shapes is not None else None
+    base_label = "on-demand" if job_trainer is None else f"trainer {job_trainer} alone"
+    sized = (
+        _pick_trainer(rp.spec, [report.Choice(base_label, base), *choices])
+        if job_trainer is not None and base is not None
+        else None
+    )
     verdict = (
         report.DeadlineVerdict.of(
             spec.deadline_hours,
             rp.spec.algorithm.steps,
-            [report.Choice("on-demand", base), *choices] if base is not None else choices,
+            [report.Choice(base_label, base), *choices] if base is not None else choices,
         )
         if spec.deadline_hours is not None
         else None
@@ -182,15 +205,20 @@ def simulate(
     if as_json:
         doc: dict = {"title": title, "recommendation": rec.as_json() if rec else None}
         doc["deadline"] = verdict.as_json() if verdict else None
+        if sized is not None:
+            doc["trainer"] = sized.as_json()
         doc["trainer_alone_hours"] = None if rp.outlasts_h is None else round(rp.outlasts_h, 1)
         if rp.calibration is not None:
             doc["calibration"] = rp.calibration.as_json()
-        doc["results"] = report.sweep_json(base, swept) if sweep else report.results_json(results)
+        doc["results"] = report.sweep_json(base, swept, job_trainer) if sweep else report.results_json(results)
         print(json.dumps(doc, indent=2))
     else:
-        for line in [*(rec.lines() if rec else []), *(verdict.lines() if verdict else [])]:
+        said = [*(rec.lines() if rec else []), *(verdict.lines() if verdict else []), *(sized.lines() if sized else [])]
+        for line in said:
             console.print(line, markup=False, highlight=False)
-        table = report.sweep_table(base, swept, title) if sweep else report.results_table(results, title)
+        table = report.sweep_table(base, swept, title, job_trainer) if sweep else report.results_table(results, title)
+        if shapes is not None:  # each shape's $/h and its source: a comparison across sources says so
+            table.caption = f"{table.caption}; {trainer_sweep.price_note(rp, shapes)}"
         console.print(table)
     if plot is not None:
         try:
@@ -213,6 +241,14 @@ def _outlasts_note(rp) -> str:
         f"{trace_h:.1f} h trace: replaying the trace (--hours for longer, its last count held; --steps to stop "
         "after fewer)"
     )
+
+
+def _pick_trainer(spec: JobSpec, choices):
+    """The cheapest trainer + fleet meeting rollout.objective (and deadline_hours) of `choices`: every sweep
+    setting and the job's trainer alone."""
+    from rlboost.cli.sim_trainer import pick_trainer
+
+    return pick_trainer(choices, spec.rollout.objective, deadline_h=spec.deadline_hours, steps=spec.algorithm.steps)
 
 
 def _sweep_workers(text: str) -> list[int]:
@@ -261,15 +297,31 @@ def _run_policies(rp, policies, jobs: int | None):
         )
 
 
-def _run_sweep(rp, points: list[int], jobs: int | None):
-    """One bar for the whole sweep: the sum of its replays' fractions done."""
-    from rlboost.simulator import cli as sim_cli
+def _run_sweep(rp, points: list[int], jobs: int | None, shapes: list[str] | None = None):
+    """One bar for the whole sweep: the sum of its replays' fractions done. `shapes`: --sweep-trainer's."""
+    from functools import partial
 
-    order = sim_cli.sweep_order(points)
-    n = len(order) + 1  # and the on-demand baseline
+    from rlboost.simulator import cli as sim_cli
+    from rlboost.simulator import trainer_sweep
+
+    if shapes is None:
+        order = sim_cli.sweep_order(points)
+        names = [f"sweep max_workers {w} {o}" for w, o in order]
+        run = partial(sim_cli.sweep, rp, points, jobs=jobs)
+    else:
+        # each shape priced before anything replays: a shape with no price fails at once
+        for t in shapes:
+            trainer_sweep.with_trainer(rp, t)
+        each = trainer_sweep.trainer_sweep_order(shapes, points, rp.spec.trainer.accelerators)
+        names = [
+            f"sweep trainer {t} alone" if o == trainer_sweep.ALONE else f"sweep trainer {t} max_workers {w} {o}"
+            for t, w, o in each
+        ]
+        run = partial(trainer_sweep.sweep_trainers, rp, shapes, points, jobs=jobs)
+    n = len(names) + 1  # and the on-demand baseline
     if not err.is_terminal:
-        lines = _replay_lines([*(f"sweep max_workers {w} {o}" for w, o in order), "sweep on-demand"])
-        return sim_cli.sweep(rp, points, jobs=jobs, on_progress=lines.update)
+        lines = _replay_lines([*names, "sweep on-demand"])
+        return run(on_progress=lines.update)
     done = [0.0] * n
 
     def moved(k: int, fraction: float) -> None:
@@ -279,7 +331,7 @@ def _run_sweep(rp, points: list[int], jobs: int | None):
 
     with _replay_bars() as bars:
         bar = bars.add_task(f"sweep: 0/{n} replays done", total=n)
-        return sim_cli.sweep(rp, points, jobs=jobs, on_progress=moved)
+        return run(on_progress=moved)
 
 
 def _policy_setting(p, spec: JobSpec) -> str:

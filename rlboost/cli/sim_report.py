@@ -21,7 +21,7 @@ def results_table(results: list[SimResult], title: str) -> Table:
     base = next((r for r in results if r.policy.name == "on-demand"), None)
     t = narrow_table(title)
     cols: tuple[str, ...] = ("steps/h", "trained tok/s", "$", "tokens/$", "thr vs OD", "tok/$ vs OD", "preempt")
-    cols = (*cols, "migrated")
+    cols = (*cols, "migrated", "busy")  # busy: the trainer's share of its billed time spent training
     # speculative decoding's columns only where a replay speculated (rollout.speculative.method)
     spec = any(r.speculation is not None for r in results)
     if spec:
@@ -38,12 +38,14 @@ def results_table(results: list[SimResult], title: str) -> Table:
             ratio(r.tokens_per_dollar, base.tokens_per_dollar) if base else "-",
             str(r.preemptions),
             str(r.migrations),
+            f"{r.trainer_busy_share:.0%}",
         ]
         if spec:
             sp = r.speculation
             row += [f"{sp['tokens_per_pass']:.2f}", f"{sp['acceptance']:.0%}"] if sp else ["1.00", "-"]
         t.add_row(*row)
     t.caption = "; ".join(f"{r.policy.name}: {r.policy.label}" for r in results)
+    t.caption += "; busy: the trainer's billed seconds spent training (100%: never waiting)"
     return t
 
 
@@ -186,6 +188,7 @@ def sweep_table(base: SimResult, points: list, title: str) -> Table:
     """One row per max_workers x objective (simulator.cli.SweepPoint), ratios against on-demand."""
     t = narrow_table(title)
     cols = ("max_workers", "objective", "held", "steps/h", "trained tok/s", "$", "tokens/$", "thr vs OD", "tok/$ vs OD")
+    cols = (*cols, "busy")
     add_columns(t, *cols, numbers=tuple(c for c in cols if c != "objective"))
     t.add_row(
         "0",
@@ -197,6 +200,7 @@ def sweep_table(base: SimResult, points: list, title: str) -> Table:
         f"{base.tokens_per_dollar:,.0f}",
         "1.00x",
         "1.00x",
+        f"{base.trainer_busy_share:.0%}",
     )
     for p in points:
         r = p.result
@@ -210,8 +214,10 @@ def sweep_table(base: SimResult, points: list, title: str) -> Table:
             f"{r.tokens_per_dollar:,.0f}",
             ratio(r.tokens_per_s, base.tokens_per_s),
             ratio(r.tokens_per_dollar, base.tokens_per_dollar),
+            f"{r.trainer_busy_share:.0%}",
         )
     t.caption = "held: spot workers held on average (the objective may hold fewer than max_workers)"
+    t.caption += "; busy: the trainer's billed seconds spent training"
     return t
 
 
@@ -307,6 +313,7 @@ def results_json(results: list[SimResult]) -> list[dict]:
                 "preemptions": r.preemptions,
                 "migrations": r.migrations,
                 "discarded_tokens": r.restarted_tokens,
+                "trainer_busy_share": round(r.trainer_busy_share, 4),
                 "time_scale": r.time_scale,
             }
         )

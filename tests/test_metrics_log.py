@@ -47,6 +47,7 @@ def test_rates_by_source_and_running_totals(tmp_path):
     rates = (row["tokens_per_s"], row["spot_tokens_per_s"], row["reserved_tokens_per_s"])
     assert (row["step"], rates) == (1, (20.0, 15.0, 10.0))
     assert (row["len_mean"], row["len_max"], row["offload_s"], row["dollars"]) == (10.0, 12, 1.0, 1.2346)
+    assert row["trainer_busy_share"] == 0.25  # train_s 0.5 of step_s 2.0
 
 
 def test_a_row_carries_the_optimizer_figures_and_a_learner_without_them_writes_nulls(tmp_path):

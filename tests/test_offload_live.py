@@ -66,3 +66,13 @@ def test_offload_fires_and_the_trainer_trains_during_the_tail(tmp_path, monkeypa
         assert s["tail_train_s"] is not None and s["idle_s"] is not None
     out = run_cli("status", "offl", home=home, check=True).stdout
     assert "offload" in out and "tail train" in out and "idle" in out
+    # the trainer's busy share: per step in metrics.jsonl (train_s / step_s, both rounded to ms), and the
+    # job's so far in status (the steps' sums)
+    rows = [json.loads(line) for line in Path(job["metrics_file"]).read_text().splitlines()]
+    for row in rows:
+        assert row["trainer_busy_share"] == pytest.approx(row["train_s"] / row["step_s"], abs=1e-4)
+        assert 0 < row["trainer_busy_share"] <= 1
+    assert [s["train_s"] for s in steps] == [row["train_s"] for row in rows]
+    share = sum(row["train_s"] for row in rows) / sum(row["step_s"] for row in rows)
+    assert job["trainer_busy_share"] == pytest.approx(share, abs=1e-4)
+    assert "trainer busy:" in out

@@ -328,3 +328,32 @@ def test_no_counterfactual_without_a_measured_trainer_alone_step(store: StateSto
         store.record_step(job, StepMetrics(step, step, 0.5, 100, 8, 0, 1.0, 0.0, spot_workers=step - 1))
     data = cost_json(store, "busy")
     assert data["counterfactual"] is None and any("no on-demand counterfactual" in n for n in data["notes"])
+
+
+def test_the_trainers_busy_share_in_status_and_cost_report(store: StateStore) -> None:
+    job = store.create_job("busy", SPEC, "local")
+    store.update_job(job, status="running", started_at=0.0)
+    _launch(store, job, "busy-trainer", InstanceKind.ON_DEMAND, 10.0, None)
+    store.update_instance("busy-trainer", InstanceState.RUNNING, 0.0)
+    # a step an older rlboost recorded (no train_s) is left out of the share: (1 + 3) / (2 + 6)
+    for step, secs, train in ((1, 4.0, None), (2, 2.0, 1.0), (3, 6.0, 3.0)):
+        store.record_step(job, StepMetrics(step, step, 0.5, 100, 8, 0, secs, 10.0 * step, train_s=train))
+    [js] = status_json(store, "busy")["jobs"]
+    assert js["trainer_busy_share"] == 0.5
+    assert [s["trainer_busy_share"] for s in js["recent_steps"]] == [None, 0.5, 0.5]
+    console = Console(record=True, width=200)
+    render_status(store, "busy", console, now=100.0)
+    assert "busy trainer busy: 50% of its steps' seconds training" in console.export_text()
+    assert cost_json(store, "busy")["trainer_busy_share"] == 0.5
+    console = Console(record=True, width=200)
+    render_cost(store, "busy", console)
+    assert "trainer busy: 50% of its steps' seconds training" in console.export_text()
+    store.create_job("idle", SPEC, "local")  # no step yet: no share
+    assert status_json(store, "idle")["jobs"][0]["trainer_busy_share"] is None
+    all_ = cost_json(store, None)
+    assert [(j["job"], j["trainer_busy_share"]) for j in all_["jobs"]] == [("idle", None), ("busy", 0.5)]
+    assert all_["trainer_busy_share"] == 0.5
+    console = Console(record=True, width=200)
+    render_cost(store, None, console)
+    rows = {c[0]: c for c in map(str.split, console.export_text().splitlines()) if c[:1] in (["busy"], ["idle"])}
+    assert rows["busy"][-1] == "50%" and rows["idle"][-1] == "-"

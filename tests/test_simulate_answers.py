@@ -76,6 +76,9 @@ def test_sweep_in_parallel_processes_matches_one_at_a_time():
     assert key == [(p.result.steps, p.result.trained_tokens, round(p.result.dollars, 9), p.mean_workers) for p in two]
     assert base1.dollars == base2.dollars and all(p.mean_workers <= p.max_workers for p in two)
     assert two[0].mean_workers < two[2].mean_workers  # a bigger cap holds more on this trace
+    # the busy share crosses the process boundary without the step log a sweep drops
+    assert [p.result.trainer_busy_share for p in one] == [p.result.trainer_busy_share for p in two]
+    assert all(0 < p.result.trainer_busy_share <= 1 for p in two) and not two[0].result.step_log
 
 
 def test_policies_in_parallel_processes_match_one_at_a_time_and_report_progress(monkeypatch):

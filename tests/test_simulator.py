@@ -169,9 +169,11 @@ def test_cli_prints_a_table_json_and_a_plot(tmp_path, home):
     names = [r["policy"] for r in doc["results"]]
     assert names == ["on-demand", "spot-restart", "rlboost-rule", "rlboost"]
     assert doc["results"][0]["throughput_vs_on_demand"] == 1.0
+    assert all(0 < r["trainer_busy_share"] <= 1 for r in doc["results"])
     assert (tmp_path / "p.png").stat().st_size > 1000
     table = run_cli("simulate", str(jf), "--trace", str(trace), "--policy", "rlboost", home=home)
     assert table.returncode == 0 and "rlboost" in table.stdout and "tokens/$" in table.stdout
+    assert "busy" in table.stdout
     bad = run_cli("simulate", str(jf), "--policy", "magic", home=home)
     assert bad.returncode == 2 and "unknown policy" in bad.stderr
 

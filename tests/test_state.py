@@ -333,7 +333,7 @@ def test_schema_version(home: Path) -> None:
     path = s.path
     s.close()
     db = sqlite3.connect(path)
-    assert db.execute("PRAGMA user_version").fetchone()[0] == state.SCHEMA_VERSION == 7
+    assert db.execute("PRAGMA user_version").fetchone()[0] == state.SCHEMA_VERSION == 8
     # v5: which rlboost last migrated it (a newer store's error names it), and the store's own id
     assert db.execute("SELECT value FROM meta WHERE key = 'written_by'").fetchone()[0] == state.rlboost_version()
     assert len(db.execute("SELECT value FROM meta WHERE key = 'store_id'").fetchone()[0]) == 32
@@ -341,7 +341,7 @@ def test_schema_version(home: Path) -> None:
     db.execute("PRAGMA user_version = 99")
     db.commit()
     db.close()
-    newer = r"written by rlboost 7\.1\.0 \(store schema 99; this rlboost .* reads up to 7\): upgrade rlboost"
+    newer = r"written by rlboost 7\.1\.0 \(store schema 99; this rlboost .* reads up to 8\): upgrade rlboost"
     with pytest.raises(StateError, match=newer):
         StateStore(path)
 

@@ -21,6 +21,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 from rlboost.cli.state import InstanceRow, JobRow, StateStore, StepRow
+from rlboost.cli.step_metrics import steps_busy_share
 
 
 @dataclass(frozen=True)
@@ -98,6 +99,8 @@ class CostSummary:
     migrations: int = 0  # partial responses continued on another engine
     counterfactual: Counterfactual | None = None
     notes: tuple[str, ...] = ()
+    # the trainer's training seconds over its steps' wall seconds (None: no step carries them)
+    trainer_busy_share: float | None = None
 
     @property
     def total_dollars(self) -> float:
@@ -192,6 +195,7 @@ def _summary(store: StateStore, jobs: list[JobRow]) -> CostSummary:
     counterfactual = 0.0
     measured = stepped = 0  # jobs with a counterfactual, jobs with steps
     alone_rates: list[Counterfactual] = []
+    all_rows: list[StepRow] = []
     for job in jobs:
         job_costs = []
         instances = store.instances(job.id)
@@ -205,6 +209,7 @@ def _summary(store: StateStore, jobs: list[JobRow]) -> CostSummary:
             preemptions += inst.state == "preempted"
         costs += job_costs
         rows = store.steps(job.id)
+        all_rows += rows
         steps += len(rows)
         tokens += sum(r.tokens for r in rows)
         migrations += sum(r.migrated for r in rows)
@@ -280,6 +285,7 @@ def _summary(store: StateStore, jobs: list[JobRow]) -> CostSummary:
         migrations=migrations,
         counterfactual=cf,
         notes=tuple(notes),
+        trainer_busy_share=steps_busy_share(all_rows),
     )
 
 

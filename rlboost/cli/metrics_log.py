@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from rlboost.cli.metrics_sinks import JsonlSink, MetricsSink, SinkError
+from rlboost.cli.step_metrics import busy_share
 from rlboost.cli.step_numbers import shown
 from rlboost.contracts.step_record import StepRecord
 
@@ -128,6 +129,8 @@ class MetricsLog:
             "step_s": rec.step_s,
             "gen_s": rec.gen_s,
             "train_s": rec.train_s,
+            # the trainer's share of the step spent training (1.0: it never waited for rollouts)
+            "trainer_busy_share": busy_share(rec.train_s, rec.step_s),
             "tokens_per_s": _rate(rec.tokens, rec.step_s),
             "spot_tokens_per_s": _rate(spot, rec.step_s),
             "reserved_tokens_per_s": _rate(gen - spot, rec.step_s) if gen is not None and spot is not None else None,

@@ -25,7 +25,7 @@ from rlboost.cli.ledger import CostSummary, GeneratedTokens, summarize, summariz
 from rlboost.cli.metrics_log import METRICS_FILE
 from rlboost.cli.node_client import controller_reachable, node_logs_dir, node_run_dir
 from rlboost.cli.state import InstanceRow, JobRow, StateStore, job_run_dir
-from rlboost.cli.step_metrics import StepRow
+from rlboost.cli.step_metrics import StepRow, busy_share, steps_busy_share
 from rlboost.cli.tables import add_columns, narrow_table
 from rlboost.contracts.provider_kinds import provider_kind
 
@@ -211,6 +211,8 @@ class JobStatus:
     eval: dict[str, Any] | None  # the last validation on held-out problems (task.eval_every)
     reward_errors: dict[str, int]  # a custom reward's failures by kind (each scored 0)
     tokens_total: int | None
+    # the trainer's training seconds over its steps' wall seconds, so far (None: no step carries them)
+    trainer_busy_share: float | None
     trainer_url: str | None
     metrics_file: str
     error: str | None
@@ -236,6 +238,8 @@ def _step_json(s: StepRow) -> dict[str, Any]:
         "offload_s": s.offload_s,
         "tail_train_s": s.tail_train_s,
         "idle_s": s.trainer_idle_s,
+        "train_s": s.train_s,
+        "trainer_busy_share": busy_share(s.train_s, s.step_s),
         "spec_drafted": s.spec_drafted,
         "spec_accepted": s.spec_accepted,
         "spec_tokens_per_pass": s.spec_tokens_per_pass,
@@ -304,6 +308,7 @@ def _job_status(store: StateStore, job: JobRow, now: float) -> JobStatus:
         eval=snap.eval,
         reward_errors=snap.reward_errors,
         tokens_total=sum(r.tokens for r in steps) if steps else _first(job.tokens_total, snap.tokens_total),
+        trainer_busy_share=steps_busy_share(steps),
         trainer_url=job.trainer_url,
         metrics_file=str(metrics_file(job)),
         error=job.error,
@@ -466,6 +471,8 @@ def render_status(store: StateStore, job: str | None, console: Console, *, now: 
         if js.reward_history:
             hist = js.reward_history[-40:]
             console.print(f"{js.name} reward (last {len(hist)} steps): {sparkline(hist)}  {hist[-1]:.3f}", markup=False)
+        if js.trainer_busy_share is not None:
+            console.print(f"{js.name} trainer busy: {js.trainer_busy_share:.0%} {_BUSY}", markup=False)
         if js.eval:
             ev = js.eval
             console.print(
@@ -478,6 +485,9 @@ def render_status(store: StateStore, job: str | None, console: Console, *, now: 
             console.print(Text(f"{js.name} custom reward failed (scored 0): {kinds}", style="yellow"))
         if job is not None and js.recent_steps:
             console.print(_steps_table(js))
+
+
+_BUSY = "of its steps' seconds training (100%: it never waits for rollouts)"
 
 
 # ---- cost --------------------------------------------------------------------------------
@@ -513,11 +523,12 @@ class JobCost:
     instance_hours: float
     steps: int
     dollars_per_step: float | None
+    trainer_busy_share: float | None
 
     @classmethod
     def of(cls, row: JobRow, s: CostSummary) -> JobCost:
         spend = (s.dollars, s.on_demand_equivalent_dollars, s.instance_hours, s.steps, s.dollars_per_step)
-        return cls(row.name, row.id, row.status, *spend)
+        return cls(row.name, row.id, row.status, *spend, s.trainer_busy_share)
 
 
 @dataclass(frozen=True)
@@ -622,12 +633,14 @@ def render_cost(store: StateStore, job: str | None, console: Console) -> None:
         f"$ per 1M trained tokens: {fmt_money(s.dollars_per_million_tokens)} over {s.tokens:,}"
     )
     say(f"preemptions: {s.preemptions}; responses migrated mid-generation: {s.migrations}")
+    if s.trainer_busy_share is not None:
+        say(f"trainer busy: {s.trainer_busy_share:.0%} {_BUSY}")
     for note in s.notes:
         console.print(Text(f"note: {note}", style="yellow"))
     if row is None and len(report.jobs) > 1:
         jt = narrow_table("per job")
-        nums = ("id", "instance-h", "cost", "steps", "$ / step")
-        add_columns(jt, "job", "id", "status", "instance-h", "cost", "steps", "$ / step", numbers=nums)
+        nums = ("id", "instance-h", "cost", "steps", "$ / step", "busy")
+        add_columns(jt, "job", "id", "status", *nums[1:], numbers=nums)
         for j in report.jobs:
             jt.add_row(
                 Text(j.job),
@@ -637,7 +650,9 @@ def render_cost(store: StateStore, job: str | None, console: Console) -> None:
                 fmt_money(j.dollars),
                 str(j.steps),
                 fmt_money(j.dollars_per_step),
+                _fmt(j.trainer_busy_share, ".0%"),
             )
+        jt.caption = f"busy: the trainer's share {_BUSY}"
         console.print(jt)
 
 

@@ -21,7 +21,7 @@ def results_table(results: list[SimResult], title: str) -> Table:
     base = next((r for r in results if r.policy.name == "on-demand"), None)
     t = narrow_table(title)
     cols: tuple[str, ...] = ("steps/h", "trained tok/s", "$", "tokens/$", "thr vs OD", "tok/$ vs OD", "preempt")
-    cols = (*cols, "migrated")
+    cols = (*cols, "migrated", "busy")  # busy: the trainer's share of its billed time spent training
     # speculative decoding's columns only where a replay speculated (rollout.speculative.method)
     spec = any(r.speculation is not None for r in results)
     if spec:
@@ -38,12 +38,14 @@ def results_table(results: list[SimResult], title: str) -> Table:
             ratio(r.tokens_per_dollar, base.tokens_per_dollar) if base else "-",
             str(r.preemptions),
             str(r.migrations),
+            f"{r.trainer_busy_share:.0%}",
         ]
         if spec:
             sp = r.speculation
             row += [f"{sp['tokens_per_pass']:.2f}", f"{sp['acceptance']:.0%}"] if sp else ["1.00", "-"]
         t.add_row(*row)
     t.caption = "; ".join(f"{r.policy.name}: {r.policy.label}" for r in results)
+    t.caption += "; busy: the trainer's billed seconds spent training (100%: never waiting)"
     return t
 
 
@@ -187,6 +189,7 @@ def sweep_table(base: SimResult, points: list, title: str, job_trainer: str | No
     `job_trainer` (--sweep-trainer: the job's own trainer, the baseline's) a trainer column first."""
     t = narrow_table(title)
     cols = ("max_workers", "objective", "held", "steps/h", "trained tok/s", "$", "tokens/$", "thr vs OD", "tok/$ vs OD")
+    cols = (*cols, "busy")
     shape = ("trainer",) if job_trainer is not None else ()
     add_columns(t, *shape, *cols, numbers=tuple(c for c in cols if c != "objective"))
     t.add_row(
@@ -200,6 +203,7 @@ def sweep_table(base: SimResult, points: list, title: str, job_trainer: str | No
         f"{base.tokens_per_dollar:,.0f}",
         "1.00x",
         "1.00x",
+        f"{base.trainer_busy_share:.0%}",
     )
     for p in points:
         r = p.result
@@ -214,8 +218,10 @@ def sweep_table(base: SimResult, points: list, title: str, job_trainer: str | No
             f"{r.tokens_per_dollar:,.0f}",
             ratio(r.tokens_per_s, base.tokens_per_s),
             ratio(r.tokens_per_dollar, base.tokens_per_dollar),
+            f"{r.trainer_busy_share:.0%}",
         )
     t.caption = "held: spot workers held on average (the objective may hold fewer than max_workers)"
+    t.caption += "; busy: the trainer's billed seconds spent training"
     return t
 
 
@@ -317,6 +323,7 @@ def results_json(results: list[SimResult]) -> list[dict]:
                 "preemptions": r.preemptions,
                 "migrations": r.migrations,
                 "discarded_tokens": r.restarted_tokens,
+                "trainer_busy_share": round(r.trainer_busy_share, 4),
                 "time_scale": r.time_scale,
             }
         )

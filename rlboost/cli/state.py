@@ -29,7 +29,7 @@ from rlboost.cli.step_metrics import StepMetrics, StepRow, step_columns, step_fi
 from rlboost.contracts.env_names import Env
 from rlboost.providers.base import InstanceState, LaunchRequest
 
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 
 JOB_STATUSES = ("pending", "running", "succeeded", "failed", "stopped")
 ACTIVE_STATUSES = ("pending", "running")
@@ -164,9 +164,13 @@ ALTER TABLE steps ADD COLUMN lr REAL;
 ALTER TABLE steps ADD COLUMN updates INTEGER
 """
 
+# v8: the trainer's seconds training each step (NULL before), for its busy share (train_s / seconds).
+_SCHEMA_V8 = "ALTER TABLE steps ADD COLUMN train_s REAL"
+
 # Future schema changes: add {N: "ALTER TABLE ..."} here and bump SCHEMA_VERSION.
 _MIGRATIONS: dict[int, str] = {
-    1: _SCHEMA_V1, 2: _SCHEMA_V2, 3: _SCHEMA_V3, 4: _SCHEMA_V4, 5: _SCHEMA_V5, 6: _SCHEMA_V6, 7: _SCHEMA_V7
+    1: _SCHEMA_V1, 2: _SCHEMA_V2, 3: _SCHEMA_V3, 4: _SCHEMA_V4, 5: _SCHEMA_V5, 6: _SCHEMA_V6, 7: _SCHEMA_V7,
+    8: _SCHEMA_V8,
 }
 
 _INSERT_EVENT = "INSERT INTO events (job_id, instance_id, type, detail, clock, wall) VALUES (?, ?, ?, ?, ?, ?)"

@@ -23,6 +23,7 @@ class StepMetrics:
     migrated: int
     step_s: float  # the step's wall time on the trainer
     clock: float  # the provider's (billing) clock at recording
+    train_s: float | None = None  # of which the trainer trained (None: recorded before schema 8)
     offload_s: float | None = None  # seconds into the step at the offload (None: no offload)
     tail_train_s: float | None = None  # trained while the tail generated remotely
     trainer_idle_s: float | None = None  # trainer idle after the offload, waiting for rollouts
@@ -71,3 +72,14 @@ def step_columns(m: StepMetrics) -> dict[str, Any]:
 def step_fields(row: dict[str, Any]) -> dict[str, Any]:
     """A steps table row's values by StepRow's field names."""
     return {_FIELDS.get(c, c): v for c, v in row.items()}
+
+
+def busy_share(train_s: float | None, step_s: float | None) -> float | None:
+    """The trainer's share of a step's (or steps') wall seconds spent training (None: not measured)."""
+    return round(train_s / step_s, 4) if train_s is not None and step_s else None
+
+
+def steps_busy_share(steps: list[StepRow]) -> float | None:
+    """The trainer's busy share over the recorded steps that carry their training seconds."""
+    timed = [s for s in steps if s.train_s is not None]
+    return busy_share(sum(s.train_s or 0.0 for s in timed), sum(s.step_s for s in timed)) if timed else None

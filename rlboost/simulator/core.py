@@ -163,6 +163,9 @@ class Simulation:
             time_scale=self.scale,
             timeline=self.controller.timeline,
             step_log=tr.step_log,
+            trainer_train_s=tr.train_s,
+            # the span trainer_dollars is billed for, back on the replay's clock
+            trainer_billed_s=sum(b - a for a, b, _, spot in self.controller.bill if not spot) / self.scale,
         )
 
 

@@ -23,6 +23,10 @@ class SimResult:
     time_scale: float
     timeline: list[tuple[float, int, int]] = field(default_factory=list)  # (t, spot workers held, tokens)
     step_log: list[dict] = field(default_factory=list)
+    # the trainer's seconds training (its finished steps) and billed (from serving to teardown, as
+    # trainer_dollars), both in sim seconds; kept apart from step_log, which a sweep drops
+    trainer_train_s: float = 0.0
+    trainer_billed_s: float = 0.0
 
     @property
     def steps_per_hour(self) -> float:
@@ -35,6 +39,12 @@ class SimResult:
     @property
     def tokens_per_dollar(self) -> float:
         return self.trained_tokens / self.dollars if self.dollars > 0 else 0.0
+
+    @property
+    def trainer_busy_share(self) -> float:
+        """The share of its billed seconds the trainer spent training: 1.0 is the physical limit (it
+        never waits for rollouts, boots or warms up on the bill)."""
+        return self.trainer_train_s / self.trainer_billed_s if self.trainer_billed_s > 0 else 0.0
 
     @property
     def speculation(self) -> dict[str, float] | None:

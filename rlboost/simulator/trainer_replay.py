@@ -72,6 +72,7 @@ class TrainerReplay:
         self.up_at = INF  # when it serves (sim seconds)
         self.steps_done = 0
         self.trained_tokens = 0
+        self.train_s = 0.0  # sim seconds spent training, over the finished steps
         self.first_step_t: float | None = None
         self.last_step_end = 0.0
         self.step_log: list[dict] = []
@@ -197,9 +198,10 @@ class TrainerReplay:
         s, m = self.pool.step, self.coordinator.marks
         assert s is not None and s.number == number and m is not None and m.gen_end is not None
         t0 = m.t0
+        train_s = busy_total(s.busy)
         o = self.coordinator.end_step(
             now,
-            train_busy_s=busy_total(s.busy),
+            train_busy_s=train_s,
             train_tokens=total,
             busy_during_tail_s=busy_between(s.busy, m.offload_at, m.gen_end),
         )
@@ -210,6 +212,7 @@ class TrainerReplay:
                 "t0": round(t0, 3),
                 "step_s": round(o.step_s, 3),
                 "gen_s": round(o.gen_s, 3),
+                "train_s": round(train_s, 3),
                 "box_s": None if o.box_s is None else round(o.box_s, 3),
                 "trainer_idle_s": round(o.trainer_idle_s, 3),
                 "remote_idle_s": round(o.remote_idle_s, 3),
@@ -223,6 +226,7 @@ class TrainerReplay:
             self.step_log[-1]["speculation"] = {k: round(v - self._spec_seen[k], 3) for k, v in now_totals.items()}
             self._spec_seen = now_totals
         self.trained_tokens += total
+        self.train_s += train_s
         self.steps_done += 1
         self.last_step_end = now
         self.pool.publish()

@@ -124,7 +124,7 @@ def print_outcome(store: StateStore, job_id: int) -> None:
 def start_detached(store: StateStore, job_id: int, run_dir: Path, *, resume: bool, record_rollouts: bool) -> None:
     from rlboost.cli.detach import controller_log, spawn_controller
 
-    pid = spawn_controller(job_id, run_dir, resume=resume, record_rollouts=record_rollouts)
+    pid = spawn_controller(job_id, run_dir, resume=resume, record_rollouts=record_rollouts).pid
     store.update_job(job_id, **controller_identity(pid))  # this process exits now; the job is the child's
     console.print(
         f"job id {job_id}: controller running in the background (pid {pid}), log {controller_log(run_dir)}\n"

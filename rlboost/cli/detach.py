@@ -7,7 +7,9 @@ stdin from /dev/null and stdout/stderr appended to the job's `controller.log`.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -23,8 +25,9 @@ def controller_log(run_dir: Path) -> Path:
 
 def spawn_controller(
     job_id: int, run_dir: Path, *, resume: bool, record_rollouts: bool, node_home: Path | None = None
-) -> int:
-    """Start the job's controller in the background; its pid. `node_home`: it runs as the trainer
+) -> subprocess.Popen:
+    """Start the job's controller in the background; its process (the caller may read how it ended
+    while it starts; it is not waited for after). `node_home`: it runs as the trainer
     node's controller, on that node's own state (RLBOOST_HOME) and serving the control endpoint."""
     cmd = [sys.executable, "-m", "rlboost.cli.main", "_controller", str(job_id)]
     if resume:
@@ -50,4 +53,16 @@ def spawn_controller(
             close_fds=True,
             env=env,
         )
-    return proc.pid
+    return proc
+
+
+def how_it_ended(proc: subprocess.Popen) -> str | None:
+    """None while `proc` runs; else how it ended, in words (`exit code 2`, `killed by SIGKILL`)."""
+    code = proc.poll()
+    if code is None:
+        return None
+    if code < 0:
+        with contextlib.suppress(ValueError):
+            return f"killed by {signal.Signals(-code).name}"
+        return f"killed by signal {-code}"
+    return f"exit code {code}"

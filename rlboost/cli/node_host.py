@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,10 +22,9 @@ from typing import TYPE_CHECKING
 import yaml
 
 from rlboost.cli import control_api as api
-from rlboost.cli.detach import controller_log, spawn_controller
+from rlboost.cli.detach import controller_log, how_it_ended, spawn_controller
 from rlboost.cli.job_envs import read_secret_envs, split_envs, write_secret_envs
 from rlboost.cli.node_client import node_home, node_run_dir, read_address, stop_node_controller_of
-from rlboost.cli.pids import controller_alive
 from rlboost.cli.state import JobRow, StateStore, UnknownJobError, job_run_dir
 from rlboost.contracts.env_names import Env
 from rlboost.contracts.provider_kinds import provider_kind
@@ -89,20 +89,29 @@ class LocalTrainerNode:
         secret = read_secret_envs(self.launch_dir)
         prepare_node(self.home, NodeJob(self.job_id, self.name, "local", spec_yaml, token, secret, self.uid))
         (self.run_dir / api.CONTROL_FILE).unlink(missing_ok=True)
-        pid = spawn_controller(
+        proc = spawn_controller(
             self.job_id, self.run_dir, resume=resume, record_rollouts=record_rollouts, node_home=self.home
         )
+        addr, ended = self._wait_listening(proc, timeout_s)
+        if addr is None:
+            tail = controller_log(self.run_dir).read_text(errors="replace")[-2000:]
+            raise NodeStartError(f"the trainer node's controller exited while starting ({ended}):\n{tail}")
+        return addr
+
+    def _wait_listening(self, proc: subprocess.Popen, timeout_s: float) -> tuple[api.ControlAddress | None, str]:
+        """Where the controller just started listens; or None and how it ended before it did. Its own
+        exit status, not /proc: a child released by vfork may still show an empty command line."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             addr = read_address(self.run_dir)
-            if addr is not None and addr.pid == pid:
-                return addr
-            if not controller_alive(pid):
-                tail = controller_log(self.run_dir).read_text(errors="replace")[-2000:]
-                raise NodeStartError(f"the trainer node's controller exited while starting:\n{tail}")
+            if addr is not None and addr.pid == proc.pid:
+                return addr, ""
+            ended = how_it_ended(proc)
+            if ended is not None:
+                return None, ended
             time.sleep(0.1)
         with contextlib.suppress(OSError):  # launched nothing yet that it could not tear down itself
-            os.kill(pid, signal.SIGTERM)
+            os.kill(proc.pid, signal.SIGTERM)
         raise NodeStartError(f"the trainer node's controller did not listen within {timeout_s:.0f}s")
 
     def cut_off(self) -> bool:

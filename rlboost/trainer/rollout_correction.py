@@ -60,11 +60,13 @@ def right_aligned(rows: Sequence[Sequence[float] | Tensor], like: Tensor, dtype:
     """Per-row values (each row's response tokens) placed as the learner places a response in [N, T]:
     in the last len(row) columns (rows are left padded), zeros elsewhere; like's device, and its dtype
     unless given (the engines' log-probs are float64: kept so, the weight's difference is taken in it)."""
-    out = torch.zeros(like.shape, dtype=dtype or like.dtype, device=like.device)
+    # lists (the engines' log-probs) are placed on the host and copied to the device once, not per row
+    host = not any(isinstance(row, Tensor) for row in rows)
+    out = torch.zeros(like.shape, dtype=dtype or like.dtype, device="cpu" if host else like.device)
     for j, row in enumerate(rows):
         if len(row):
-            out[j, -len(row) :] = torch.as_tensor(row, dtype=out.dtype).to(like.device)
-    return out
+            out[j, -len(row) :] = torch.as_tensor(row, dtype=out.dtype, device=out.device)
+    return out.to(like.device)
 
 
 def check_behaviour(samples: Sequence, level: Level) -> None:

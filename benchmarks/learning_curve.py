@@ -21,7 +21,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's 
 
 from rlboost.contracts.spec import JobSpec
 from rlboost.models.torch_engine import TorchEngine
-from rlboost.trainer.learner import Learner, rollout_groups
+from rlboost.trainer.learner import Learner
+from rlboost.trainer.local_rollout import rollout_groups
 
 
 def apply_overrides(spec: JobSpec, overrides: list[str]) -> JobSpec:

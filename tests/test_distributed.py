@@ -13,7 +13,7 @@ import torch
 import torch.multiprocessing as mp
 from safetensors.torch import load_file, save_file
 
-from rlboost.contracts.spec import AlgorithmSpec, LoraSpec, ModelSpec, TaskSpec
+from rlboost.contracts.spec import AlgorithmSpec, LoraSpec, ModelSpec, RolloutCorrection, TaskSpec
 from rlboost.trainer.grpo import Sample
 from rlboost.trainer.learner import Learner
 from rlboost.trainer.tasks import make_task
@@ -30,6 +30,10 @@ KNOBS = {
     "fsdp-kl-resume": {"kl_coef": 0.5},
     "fsdp-hf-kl": {"kl_coef": 0.5},  # a Hugging Face model's reference: tied weights, rotary buffers
     "ddp-hf-lora": {"kl_coef": 0.5},  # LoRA adapters: only they have gradients; the reference: adapters off
+    # rollout correction against _samples' behaviour log-probs: some weights truncated, some not; the
+    # step's metrics are reduced over ranks (sums and the max); sequence level on the kept-samples path
+    "ddp-tis": {"rollout_correction": RolloutCorrection(level="token", threshold=1.5)},
+    "fsdp-tis-ppo": {"rollout_correction": RolloutCorrection(level="sequence", threshold=3.0), "ppo_epochs": 2},
 }
 GROUP = {"fsdp-kl": 3}  # responses per group where not 4
 
@@ -42,7 +46,10 @@ def _samples(model: ModelSpec, task_spec: TaskSpec, n_groups: int = 3, group: in
     for i, p in enumerate(task.sample(rng, n_groups)):
         for g in range(group):
             resp = [int(x) for x in rng.integers(4, 30, size=int(rng.integers(1, 8)))]
-            out.append(Sample(p.prompt_ids, resp, reward=float((g + i) % 3 == 0), group=i))
+            # an engine's log-probs, spread around the tiny model's own (~ -3.5): not drawn from rng,
+            # so the samples are those of before they were added
+            behaviour = [-2.0 - ((k + g + i) % 5) for k in range(len(resp))]
+            out.append(Sample(p.prompt_ids, resp, float((g + i) % 3 == 0), i, behaviour_logprobs=behaviour))
     return out
 
 
@@ -143,6 +150,14 @@ def _rank(rank: int, world: int, port: int, cases: list[tuple[str, ModelSpec, Ta
                     assert metrics["kl"] > 0
                 if name == "fsdp-ppo":
                     assert metrics["updates"] == 6 and metrics["clip_frac"] > 0
+                if name == "ddp-tis":  # the 2 ranks' figures are the single process's
+                    alone = _learner(model, task_spec, micro=2, knobs=knobs)
+                    alone.warm_start(2)
+                    for _ in range(2):
+                        solo = alone.train_step(samples)
+                    assert metrics["is_weight_max"] == 1.5 and 0 < metrics["is_clipped_share"] < 1
+                    for k in ("is_weight_mean", "is_weight_max", "is_clipped_share"):
+                        assert metrics[k] == pytest.approx(solo[k], rel=1e-6), k
                 save_file(leader.state_dict(), out)
                 collectives.release_followers()
             else:
@@ -172,6 +187,7 @@ def two_rank_results(tmp_path_factory) -> dict[str, tuple[dict[str, torch.Tensor
     tmp = tmp_path_factory.mktemp("dist")
     cases = {
         **{name: TINY for name in ("ddp", "fsdp", "ddp-stream", "fsdp-stream", "ddp-knobs", "fsdp-ppo")},
+        **{name: TINY for name in ("ddp-tis", "fsdp-tis-ppo")},
         **{name: TINY for name in ("fsdp-kl", "fsdp-kl-resume")},
     }
     try:
@@ -197,7 +213,7 @@ def two_rank_results(tmp_path_factory) -> dict[str, tuple[dict[str, torch.Tensor
 @pytest.mark.parametrize(
     "case",
     ["ddp", "fsdp", "fsdp-hf", "ddp-stream", "fsdp-stream", "ddp-knobs", "fsdp-ppo", "fsdp-kl", "fsdp-hf-kl",
-     "ddp-hf-lora"],
+     "ddp-hf-lora", "ddp-tis", "fsdp-tis-ppo"],
 )
 def test_two_ranks_make_the_single_process_update(case: str, two_rank_results) -> None:
     if case not in two_rank_results:

@@ -12,7 +12,8 @@ from rlboost.contracts.spec import AlgorithmSpec, ModelSpec, TaskSpec
 from rlboost.models.torch_engine import TorchEngine
 from rlboost.models.vocab import EOS
 from rlboost.trainer.grpo import Sample, group_advantages, policy_gradient_loss, sample_advantages
-from rlboost.trainer.learner import Learner, rollout_groups
+from rlboost.trainer.learner import Learner
+from rlboost.trainer.local_rollout import rollout_groups
 from tests.torch_threads import one_thread  # noqa: F401  (autouse: single-threaded torch)
 
 # ---- advantages and loss ------------------------------------------------------------------------

@@ -1,8 +1,9 @@
 """The optimizer and DAPO knobs through a real local job (CLI, controller, trainer process), not only
 the learner's unit tests (tests/test_optimizer_knobs.py, tests/test_dapo.py): a job file with a cosine
 schedule after a warm-up, grad_clip, betas, weight_decay, overlong_buffer and dynamic_sampling runs to
-its end, and its metrics.jsonl has each step's scheduled rate, its update and gradient norm, and the
-DAPO figures (groups dropped, the overlong penalty)."""
+its end, and its metrics.jsonl has each step's scheduled rate, its update and gradient norm, the
+DAPO figures (groups dropped, the overlong penalty) and rollout correction's importance weights (against
+the engine's behaviour log-probs, which rode from the rollout book to the learner)."""
 
 from __future__ import annotations
 
@@ -39,6 +40,7 @@ def test_a_job_with_every_optimizer_and_dapo_knob_records_them_per_step(tmp_path
             "weight_decay": 0.01,
             "overlong_buffer": {"length": 4, "penalty": 0.5},
             "dynamic_sampling": True,
+            "rollout_correction": {"level": "token", "threshold": 2.0},
         },
         "task": {"name": "reverse", "min_len": 3, "max_len": 4},
         "rollout": {"max_workers": 0},
@@ -67,6 +69,12 @@ def test_a_job_with_every_optimizer_and_dapo_knob_records_them_per_step(tmp_path
     assert [r["update_skipped"] for r in steps] == [False] * STEPS
     assert all(r["overlong_penalty_mean"] <= 0 for r in steps)
     assert any(r["overlong_penalty_mean"] < 0 for r in steps)  # responses reached the buffer
+    # the importance weights of the engine's tokens: the same tiny model in float32 on both sides, so 1
+    # up to float noise (the engine's batches and float64 sampling math differ from the trainer's); a
+    # log-prob off by a token or a temperature would put them far from it
+    for r in steps:
+        assert abs(r["is_weight_mean"] - 1.0) < 1e-3 and 1.0 <= r["is_weight_max"] < 1.01, r
+        assert r["is_clipped_share"] == 0.0, r
     # betas and weight_decay show in no metric: the trainer's last checkpoint has its AdamW's settings
     [ckpt] = (home / "jobs" / f"knobs-{j['id']}" / "checkpoints").glob(f"ckpt-{STEPS:08d}.pt")
     [group] = torch.load(ckpt, weights_only=False)["payload"]["learner"]["optimizer"]["param_groups"]

@@ -23,7 +23,7 @@ from typing import Any
 from rlboost.cli.metrics_sinks import JsonlSink, MetricsSink, SinkError
 from rlboost.cli.step_metrics import busy_share
 from rlboost.cli.step_numbers import shown
-from rlboost.contracts.step_record import StepRecord
+from rlboost.contracts.step_record import ROLLOUT_CORRECTION_COLUMNS, StepRecord
 
 METRICS_FILE = "metrics.jsonl"
 
@@ -151,8 +151,8 @@ class MetricsLog:
             "dollars": round(dollars, 4),  # so far in the job
             "clock_s": round(clock, 3),  # the provider's billing clock
         }
-        # DAPO's knobs (algorithm.overlong_buffer, dynamic_sampling): only when on, so a row without them
-        # is as before
+        # DAPO's knobs (algorithm.overlong_buffer, dynamic_sampling) and algorithm.rollout_correction:
+        # only when on, so a row without them is as before
         row.update({k: v for k in _DAPO_COLUMNS if (v := getattr(rec, k)) is not None})
         key = _without_totals(row)
         self._load()
@@ -163,7 +163,7 @@ class MetricsLog:
         return True
 
 
-_DAPO_COLUMNS = ("overlong_penalty_mean", "groups_dropped", "update_skipped")
+_DAPO_COLUMNS = ("overlong_penalty_mean", "groups_dropped", "update_skipped", *ROLLOUT_CORRECTION_COLUMNS)
 
 
 def _eval_key(row: dict[str, Any]) -> str:

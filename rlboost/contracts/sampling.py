@@ -11,8 +11,9 @@ set to -inf before the noise is added, so Gumbel-max draws exactly from the trun
 distribution (vLLM's and Hugging Face's order: temperature, then top-k, then top-p). Both cuts are
 value thresholds (ties at the threshold are kept), so which tied index a sort puts first never matters.
 The log-prob returned is of that truncated distribution: the one the token was drawn from (vLLM's
-`processed_logprobs`). The trainer never reads it for the loss (its pi_old and pi are its own
-recomputation at T over the whole vocabulary, as veRL's); it is the behaviour log-prob of the dumps.
+`processed_logprobs`). It is the behaviour log-prob of the dumps and of algorithm.rollout_correction
+(rlboost/trainer/rollout_correction.py), the only loss that reads it; otherwise pi_old and pi are the
+trainer's own recomputation at T over the whole vocabulary, as veRL's.
 With top_k = 0 and top_p = 1 (off, the defaults) nothing is truncated and the code path is unchanged.
 """
 

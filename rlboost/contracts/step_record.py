@@ -14,6 +14,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, model_validator
 
+# StepRecord's rollout-correction figures (metrics.jsonl writes them only when set)
+ROLLOUT_CORRECTION_COLUMNS = ("is_weight_mean", "is_weight_max", "is_clipped_share")
+
 
 class StepTiming(BaseModel):
     """What the rollout coordinator measured of one step, on its own clock, from the step's dispatch to
@@ -53,6 +56,11 @@ class StepRecord(BaseModel):
     overlong_penalty_mean: float | None = None
     groups_dropped: int | None = None
     update_skipped: bool | None = None
+    # algorithm.rollout_correction (None when its level is none): the importance weights' token mean and
+    # max, and the share of response tokens whose weight was truncated to the threshold
+    is_weight_mean: float | None = None
+    is_weight_max: float | None = None
+    is_clipped_share: float | None = None
     responses: int
     tokens: int  # of the responses trained on
     len_max: int  # the longest response's tokens

@@ -271,6 +271,8 @@ def calibrate(
                     [int(x) for x in rng.integers(4, 20, r_len)],
                     float(rng.random()),
                     group=i // algo.group_size,
+                    # an engine's log-probs, for algorithm.rollout_correction's weights (timed too)
+                    behaviour_logprobs=[-1.0] * r_len,
                 )
                 for i, (p_len, r_len) in enumerate(shapes)
             ]

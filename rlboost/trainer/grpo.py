@@ -12,7 +12,9 @@ aggregated over the step by `loss_agg_mode`. pi_old is the learner's own log-pro
 that generated the response (not the engine's, which differs numerically). With one update per step
 (the default) that is the current pi, detached: the ratio is 1, the clip never triggers and the policy
 term's gradient is the plain policy gradient; with several (ppo_mini_batch_size, ppo_epochs) every
-update after the first sees ratios != 1 and the clip acts.
+update after the first sees ratios != 1 and the clip acts. With algorithm.rollout_correction the
+policy term of each token is also weighted by the truncated ratio pi_old / pi_behaviour of the engine's
+own log-prob (rlboost/trainer/rollout_correction.py).
 
 DAPO's (arXiv 2503.14476) reward-side knobs live here too: `overlong_penalty` (the soft overlong
 punishment, algorithm.overlong_buffer) and `informative_groups` (dynamic sampling's filter,
@@ -35,6 +37,9 @@ class Sample:
     response_ids: list[int]  # exactly what the engine generated (EOS included if it stopped on EOS)
     reward: float
     group: int  # samples with the same group id answer the same prompt
+    # the engine's log-prob of each response token (its behaviour policy; contracts/sampling.py), for
+    # algorithm.rollout_correction (rlboost/trainer/rollout_correction.py); None where none was recorded
+    behaviour_logprobs: list[float] | None = None
 
 
 def group_advantages(rewards: Tensor, eps: float = 1e-6) -> Tensor:

@@ -38,6 +38,10 @@ loss is normalised over the remaining groups' tokens (or responses) only, stream
 alike; the batch is not refilled (groups_dropped counts them), and a step with no group left makes
 no update (update_skipped).
 
+With algorithm.rollout_correction (level token or sequence) each token's policy term is weighted by
+the truncated ratio of pi_old to the engine's behaviour log-prob that came with the sample
+(rlboost/trainer/rollout_correction.py); a sample without them is refused.
+
 Across ranks every rank is given the same groups (the same samples); each takes every world-th sample
 of each `add_groups` call, and gradients are summed over ranks (all-reduce, or FSDP's reduce-scatter),
 so the update equals the single-process one up to float summation order.
@@ -57,8 +61,6 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from rlboost.contracts.engine import Engine, GenRequest
-from rlboost.contracts.sampling import request_id, request_seed
 from rlboost.contracts.spec import AlgorithmSpec, ModelSpec, TaskSpec
 from rlboost.models import lora
 from rlboost.models.tiny_gpt import TinyGPT, from_spec, left_pad
@@ -76,14 +78,15 @@ from rlboost.trainer.grpo import (
 )
 from rlboost.trainer.learner_state import local_shard, materialize, meta_frozen_copy
 from rlboost.trainer.lr_schedule import LrSchedule, lr_at
-from rlboost.trainer.tasks import Problem, Task, make_task
+from rlboost.trainer.rollout_correction import WeightSums, check_behaviour, is_weights, right_aligned
+from rlboost.trainer.tasks import Task, make_task
 
 if TYPE_CHECKING:
     from rlboost.trainer.collectives import DistContext
 
 WARM_START_BATCH = 32
 
-__all__ = ["Learner", "Sample", "make_learner", "rollout_groups"]
+__all__ = ["Learner", "Sample", "make_learner"]
 
 
 @dataclass
@@ -109,6 +112,7 @@ class _StepSums:
     trained_groups: set[int] = field(default_factory=set)
     groups_dropped: int = 0
     overlong_sum: float = 0.0  # the overlong penalties added to the rewards (algorithm.overlong_buffer)
+    weights: WeightSums = field(default_factory=WeightSums)  # algorithm.rollout_correction's weights
     # several updates per step: the samples, their advantages and old log-probs, kept for finish_step
     kept: list[tuple[Sample, float, Tensor]] = field(default_factory=list)
 
@@ -287,6 +291,7 @@ class Learner:
             raise ValueError(f"groups {sorted(groups & acc.groups)} were already added this step")
         if not samples:
             return
+        check_behaviour(samples, self.algo.rollout_correction.level)
         acc.groups |= groups
         acc.tokens += sum(len(s.response_ids) for s in samples)
         acc.samples += len(samples)
@@ -305,7 +310,8 @@ class Learner:
             olds = self._old_logprobs(prompts, responses)
             acc.kept += [(s, float(a), o) for s, a, o in zip(trained, adv, olds, strict=True)]
         else:
-            acc.loss += self._backward(prompts, responses, self._grpo_loss(prompts, responses, adv, acc))
+            behaviour = [s.behaviour_logprobs for s in trained]
+            acc.loss += self._backward(prompts, responses, self._grpo_loss(prompts, responses, adv, acc, behaviour))
         acc.adv_abs_sum += float(adv.abs().sum())
 
     def _updates_per_step_vary(self) -> bool:
@@ -332,11 +338,13 @@ class Learner:
         responses: Sequence[list[int]],
         adv: Tensor,
         acc: _StepSums,
+        behaviour: Sequence[list[float] | None],
         old: Sequence[Tensor] | None = None,
     ) -> Callable[[list[int]], Tensor]:
-        """The loss of some rows (trainer.grpo's terms), over acc.norm; old: each row's log-probs under
-        the weights that generated it (None: the current weights)."""
-        a = self.algo
+        """The loss of some rows (trainer.grpo's terms), over acc.norm; behaviour: each row's engine
+        log-probs (algorithm.rollout_correction); old: each row's log-probs under the weights that
+        generated it (None: the current weights)."""
+        a, rc = self.algo, self.algo.rollout_correction
 
         def loss_of(rows: list[int]) -> Tensor:
             p, r = [prompts[i] for i in rows], [responses[i] for i in rows]
@@ -349,12 +357,15 @@ class Learner:
                 # exactly and the gradient is the plain policy gradient, bit for bit.
                 old_logp = logp.detach()
             else:  # the rows' log-probs from before this step's first update, placed like logp's
-                old_logp = torch.zeros_like(logp)
-                for j, i in enumerate(rows):
-                    if len(r[j]):
-                        old_logp[j, -len(r[j]) :] = old[i].to(logp.dtype)
+                old_logp = right_aligned([old[i] for i in rows], logp)
             surrogate, clipped = clipped_ratio(logp, old_logp, c, a.clip_ratio_low, a.clip_ratio_high)
-            loss = -(c[:, None] * surrogate * w).sum() / acc.norm
+            pg = c[:, None] * surrogate
+            if rc.level != "none":  # truncated importance sampling: pi_old / the engine's pi, detached
+                beh = right_aligned([behaviour[i] or [] for i in rows], logp, torch.float64)
+                correction = is_weights(old_logp, beh, mask, rc.level, rc.threshold)
+                pg = pg * correction.weights
+                acc.weights.add(correction, mask)
+            loss = -(pg * w).sum() / acc.norm
             acc.clipped += float((clipped & mask).sum())
             acc.pg += float(loss.detach())
             if a.kl_coef > 0:
@@ -409,7 +420,7 @@ class Learner:
             metrics["kl"] = kl / tokens  # token mean of the estimate
         if self.algo.entropy_coeff > 0:
             metrics["entropy"] = ent / tokens
-        return {**metrics, **self._dapo_metrics(acc)}
+        return {**metrics, **self._dapo_metrics(acc), **self._correction_metrics(acc.weights)}
 
     def _dapo_metrics(self, acc: _StepSums, skipped: bool = False) -> dict[str, float]:
         """The DAPO knobs' step metrics, only where the knob is on (the default's metrics are unchanged)."""
@@ -420,6 +431,19 @@ class Learner:
             out["groups_dropped"] = float(acc.groups_dropped)
             out["update_skipped"] = float(skipped)
         return out
+
+    def _correction_metrics(self, sums: WeightSums) -> dict[str, float]:
+        """algorithm.rollout_correction's step metrics over every rank's tokens (none while it is off)."""
+        if self.algo.rollout_correction.level == "none":
+            return {}
+        if self.world > 1:
+            import torch.distributed as tdist
+
+            sums.total, sums.clipped, sums.tokens = self._sum_over_ranks(sums.total, sums.clipped, sums.tokens)
+            peak = torch.tensor([sums.peak], dtype=torch.float64, device=self.device)
+            tdist.all_reduce(peak, op=tdist.ReduceOp.MAX)
+            sums.peak = float(peak)
+        return sums.metrics()
 
     def _no_update(self, acc: _StepSums) -> dict[str, float]:
         """Every group of the step was dropped (dynamic sampling): nothing to train on, so the weights
@@ -459,7 +483,10 @@ class Learner:
                 sums = _StepSums(norm=float(max(1, agg_units([len(r) for r in responses], a.loss_agg_mode))))
                 advs = torch.tensor([adv for _, adv, _ in rows])
                 olds = [old for _, _, old in rows]
-                part = self._backward(prompts, responses, self._grpo_loss(prompts, responses, advs, sums, olds))
+                behaviour = [s.behaviour_logprobs for s, _, _ in rows]
+                loss_of = self._grpo_loss(prompts, responses, advs, sums, behaviour, olds)
+                part = self._backward(prompts, responses, loss_of)
+                acc.weights.merge(sums.weights)
                 totals = self._sum_over_ranks(part, sums.pg, sums.kl, sums.entropy, sums.clipped)
                 loss, pg, kl, ent, clipped = (
                     x + y for x, y in zip((loss, pg, kl, ent, clipped), totals, strict=True)
@@ -483,7 +510,7 @@ class Learner:
             metrics["kl"] = kl / token_updates
         if a.entropy_coeff > 0:
             metrics["entropy"] = ent / token_updates
-        return {**metrics, **self._dapo_metrics(acc)}
+        return {**metrics, **self._dapo_metrics(acc), **self._correction_metrics(acc.weights)}
 
     def _accumulate(
         self, prompts: Sequence[list[int]], responses: Sequence[list[int]], coef: Tensor, temperature: float
@@ -663,36 +690,3 @@ def make_learner(spec, dist: DistContext | None = None):
     from rlboost.trainer.collectives import LeaderLearner
 
     return LeaderLearner(learner)
-
-
-def rollout_groups(
-    engine: Engine,
-    task: Task,
-    problems: Sequence[Problem],
-    group_size: int,
-    max_new_tokens: int,
-    job_seed: int,
-    step: int,
-    temperature: float = 1.0,
-    top_k: int = 0,
-    top_p: float = 1.0,
-) -> list[Sample]:
-    """Generate `group_size` responses per problem on one engine, in process, and score them.
-
-    The path used when no coordinator is involved (tests, benchmarks/learning_curve.py). Request ids
-    are request_id(step, i, j), as rlboost/trainer/runtime.py names them, and each request's sampling seed is
-    request_seed(job_seed, rid), so with the same prompts the curves of the two paths agree."""
-    requests, meta = [], {}
-    for i, p in enumerate(problems):
-        for j in range(group_size):
-            rid = request_id(step, i, j)
-            requests.append(GenRequest(rid, p.prompt_ids, max_new_tokens, request_seed(job_seed, rid)))
-            meta[rid] = (i, p)
-    out: dict[str, list[int]] = {r.rid: [] for r in requests}
-
-    def on_tokens(rid: str, offset: int, ids: list[int], logprobs: list[float]) -> None:
-        assert offset == len(out[rid]), "tokens must arrive in order"
-        out[rid].extend(ids)
-
-    engine.generate(requests, on_tokens, lambda rid: False, temperature, top_k, top_p)
-    return [Sample(p.prompt_ids, out[rid], task.reward(p, out[rid]), group=i) for rid, (i, p) in meta.items()]

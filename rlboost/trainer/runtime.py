@@ -30,7 +30,7 @@ from rlboost.contracts.rewards import RewardBudgetExceeded
 from rlboost.contracts.sampling import request_id
 from rlboost.contracts.spec import JobSpec
 from rlboost.contracts.status import TrainerStatus
-from rlboost.contracts.step_record import StepRecord, speculation_figures
+from rlboost.contracts.step_record import ROLLOUT_CORRECTION_COLUMNS, StepRecord, speculation_figures
 from rlboost.contracts.worker_env import WorkerEnv
 from rlboost.rollout import scheduling
 from rlboost.rollout.live import LiveCoordinator, RolloutRequest
@@ -348,7 +348,11 @@ class TrainerRuntime:
             # one group's responses: a batched (TRL-style) custom reward is called once per group
             probs = [problems[group_of[r.rid]] for r in rs]
             rewards = self.task.rewards(probs, [r.tokens for r in rs])
-            return [Sample(r.prompt, r.tokens, x, group_of[r.rid]) for r, x in zip(rs, rewards, strict=True)]
+            # with the engines' log-probs of the tokens: algorithm.rollout_correction's behaviour policy
+            return [
+                Sample(r.prompt, r.tokens, x, group_of[r.rid], behaviour_logprobs=r.logprobs)
+                for r, x in zip(rs, rewards, strict=True)
+            ]
 
         if isinstance(self.learner, SyntheticLearner):  # trains finished groups once offloaded
             overlap = asyncio.create_task(self.learner.train_while_generating(self.coord))
@@ -557,7 +561,16 @@ def _fmt(d: dict) -> str:
 
 
 # the learner's metrics a step record carries where the learner has them (the synthetic has none)
-_OPTIONAL_METRICS = ("kl", "entropy", "clip_frac", "pg_loss", "grad_norm", "lr", "overlong_penalty_mean")
+_OPTIONAL_METRICS = (
+    "kl",
+    "entropy",
+    "clip_frac",
+    "pg_loss",
+    "grad_norm",
+    "lr",
+    "overlong_penalty_mean",
+    *ROLLOUT_CORRECTION_COLUMNS,
+)
 
 # the coordinator's measurements a step record carries (its own step_s and remote_idle_s stay its own)
 _TIMING_IN_RECORD = {"spot_workers", "offload_s", "trainer_idle_s", "gen_tokens", "spot_tokens"}

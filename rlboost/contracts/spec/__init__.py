@@ -10,7 +10,7 @@ reading these modules. Callers import from here.
 
 from __future__ import annotations
 
-from rlboost.contracts.spec.algorithm import LOSS_KNOBS, AlgorithmSpec, OverlongBuffer
+from rlboost.contracts.spec.algorithm import LOSS_KNOBS, AlgorithmSpec, OverlongBuffer, RolloutCorrection
 from rlboost.contracts.spec.base import SEED_LIMIT, LaxPath, Strict
 from rlboost.contracts.spec.errors import SpecError, format_validation_error
 from rlboost.contracts.spec.job import JobSpec, env_name_problem
@@ -38,6 +38,7 @@ __all__ = [
     "ModelSpec",
     "OverlongBuffer",
     "PerfSpec",
+    "RolloutCorrection",
     "RolloutSpec",
     "SimulateSpec",
     "SpecError",

@@ -20,6 +20,17 @@ class OverlongBuffer(Strict):
     penalty: Annotated[float, Field(ge=0, le=100)] = 1.0  # veRL: reward_model.overlong_buffer.penalty_factor
 
 
+class RolloutCorrection(Strict):
+    """Truncated importance sampling against the engines' behaviour log-probs (veRL's
+    algorithm.rollout_correction.rollout_is / rollout_is_threshold; rlboost/trainer/rollout_correction.py):
+    each token's policy-gradient loss is weighted by min(pi_old / pi_behaviour, threshold), per token or
+    as the response's product. `none` (the default) is the loss without it, bit for bit."""
+
+    level: Literal["none", "token", "sequence"] = "none"  # veRL: rollout_is (null | token | sequence)
+    # the weight's cap; > 1, since a cap at or below 1 would only ever shrink the gradient
+    threshold: Annotated[float, Field(gt=1, le=1e6)] = 2.0  # veRL: rollout_is_threshold (default 2.0)
+
+
 class AlgorithmSpec(Strict):
     @model_validator(mode="before")
     @classmethod
@@ -88,6 +99,8 @@ class AlgorithmSpec(Strict):
     # drop groups whose rewards are all equal (zero advantage) from the update; dropped groups are not
     # replaced (no refill like veRL's filter_groups.max_num_gen_batches): the step trains on fewer groups
     dynamic_sampling: bool = False
+    # ---- rollout correction (off: level none): the engines' behaviour log-probs in the loss ----
+    rollout_correction: RolloutCorrection = RolloutCorrection()
 
     @model_validator(mode="after")
     def _buffer_fits(self) -> AlgorithmSpec:
@@ -142,6 +155,7 @@ LOSS_KNOBS = (
     "ppo_epochs",
     "overlong_buffer",
     "dynamic_sampling",
+    "rollout_correction",
 )
 
 OPTIMIZER_KNOBS = ("betas", "weight_decay", "grad_clip", "lr_schedule", "lr_warmup_steps")

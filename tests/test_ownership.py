@@ -179,6 +179,27 @@ def test_a_controller_is_alive_only_if_its_pid_and_start_match(home):
         other.wait()
 
 
+def test_a_started_controller_is_judged_by_its_own_exit_status():
+    """A trainer node's controller that has just been started is watched through its own process
+    (rlboost/cli/node_host.py), never /proc: right after a vfork'd exec its command line can read empty,
+    which the /proc check takes for a dead controller. How it ended is said in words."""
+    from rlboost.cli.detach import how_it_ended
+
+    code = "import os, signal, sys, time; {}"
+    running = subprocess.Popen([sys.executable, "-c", code.format("time.sleep(60)")])
+    exited = subprocess.Popen([sys.executable, "-c", code.format("sys.exit(3)")])
+    killed = subprocess.Popen([sys.executable, "-c", code.format("os.kill(os.getpid(), signal.SIGKILL)")])
+    try:
+        exited.wait(30)
+        killed.wait(30)
+        assert how_it_ended(running) is None
+        assert how_it_ended(exited) == "exit code 3"
+        assert how_it_ended(killed) == "killed by SIGKILL"
+    finally:
+        running.kill()
+        running.wait()
+
+
 def test_resume_is_not_refused_by_a_reused_pid(home, tmp_path):
     """`launch --resume` of a job whose controller's pid now belongs to another process goes ahead
     (it used to refuse: "still running"); it stops at the next check (an incomplete run dir)."""

@@ -50,6 +50,4 @@ def _runs_rlboost(pid: int) -> bool:
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return True  # no /proc (macOS): the pid is all there is to go by
-    # empty: a process in the middle of exec (its arguments not yet set up) reads so; that is not
-    # a dead controller (a zombie was ruled out by the caller)
-    return not cmdline or b"rlboost" in cmdline
+    return b"rlboost" in cmdline

@@ -284,7 +284,8 @@ def sweep_points(max_workers: int, most: int | None = None) -> list[int]:
     return sorted({min(p, most) for p in pts} if most is not None else pts)
 
 
-def _replay_one(rp: Replay, max_workers: int, objective: str, on_progress: Report) -> SweepPoint:
+def replay_point(rp: Replay, max_workers: int, objective: str, on_progress: Report) -> SweepPoint:
+    """One sweep point: the job replayed under rlboost with this objective and fleet cap."""
     r = rp.with_max_workers(max_workers).replay(PRESETS[f"rlboost-{objective}"], on_progress)
     held = r.mean_spot_workers
     r.timeline = []  # not plotted in a sweep; keeps what crosses the process boundary small
@@ -292,7 +293,8 @@ def _replay_one(rp: Replay, max_workers: int, objective: str, on_progress: Repor
     return SweepPoint(max_workers, objective, r, held)
 
 
-def _replay_policy(rp: Replay, policy: SimPolicy, on_progress: Report) -> SimResult:
+def replay_policy(rp: Replay, policy: SimPolicy, on_progress: Report) -> SimResult:
+    """The job replayed under one policy (a sweep's baseline, or a row of the policy table)."""
     return rp.replay(policy, on_progress)
 
 
@@ -303,7 +305,7 @@ def simulate_policies(
     rp: Replay, policies: list[SimPolicy], *, jobs: int | None = None, on_progress: OnProgress | None = None
 ) -> list[SimResult]:
     """Every policy's replay, in parallel processes (`jobs`; 1: here, one after another), in their order."""
-    return run_all([partial(_replay_policy, rp, p) for p in policies], jobs=jobs, on_progress=on_progress)
+    return run_all([partial(replay_policy, rp, p) for p in policies], jobs=jobs, on_progress=on_progress)
 
 
 def sweep_order(points: list[int]) -> list[tuple[int, str]]:
@@ -323,8 +325,8 @@ def sweep(
     spot worker; it fills a gap at the end), in parallel processes. on_progress's index is the replay's
     place in that order."""
     todo = sweep_order(points)
-    tasks: list[Callable[[Report], SweepPoint | SimResult]] = [partial(_replay_one, rp, n, o) for n, o in todo]
-    tasks.append(partial(_replay_policy, rp, PRESETS["on-demand"]))
+    tasks: list[Callable[[Report], SweepPoint | SimResult]] = [partial(replay_point, rp, n, o) for n, o in todo]
+    tasks.append(partial(replay_policy, rp, PRESETS["on-demand"]))
     *out, base = run_all(tasks, jobs=jobs, on_progress=on_progress)
     assert isinstance(base, SimResult)
     swept = [p for p in out if isinstance(p, SweepPoint)]

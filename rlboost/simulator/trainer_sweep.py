@@ -23,8 +23,8 @@ from rlboost.simulator.cli import (
     OnProgress,
     Replay,
     SweepPoint,
-    _replay_one,
-    _replay_policy,
+    replay_point,
+    replay_policy,
     sweep_order,
 )
 from rlboost.simulator.local_calibration import needs_calibration
@@ -166,12 +166,12 @@ def trainer_sweep_order(trainers: list[str], points: list[int], job_trainer: str
     return [*fleets, *alone]
 
 
-def _replay_point(rp: Replay, trainer: str, n: int, objective: str, on_progress: Report) -> SweepPoint:
+def _shape_point(rp: Replay, trainer: str, n: int, objective: str, on_progress: Report) -> SweepPoint:
     if objective == ALONE:
         r = rp.replay(PRESETS["on-demand"], on_progress)
-        r.timeline, r.step_log = [], []  # as _replay_one: not plotted, kept small across processes
+        r.timeline, r.step_log = [], []  # as replay_point: not plotted, kept small across processes
         return SweepPoint(0, ALONE, r, 0.0, trainer)
-    return replace(_replay_one(rp, n, objective, on_progress), trainer=trainer)
+    return replace(replay_point(rp, n, objective, on_progress), trainer=trainer)
 
 
 def sweep_trainers(
@@ -187,8 +187,8 @@ def sweep_trainers(
     max_workers, objective."""
     shapes = {t: with_trainer(rp, t) for t in trainers}  # priced up front: a shape without a price fails first
     order = trainer_sweep_order(trainers, points, rp.spec.trainer.accelerators)
-    tasks = [partial(_replay_point, shapes[t], t, n, o) for t, n, o in order]
-    tasks.append(partial(_replay_policy, rp, PRESETS["on-demand"]))
+    tasks = [partial(_shape_point, shapes[t], t, n, o) for t, n, o in order]
+    tasks.append(partial(replay_policy, rp, PRESETS["on-demand"]))
     *out, base = run_all(tasks, jobs=jobs, on_progress=on_progress)
     assert isinstance(base, SimResult)
     swept = [p for p in out if isinstance(p, SweepPoint)]

@@ -152,3 +152,21 @@ def test_a_recorded_run_gives_the_replay_its_measured_acceptance(tmp_path):
     assert measured is not None and cited is not None
     assert measured["drafted"] == 0 or measured["acceptance"] == pytest.approx(0.05, abs=1e-9)
     assert measured["tokens_per_pass"] < 1.1 < cited["tokens_per_pass"]
+
+
+def test_a_recorded_run_file_gives_lengths_and_acceptance_in_one_read(tmp_path):
+    """read_recorded: rollouts.jsonl gives sorted positive lengths and the drafted/accepted sums; a JSON
+    list of lengths gives no acceptance; a line without `tokens` is named by its number."""
+    from rlboost.contracts.lengths import read_recorded
+
+    run = tmp_path / "rollouts.jsonl"
+    rows = [{"tokens": [1] * 5, "drafted": 8, "accepted": 6}, {"tokens": []}, {"tokens": [1, 2], "drafted": None}]
+    run.write_text("".join(json.dumps(r) + "\n" for r in rows) + "\n")
+    got = read_recorded(run)
+    assert (got.lengths, got.drafted, got.accepted, got.acceptance) == ((2, 5), 8, 6, 0.75)
+    listed = tmp_path / "lengths.json"
+    listed.write_text("[30, 10, 20]")
+    assert read_recorded(listed).lengths == (10, 20, 30) and read_recorded(listed).acceptance is None
+    run.write_text(json.dumps({"tokens": [1]}) + "\n" + json.dumps({"text": "x"}) + "\n")
+    with pytest.raises(ValueError, match=r"rollouts\.jsonl:2: expected a rollouts\.jsonl line with `tokens`"):
+        read_recorded(run)

@@ -65,3 +65,27 @@ def test_pass_cost_answers_from_measurements_and_the_prior_between() -> None:
     assert draft_length(0.3, 64, 3, batch_step_cost(256)) == 3
     cost.observe(64, 0.020)
     assert cost(64) == pytest.approx(0.015)  # running mean (keep 0.5)
+
+
+def test_a_width_once_measured_slow_is_tried_again_after_retry_after_passes() -> None:
+    """One slow pass (a hiccup) at a drafting width: draft_length stops drafting, so nothing would ever
+    measure that width again; after `retry_after` plain passes it is priced as unmeasured (the prior
+    scaled from the fresh plain pass), drafted again, and its new time replaces the slow one."""
+    cost = PassCost(batch_step_cost(256), retry_after=10)
+    cost.observe(64, 0.010)  # plain: 64 live rows
+    cost.observe(256, 0.100)  # 3 drafted tokens a row, once, during a hiccup: 10x a plain pass
+    assert draft_length(0.6, 64, 3, cost) == 0  # judged slow: no drafting
+    for _ in range(9):
+        cost.observe(64, 0.010)
+    assert draft_length(0.6, 64, 3, cost) == 0  # not yet: 9 passes since
+    cost.observe(64, 0.010)
+    assert cost(256) == pytest.approx(0.010)  # stale: the prior's shape from the plain pass (one unit)
+    assert draft_length(0.6, 64, 3, cost) == 3  # tried again
+    cost.observe(256, 0.012)
+    assert cost(256) == pytest.approx(0.012)  # replaced, not blended with the stale 0.100
+    assert draft_length(0.6, 64, 3, cost) == 3
+    every_width_stale = PassCost(batch_step_cost(256), retry_after=1)
+    every_width_stale.observe(64, 0.010)
+    every_width_stale.observe(256, 0.100)
+    every_width_stale.passes += 5  # nothing fresher: the old measurements still price
+    assert every_width_stale(256) == pytest.approx(0.100)

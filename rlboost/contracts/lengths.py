@@ -84,20 +84,44 @@ class LengthModel:
     @classmethod
     def from_recorded(cls, path: str | Path) -> LengthModel:
         """Lengths of a recorded run: rollouts.jsonl (`--record-rollouts`) or a JSON list of ints."""
-        p = Path(path)
-        text = p.read_text()
-        lengths: list[int] = []
-        if text.lstrip().startswith("["):
-            lengths = [int(x) for x in json.loads(text)]
-        else:
-            for i, line in enumerate(text.splitlines(), 1):
-                if not line.strip():
-                    continue
-                try:
-                    lengths.append(len(json.loads(line)["tokens"]))
-                except (ValueError, KeyError, TypeError):
-                    raise ValueError(f"{p}:{i}: expected a rollouts.jsonl line with `tokens`") from None
-        lengths = [n for n in lengths if n > 0]
-        if not lengths:
-            raise ValueError(f"{p}: no response lengths found")
-        return cls(recorded=tuple(sorted(lengths)))
+        return cls(recorded=read_recorded(path).lengths)
+
+
+@dataclass(frozen=True)
+class RecordedRun:
+    """What a recorded run's file says, read once: its response lengths (sorted) and, where its
+    engines drafted, the drafted and accepted token counts (speculative decoding)."""
+
+    lengths: tuple[int, ...]
+    drafted: int = 0
+    accepted: int = 0
+
+    @property
+    def acceptance(self) -> float | None:
+        """accepted / drafted over the responses; None where it drafted nothing (or the file is a
+        plain list of lengths)."""
+        return self.accepted / self.drafted if self.drafted > 0 else None
+
+
+def read_recorded(path: str | Path) -> RecordedRun:
+    """A recorded run: rollouts.jsonl (`--record-rollouts`) or a JSON list of ints (lengths only)."""
+    p = Path(path)
+    text = p.read_text()
+    lengths: list[int] = []
+    drafted = accepted = 0
+    if text.lstrip().startswith("["):
+        lengths = [int(x) for x in json.loads(text)]
+    else:
+        for i, line in enumerate(text.splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                r = json.loads(line)
+                lengths.append(len(r["tokens"]))
+                drafted, accepted = drafted + int(r.get("drafted") or 0), accepted + int(r.get("accepted") or 0)
+            except (ValueError, KeyError, TypeError, AttributeError):
+                raise ValueError(f"{p}:{i}: expected a rollouts.jsonl line with `tokens`") from None
+    lengths = [n for n in lengths if n > 0]
+    if not lengths:
+        raise ValueError(f"{p}: no response lengths found")
+    return RecordedRun(tuple(sorted(lengths)), drafted, accepted)

@@ -62,11 +62,17 @@ class PassCost:
     the prior is a memory-bound GPU's shape, and on a CPU a pass over 4x the tokens costs ~1.6x
     (BENCHMARKS, live speculative decoding), so a prior alone drafts where drafting costs time. An
     engine measures a plain pass first (knows_plain), then drafts what the prior finds free, so every
-    width is tried once before it is judged."""
+    width is tried once before it is judged. A width not measured for `retry_after` passes is priced
+    again as if never measured, and its next measurement replaces the old one: one slow pass (a
+    hiccup, another process's burst) must not bar a width for the rest of the job, as nothing else
+    would ever measure it again once draft_length stops choosing it."""
 
     prior: Callable[[int], float]
     keep: float = 0.8  # weight of the running mean against a new measurement
+    retry_after: int = 512  # passes; a slow width is tried again at most once per this many passes
     seen: dict[int, float] = field(default_factory=dict)
+    passes: int = 0  # passes measured so far
+    last: dict[int, int] = field(default_factory=dict)  # width -> `passes` at its last measurement
 
     def knows_plain(self, tokens: int) -> bool:
         """Whether a pass over at most `tokens` (a plain pass of that many rows) has been measured: until
@@ -74,11 +80,17 @@ class PassCost:
         return any(n <= tokens for n in self.seen)
 
     def observe(self, tokens: int, seconds: float) -> None:
-        old = self.seen.get(tokens)
+        old = self.seen.get(tokens) if not self._stale(tokens) else None
         self.seen[tokens] = seconds if old is None else old * self.keep + seconds * (1.0 - self.keep)
+        self.passes += 1
+        self.last[tokens] = self.passes
+
+    def _stale(self, tokens: int) -> bool:
+        return tokens in self.last and self.passes - self.last[tokens] >= self.retry_after
 
     def __call__(self, tokens: int) -> float:
-        seen = self.seen
+        # stale widths are left out, unless every one is (then nothing fresher prices anything)
+        seen = {n: t for n, t in self.seen.items() if not self._stale(n)} or self.seen
         if not seen:
             return self.prior(tokens)
         if tokens in seen:

@@ -41,9 +41,7 @@ CPU) is not charged. Nothing here is fitted to the throughput targets BENCHMARKS
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
-from pathlib import Path
 
 
 def rate_from_mean_length(tau: float) -> float:
@@ -84,17 +82,3 @@ ACCEPTANCE = AcceptanceModel()
 def measured(rate: float) -> AcceptanceModel:
     """A measured per-token acceptance (simulate.acceptance), the same whatever the siblings."""
     return AcceptanceModel(ngram=rate, group_all_done=rate)
-
-
-def recorded_acceptance(path: str | Path) -> float | None:
-    """accepted / drafted over a recorded run's responses (rollouts.jsonl, `--record-rollouts`); None
-    where it drafted nothing (or the file is a plain list of lengths)."""
-    text = Path(path).read_text()
-    if text.lstrip().startswith("["):
-        return None
-    drafted = accepted = 0
-    for line in text.splitlines():
-        if line.strip():
-            r = json.loads(line)
-            drafted, accepted = drafted + int(r.get("drafted") or 0), accepted + int(r.get("accepted") or 0)
-    return accepted / drafted if drafted > 0 else None

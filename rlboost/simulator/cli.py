@@ -8,9 +8,8 @@ from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 
-from rlboost.contracts.lengths import LengthModel
+from rlboost.contracts.lengths import LengthModel, read_recorded
 from rlboost.contracts.spec import JobSpec
-from rlboost.contracts.speculation_perf import recorded_acceptance
 from rlboost.providers.pricing import Offer, spot_offers, trainer_offer
 from rlboost.providers.spot_market import BUILTIN_TRACE, AvailabilityTrace, constant_trace, load_trace
 from rlboost.simulator.core import Simulation
@@ -129,8 +128,9 @@ def prepare(
             else (load_trace(spec.local.trace) if spec.local.trace else BUILTIN_TRACE)
         )
     trainer, spots = trainer_offer(spec), spot_offers(spec)  # priced as the job file says
-    length_model = LengthModel.from_recorded(lengths) if lengths else None
-    seen = recorded_acceptance(lengths) if lengths else None
+    recorded = read_recorded(lengths) if lengths else None  # the file read once, for both
+    length_model = LengthModel(recorded=recorded.lengths) if recorded else None
+    seen = recorded.acceptance if recorded else None
     if seen is not None and spec.simulate.acceptance is None:  # what the recorded run's drafts measured
         spec = spec.model_copy(update={"simulate": spec.simulate.model_copy(update={"acceptance": seen})})
     cal = None

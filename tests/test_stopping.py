@@ -251,13 +251,23 @@ def test_a_hangup_moves_output_first_and_stops_with_its_reason():
 def test_handlers_are_restored_and_an_inherited_ignore_is_kept():
     sig, _, _ = machine()
     before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    # the premise set here, not inherited: pytest itself may run with SIGINT ignored (a `&` job of a
+    # non-interactive shell ignores it), which `installed` would rightly keep
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)  # `nohup rlboost launch`
     try:
         with sig.installed():
             assert signal.getsignal(signal.SIGHUP) == signal.SIG_IGN
             assert signal.getsignal(signal.SIGINT) == sig.handle == signal.getsignal(signal.SIGTERM)
         assert signal.getsignal(signal.SIGHUP) == signal.SIG_IGN
-        assert signal.getsignal(signal.SIGINT) == before[signal.SIGINT]
+        assert signal.getsignal(signal.SIGINT) == signal.default_int_handler
+        assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # `rlboost launch ... &` in a script: its Ctrl-C is not ours
+        with sig.installed():
+            assert signal.getsignal(signal.SIGINT) == signal.SIG_IGN
+            assert signal.getsignal(signal.SIGTERM) == sig.handle  # SIGTERM (`kill`) always stops it
+        assert signal.getsignal(signal.SIGINT) == signal.SIG_IGN
     finally:
         for s, h in before.items():
             signal.signal(s, h)

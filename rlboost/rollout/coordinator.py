@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Hashable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -62,6 +62,11 @@ class StepMarks:
     next_offload_check: float = 0.0  # the offload policy said no until then
     ticks: int = 0
     changed: bool = False  # a slot freed up or an engine joined since the last migration round
+    # the step's complete groups in completion order (the trainer takes them from here) and the tokens
+    # of each group's finished responses: the step's own, so that under algorithm.max_staleness the
+    # trainer still takes them after the next step's generation has begun
+    groups_done: deque[Hashable] = field(default_factory=deque)
+    group_tokens: dict[Hashable, int] = field(default_factory=dict)
 
 
 class Coordinator:
@@ -76,15 +81,16 @@ class Coordinator:
         self.dispatch_mode = rules.dispatch_mode
         self.siblings = SiblingModel(self.stats) if rules.siblings else None
         self.group_lengths = GroupLengths({})
-        self.marks: StepMarks | None = None
+        self.marks: StepMarks | None = None  # the step generating (or, generation over, still training)
+        # steps whose generation ended before the next one began (algorithm.max_staleness): their marks
+        # until the trainer ends them
+        self.generated: dict[int, StepMarks] = {}
         self.last_step_s = 0.0  # the last step's length (ms): how often the next one ticks
         self.offloads = 0
         self.handed_over = 0  # responses the last offload moved off the reserved engines
         self.tail_migrations = 0  # responses moved by a migration round
-        # the step's groups: responses left in each, the complete ones in completion order (the
-        # trainer takes them from `groups_done`) and how many are complete
-        self.groups_done: deque[Hashable] = deque()
-        self.group_tokens: dict[Hashable, int] = {}  # tokens of each group's finished responses
+        # the step's groups: responses left in each and the complete ones (the trainer takes them from
+        # `groups_done`, the marks' own)
         self.completed_groups: list[Hashable] = []
         self.unfinished_groups: list[Hashable] = []  # dropped by tail batching
         self._group_left: dict[Hashable, int] = {}
@@ -107,10 +113,11 @@ class Coordinator:
     ) -> StepMarks:
         """The step's responses are queued in the pool; `groups`: responses per group."""
         n_remote = self.pool.n_remote()
+        if self.marks is not None:  # its generation is over and it trains on: ended by end_step(step=...)
+            assert self.marks.gen_end is not None, f"step {self.marks.step} still generates"
+            self.generated[self.marks.step] = self.marks
         self.offload.start_step(n_remote)
         self.marks = StepMarks(step, now, n_remote, prev_step_s=self.last_step_s)
-        self.groups_done.clear()
-        self.group_tokens = {}
         self.completed_groups = []
         self.unfinished_groups = []
         self._group_left = dict(groups)
@@ -120,6 +127,21 @@ class Coordinator:
         self.share = share
         self.given = dict.fromkeys(share, 0) if share is not None else {}
         return self.marks
+
+    @property
+    def groups_done(self) -> deque[Hashable]:
+        """The generating step's complete groups not yet taken by the trainer."""
+        return self.marks.groups_done if self.marks is not None else deque()
+
+    @property
+    def group_tokens(self) -> dict[Hashable, int]:
+        return self.marks.group_tokens if self.marks is not None else {}
+
+    def marks_of(self, step: int) -> StepMarks | None:
+        """A step's marks while it generates or trains (None: not begun, or ended)."""
+        if self.marks is not None and self.marks.step == step:
+            return self.marks
+        return self.generated.get(step)
 
     def tick_period(self, elapsed: float) -> float:
         """Seconds to the next tick, `elapsed` into the step."""
@@ -170,7 +192,7 @@ class Coordinator:
         self.stats.add_one(length)
         if group is None:
             return
-        tokens = self.group_tokens
+        tokens = self.marks.group_tokens  # type: ignore[union-attr]
         tokens[group] = tokens.get(group, 0) + length
         left = self._group_left[group] - 1
         self._group_left[group] = left
@@ -179,7 +201,7 @@ class Coordinator:
             if left == 0:  # a complete group: how much its responses spread around their prompt's factor
                 self.siblings.spread.add_group(got)
         if left == 0:
-            self.groups_done.append(group)
+            self.marks.groups_done.append(group)  # type: ignore[union-attr]  # a response of the generating step
             self.completed_groups.append(group)
             self.on_group_done()
 
@@ -197,17 +219,29 @@ class Coordinator:
         assert self.marks is not None
         self.marks.gen_end = now
 
-    def end_step(self, now: float, *, train_busy_s: float, train_tokens: int, busy_during_tail_s: float) -> StepOutcome:
+    def end_step(
+        self,
+        now: float,
+        *,
+        train_busy_s: float,
+        train_tokens: int,
+        busy_during_tail_s: float,
+        step: int | None = None,
+    ) -> StepOutcome:
         """The trainer finished the step (trained and published): the offload policy learns from its
-        outcome, which is returned."""
-        m = self.marks
+        outcome, which is returned. `step`: which one, where the next one's generation has begun
+        (algorithm.max_staleness); the generating one by default."""
+        m = self.marks if step is None else self.marks_of(step)
         assert m is not None and m.gen_end is not None
+        if m is not self.marks:
+            del self.generated[m.step]
         outcome = StepOutcome.from_marks(
             m.n_remote, m.t0, now, m.gen_end, m.offload_at, busy_during_tail_s, train_tokens, train_busy_s
         )
         self.offload.end_step(outcome)
         self.last_step_s = round(outcome.step_s, 3)
-        self.marks = None
+        if m is self.marks:
+            self.marks = None
         return outcome
 
     # ---- dispatch --------------------------------------------------------------------------------

@@ -49,7 +49,9 @@ class ModelledPool:
         self.coord: Coordinator  # set by the replay: the coordinator this pool serves
         self.hooks: StepHooks  # set by the replay once the trainer's side exists
         self.step: StepState | None = None
-        self.version = -1  # the weights version the trainer published; engines must hold it to take work
+        self.version = -1  # the version the generating step's engines must hold to take its work
+        self.published = -1  # the newest version the trainer published (ahead of `version` only while a
+        # step generates on older weights: algorithm.max_staleness)
         self.migrations = 0  # partial responses continued elsewhere (preemption, offload, tail)
         self.restarted_tokens = 0  # tokens thrown away (restart policy, tail batching)
         self._pnow_key: tuple | None = None
@@ -96,9 +98,17 @@ class ModelledPool:
         self.coord.dispatch(self.q.now)
 
     def publish(self) -> None:
-        """The trainer published the next version: every engine serving or pulling pulls it."""
+        """The trainer published the next version: every engine serving or pulling pulls it, unless a
+        step generates (algorithm.max_staleness): its engines keep their weights to its end, and the
+        next step's begin_step has them pull (rollout/policies/staleness.py)."""
+        self.published += 1
+        if self.step is not None and not self._gen_ended():
+            return
+        self._take_published()
+
+    def _take_published(self) -> None:
         self.step = None
-        self.version += 1
+        self.version = self.published
         for e in self.fleet.engines:
             e.offloaded = False
             if e.state in ("ready", "pulling"):
@@ -107,6 +117,8 @@ class ModelledPool:
     # ---- a step -----------------------------------------------------------------------------
     def begin_step(self, s: StepState, *, need_groups: int | None, share: dict[str, int] | None) -> None:
         """The trainer handed over the step's requests (queued in s.queue): the coordinator starts it."""
+        if self.version < self.published:  # a version published while the last step generated
+            self._take_published()
         groups = dict.fromkeys(range(s.groups), s.group_size)
         self.coord.begin_step(s.number, self.q.now, groups, need_groups=need_groups, share=share)
         for e in self.fleet.engines:  # indices are per step: nothing of the previous step may stay live

@@ -70,3 +70,4 @@ class StepState:
         self.group_training: tuple[float, int, int, float] | None = None
         self.groups_started = 0
         self.train_busy_until = 0.0
+        self.version = 0  # the weights version that generates it (set as its generation begins)

@@ -11,6 +11,7 @@ the offload policy learns from).
 from __future__ import annotations
 
 import math
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -23,6 +24,7 @@ from rlboost.rollout import scheduling
 from rlboost.rollout.coordinator import Coordinator
 from rlboost.rollout.policies.offload import StepOutcome
 from rlboost.rollout.policies.overlap import busy_between, busy_total, left_to_train, may_train_group, trained_part
+from rlboost.rollout.policies.staleness import may_begin, staleness
 from rlboost.rollout.policies.tail_batching import TailBatcher, step_prompts
 from rlboost.simulator.cores import CoreShare
 from rlboost.simulator.engines import Fleet
@@ -70,6 +72,11 @@ class TrainerReplay:
         )
         self.hooks: TrainerHooks  # set by the replay once the controller's side exists
         self.up_at = INF  # when it serves (sim seconds)
+        self.max_staleness = spec.algorithm.max_staleness
+        # steps begun and not yet trained, oldest first: the trainer trains the first; with
+        # max_staleness >= 1 the next ones generate meanwhile
+        self.steps: deque[StepState] = deque()
+        self.next_step = 0  # the number of the next step to generate
         self.steps_done = 0
         self.trained_tokens = 0
         self.train_s = 0.0  # sim seconds spent training, over the finished steps
@@ -78,8 +85,8 @@ class TrainerReplay:
         self.step_log: list[dict] = []
         self._spec_seen = {"passes": 0.0, "drafted": 0.0, "accepted": 0.0}  # speculation totals at the last step end
         self.pool.hooks = StepHooks(self.generation_done, self._abandoned)
-        self.pool.trainer_may_train = self.train_more
-        coordinator.on_group_done = lambda: self.train_more(self.pool.step)  # type: ignore[arg-type]
+        self.pool.trainer_may_train = lambda _s: self.train_more()
+        coordinator.on_group_done = self.train_more
         coordinator.on_offload = self.pool.after_offload
         q.on("trainer_up", self.on_up)
         q.on("trained", self.on_trained)
@@ -87,7 +94,7 @@ class TrainerReplay:
 
     def on_up(self, _) -> None:
         self.up_at = self.q.now
-        self.pool.version = 0
+        self.pool.version = self.pool.published = 0
         if self.spec.rollout.trainer_engine:
             acc = scheduling.reserved_accelerator(self.spec)
             model = scheduling.engine_model_for(self.spec, acc)
@@ -104,7 +111,8 @@ class TrainerReplay:
     # ---- steps --------------------------------------------------------------------------------
     def start_step(self) -> None:
         spec, algo = self.spec, self.spec.algorithm
-        number = self.steps_done
+        number = self.next_step
+        self.next_step += 1
         problems, rnd = step_prompts(
             self.batcher, lambda n: self.task.sample(self.prompt_rng, n), algo.prompts_per_step
         )
@@ -129,22 +137,43 @@ class TrainerReplay:
             share = {e.id: math.ceil(n * r / total_rate) for e, r in zip(pool, rates)}
         if self.first_step_t is None:
             self.first_step_t = self.q.now
+        self.steps.append(s)
         self.pool.begin_step(s, need_groups=rnd.need_groups if rnd is not None else None, share=share)
+        s.version = self.pool.version
+        if len(self.steps) > 1 and self.pool.reserved():  # the trainer's GPUs train an older step
+            self.coordinator.offload_now(self.q.now, self.pool.reserved())
+
+    def _begin_next(self) -> None:
+        """Generation of the next step, once the staleness bound and the GPUs allow it: under
+        max_staleness k it may run ahead of training by k versions, while another step trains only
+        where remote engines generate it (the trainer's own engine shares the trainer's GPUs)."""
+        m = self.coordinator.marks
+        if self.next_step >= self.max_steps or (m is not None and m.gen_end is None):
+            return  # one step generates at a time
+        if not may_begin(self.next_step, self.pool.published, self.max_staleness):
+            return
+        if self.steps and not self.pool.n_remote():
+            return
+        self.start_step()
 
     def _abandoned(self, s: StepState, groups: list[int]) -> None:
         assert self.batcher is not None and s.tail_round is not None
         self.batcher.close_round(s.tail_round, [s.problems[g] for g in groups])
 
     # ---- training -------------------------------------------------------------------------------
-    def train_more(self, s: StepState) -> None:
-        """Overlapped training: once offloaded, the trainer trains finished groups one by one."""
+    def train_more(self) -> None:
+        """Overlapped training: once offloaded, the trainer trains the oldest step's finished groups one
+        by one."""
+        if not self.steps:
+            return
         now = self.q.now
-        m = self.coordinator.marks
+        s = self.steps[0]
+        m = self.coordinator.marks_of(s.number)
         assert m is not None
         if not may_train_group(self.overlap, m.offload_at, m.gen_end) or s.train_busy_until > now:
             return
         self._group_trained(s)  # one that ended at this very instant, before its event was handled
-        groups_done = self.coordinator.groups_done
+        groups_done = m.groups_done
         if not groups_done:
             return
         g = groups_done.popleft()
@@ -164,17 +193,25 @@ class TrainerReplay:
 
     def on_trained(self, payload: tuple[int, int]) -> None:
         number, gid = payload
-        s, m = self.pool.step, self.coordinator.marks
+        s = self.steps[0] if self.steps else None
+        m = self.coordinator.marks_of(number)
         if s is None or s.number != number or m is None or m.gen_end is not None:
             return
         if s.group_training is not None and s.group_training[2] == gid:
             self._group_trained(s)
-        self.train_more(s)
+        self.train_more()
 
     def generation_done(self, s: StepState) -> None:
-        """The last response is in: train what is left, then the step's overhead."""
+        """The last response is in: the step trains what is left (now, if it is the oldest), and the
+        next step's generation may begin."""
+        self.coordinator.generation_done(self.q.now)
+        if s is self.steps[0]:
+            self._train_rest(s)
+        self._begin_next()
+
+    def _train_rest(self, s: StepState) -> None:
+        """Train what is left of a step whose last response is in, then the step's overhead."""
         now = self.q.now
-        self.coordinator.generation_done(now)
         kept = ~s.dropped
         total = int(s.length[kept].sum())
         if s.group_training is not None:  # a group was mid-training (or just done): keep the part done
@@ -195,8 +232,8 @@ class TrainerReplay:
     def on_step_end(self, payload: tuple[int, int]) -> None:
         number, total = payload
         now = self.q.now
-        s, m = self.pool.step, self.coordinator.marks
-        assert s is not None and s.number == number and m is not None and m.gen_end is not None
+        s, m = self.steps[0], self.coordinator.marks_of(number)
+        assert s.number == number and m is not None and m.gen_end is not None
         t0 = m.t0
         train_s = busy_total(s.busy)
         o = self.coordinator.end_step(
@@ -204,6 +241,7 @@ class TrainerReplay:
             train_busy_s=train_s,
             train_tokens=total,
             busy_during_tail_s=busy_between(s.busy, m.offload_at, m.gen_end),
+            step=number,
         )
         self.hooks.step_trained(s, o, total)
         self.step_log.append(
@@ -221,6 +259,8 @@ class TrainerReplay:
                 "long": bool(s.tail_round.long) if s.tail_round is not None else False,
             }
         )
+        if self.max_staleness:  # only then: an on-policy replay records what it always did
+            self.step_log[-1]["staleness"] = staleness(number, s.version)
         if self.pool.speculation is not None:  # only then: a replay without it records what it always did
             now_totals = self.pool.speculation.totals.as_dict()
             self.step_log[-1]["speculation"] = {k: round(v - self._spec_seen[k], 3) for k, v in now_totals.items()}
@@ -229,10 +269,18 @@ class TrainerReplay:
         self.train_s += train_s
         self.steps_done += 1
         self.last_step_end = now
+        self.steps.popleft()
         self.pool.publish()
         self.hooks.sample()
         if self.steps_done >= self.max_steps:
             # the controller sees `done` at its next poll and tears everything down
             self.q.push(now + self.sim.poll_s / 2, "end")
             return
-        self.start_step()
+        self._begin_next()
+        if self.steps:  # the next step, generated meanwhile (in part or whole): the trainer takes it up
+            nxt = self.steps[0]
+            m_next = self.coordinator.marks_of(nxt.number)
+            if m_next is not None and m_next.gen_end is not None:
+                self._train_rest(nxt)
+            else:
+                self.train_more()

@@ -54,3 +54,38 @@ def test_without_remote_engines_nothing_runs_ahead(replays):
     on, off = replays[0]["on-demand"], replays[1]["on-demand"]
     assert [s["staleness"] for s in off.step_log] == [0] * 8
     assert [{k: v for k, v in s.items() if k != "staleness"} for s in off.step_log] == on.step_log
+
+
+def test_a_live_launch_refuses_staleness_and_says_how_to_run():
+    """Live trainers and engines are strictly on-policy in this version: launch names the key and the fix."""
+    from rlboost.providers import PreflightError, preflight
+
+    preflight(_spec(0))
+    refused = r"algorithm.max_staleness: 1 runs only in `rlboost simulate`.*set it to 0"
+    with pytest.raises(PreflightError, match=refused):
+        preflight(_spec(1))
+
+
+def test_simulate_says_what_the_jobs_staleness_buys_over_on_policy(tmp_path, home):
+    """`simulate --set algorithm.max_staleness=1`: each policy also replayed strictly on-policy, the
+    comparison said in a line and given in --json."""
+    import json
+
+    import yaml
+
+    from tests.conftest import run_cli
+
+    jf = tmp_path / "job.yaml"
+    jf.write_text(yaml.safe_dump(job(algorithm={"steps": 6})))
+    args = ("simulate", str(jf), "--constant-workers", "4", "--policy", "rlboost-fixed")
+    out = run_cli(*args, "--set", "algorithm.max_staleness=1", home=home, check=True)
+    assert "max_staleness 1 against strictly on-policy (k=0) on the same trace: on-demand 1.00x" in out.stdout
+    assert "rlboost-fixed " in out.stdout.split("max_staleness 1 against")[1]
+    doc = json.loads(run_cli(*args, "--set", "algorithm.max_staleness=1", "--json", home=home, check=True).stdout)
+    plain = json.loads(run_cli(*args, "--json", home=home, check=True).stdout)
+    assert doc["max_staleness"] == 1 and plain["max_staleness"] == 0 and "on_policy_results" not in plain
+    # the on-policy replay is the plain one, number for number
+    assert doc["on_policy_results"] == plain["results"]
+    stale = {r["policy"]: r for r in doc["results"]}
+    assert stale["rlboost-fixed"]["trainer_busy_share"] > plain["results"][1]["trainer_busy_share"]
+    assert "max_staleness" not in run_cli(*args, home=home, check=True).stdout

@@ -297,6 +297,22 @@ def _save(fig, path: Path) -> None:
         plt.close(fig)
 
 
+def staleness_lines(k: int, stale: list[SimResult], on_policy: list[SimResult]) -> list[str]:
+    """What algorithm.max_staleness k buys each policy over the same replay strictly on-policy."""
+    by_name = {r.policy.name: r for r in on_policy}
+    parts = []
+    for r in stale:
+        r0 = by_name.get(r.policy.name)
+        if r0 is None or not r0.tokens_per_s or not r0.tokens_per_dollar:
+            continue
+        parts.append(
+            f"{r.policy.name} {r.tokens_per_s / r0.tokens_per_s:.2f}x throughput, "
+            f"{r.tokens_per_dollar / r0.tokens_per_dollar:.2f}x tokens/$, busy "
+            f"{r0.trainer_busy_share:.0%} -> {r.trainer_busy_share:.0%}"
+        )
+    return [f"max_staleness {k} against strictly on-policy (k=0) on the same trace: " + "; ".join(parts) + "."]
+
+
 def results_json(results: list[SimResult]) -> list[dict]:
     base = next((r for r in results if r.policy.name == "on-demand"), None)
     out = []

@@ -92,6 +92,11 @@ class Replay:
         sim = Simulation(self.spec, self.trace, policy, self.trainer, self.spots, self.lengths, self.max_steps)
         return sim.run(on_progress)
 
+    def on_policy(self) -> Replay:
+        """The same replay strictly on-policy (max_staleness 0): what the job's staleness is measured against."""
+        algo = self.spec.algorithm.model_copy(update={"max_staleness": 0})
+        return replace(self, spec=self.spec.model_copy(update={"algorithm": algo}))
+
     def with_max_workers(self, n: int) -> Replay:
         ro = self.spec.rollout.model_copy(update={"max_workers": n})
         return replace(self, spec=self.spec.model_copy(update={"rollout": ro}))

@@ -97,6 +97,14 @@ def simulate(
     plot: Annotated[
         Path | None, typer.Option(help="write a PNG: throughput and spot workers over time (--sweep: by max_workers)")
     ] = None,
+    overrides: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--set",
+            help="override a job-file field, KEY.PATH=VALUE (a YAML scalar), e.g. --set algorithm.max_staleness=1; "
+            "repeatable; validated with the file",
+        ),
+    ] = None,
     as_json: AsJson = False,
 ) -> None:
     """What would spot save? Replay a spot trace and prices through the scheduling policies on a virtual clock."""
@@ -117,7 +125,7 @@ def simulate(
     if wrong:
         fail(wrong, 2)
     try:
-        spec = load_spec(job_file)
+        spec = load_spec(job_file, overrides or [])
     except SpecError as e:
         fail(str(e), 2)
     if plot is not None and importlib.util.find_spec("matplotlib") is None:
@@ -160,7 +168,7 @@ def simulate(
                 err.print(note, markup=False, highlight=False)
             if rp.outlasts_h is not None:
                 err.print(_outlasts_note(rp), markup=False, highlight=False)
-        base, swept = None, []
+        base, swept, on_policy = None, [], None
         if sweep:
             most = most_workers(rp.spec, cores) if cores is not None else None
             base, swept = _run_sweep(
@@ -169,8 +177,11 @@ def simulate(
             results = [base, *(p.result for p in swept)]
             choices = [report.Choice(p.label, p.result) for p in swept]
         else:
-            results = _run_policies(rp, sim_cli.pick_policies(policy, rp.spec), jobs)
+            picked = sim_cli.pick_policies(policy, rp.spec)
+            results = _run_policies(rp, picked, jobs)
             choices = [report.Choice(_policy_setting(r.policy, rp.spec), r) for r in results]
+            # with staleness, each policy also strictly on-policy: what k buys on this trace
+            on_policy = _run_policies(rp.on_policy(), picked, jobs) if rp.spec.algorithm.max_staleness else None
         sim_cli.check_steps(rp, results)
     except (PricingError, TraceError, ValueError) as e:
         fail(str(e), 2)
@@ -211,9 +222,14 @@ def simulate(
         if rp.calibration is not None:
             doc["calibration"] = rp.calibration.as_json()
         doc["results"] = report.sweep_json(base, swept, job_trainer) if sweep else report.results_json(results)
+        doc["max_staleness"] = rp.spec.algorithm.max_staleness
+        if on_policy is not None:
+            doc["on_policy_results"] = report.results_json(on_policy)
         print(json.dumps(doc, indent=2))
     else:
         said = [*(rec.lines() if rec else []), *(verdict.lines() if verdict else []), *(sized.lines() if sized else [])]
+        if on_policy is not None:
+            said += report.staleness_lines(rp.spec.algorithm.max_staleness, results, on_policy)
         for line in said:
             console.print(line, markup=False, highlight=False)
         table = report.sweep_table(base, swept, title, job_trainer) if sweep else report.results_table(results, title)

@@ -60,6 +60,11 @@ class Choice:
 SLOWER = 0.99  # a spot setting under this share of on-demand's speed is slower, not "no faster"
 
 
+def hours_to_steps(r: SimResult, steps: int | None) -> float | None:
+    """The replay's hours to `steps` steps (None: it did not train them); `steps` None: the replay's hours."""
+    return r.job_s * r.time_scale / 3600 if steps is None or r.steps >= steps else None
+
+
 @dataclass(frozen=True)
 class Recommendation:
     cheapest: Choice | None  # most tokens/$ (None: on-demand alone beats every spot setting)
@@ -432,10 +437,7 @@ class DeadlineVerdict:
 
     @classmethod
     def of(cls, deadline_h: float, steps: int, choices: list[Choice]) -> DeadlineVerdict:
-        def hours(r: SimResult) -> float | None:
-            return r.job_s * r.time_scale / 3600 if r.steps >= steps else None
-
-        return cls(deadline_h, steps, [(c, hours(c.result)) for c in choices])
+        return cls(deadline_h, steps, [(c, hours_to_steps(c.result, steps)) for c in choices])
 
     def meeting(self) -> list[tuple[Choice, float]]:
         return [(c, h) for c, h in self.rows if h is not None and h <= self.deadline_h]

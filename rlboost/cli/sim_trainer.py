@@ -5,8 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rlboost.cli.sim_report import SLOWER, Choice
-from rlboost.simulator.result import SimResult
+from rlboost.cli.sim_report import SLOWER, Choice, hours_to_steps
 
 
 @dataclass(frozen=True)
@@ -25,7 +24,8 @@ class TrainerPick:
     hours: dict[str, float | None]  # label -> hours to the job's steps (None: not finished)
 
     def meets(self) -> str:
-        what = "within 1% of the fastest setting's speed" if self.objective == "throughput" else "replayed"
+        near = f"within {1 - SLOWER:.0%} of the fastest setting's speed"
+        what = near if self.objective == "throughput" else "replayed"
         if self.deadline_h is not None:
             what = f"{'' if self.objective == 'cost' else what + ' and '}done within {self.deadline_h:g} h"
         return what
@@ -64,11 +64,7 @@ def pick_trainer(
     ran = [c for c in choices if c.result.steps > 0]
     if not ran:
         return None
-
-    def hours(r: SimResult) -> float | None:
-        return r.job_s * r.time_scale / 3600 if steps is None or r.steps >= steps else None
-
-    done = {c.label: hours(c.result) for c in ran}
+    done = {c.label: hours_to_steps(c.result, steps) for c in ran}
     fastest = max(ran, key=lambda c: c.result.tokens_per_s)
     ok = ran
     if deadline_h is not None:

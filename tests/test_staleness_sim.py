@@ -89,3 +89,21 @@ def test_simulate_says_what_the_jobs_staleness_buys_over_on_policy(tmp_path, hom
     stale = {r["policy"]: r for r in doc["results"]}
     assert stale["rlboost-fixed"]["trainer_busy_share"] > plain["results"][1]["trainer_busy_share"]
     assert "max_staleness" not in run_cli(*args, home=home, check=True).stdout
+
+
+def test_the_trainers_engine_generates_again_once_the_trainer_waits():
+    """Offloaded to train an older step, the trainer's engine takes the generating step back when the
+    trainer has nothing left to train. Found on the shipped g4dn trace: with responses split up front
+    (spot-restart) the engine's share waited for it while spot workers came and went, and the replay
+    trained 6 steps in 10.8 h."""
+    from pathlib import Path
+
+    from rlboost.contracts.spec import load_spec
+    from rlboost.simulator import cli as sim_cli
+
+    spec = load_spec(Path("examples/simulate/aws-g4dn-t4.yaml"), ["algorithm.max_staleness=1"])
+    rp = sim_cli.prepare(spec, None, catalog=None, hours=None, lengths=None, steps=12, constant_workers=None)
+    stale = rp.replay(PRESETS["spot-restart"])
+    on = rp.on_policy().replay(PRESETS["spot-restart"])
+    assert on.steps == stale.steps == 12
+    assert stale.run_s < 1.5 * on.run_s  # stuck, it ran to the trace's end: 34x

@@ -372,6 +372,15 @@ class Coordinator:
         self.handed_over = self.pool.hand_over(reserved, now)
         self.on_offload()
 
+    def take_back_reserved(self, now: float) -> None:
+        """The trainer has nothing to train (algorithm.max_staleness: it offloaded its engine to train an
+        older step): its engines generate the step again, and the offload policy decides anew."""
+        assert self.marks is not None
+        self.marks.offload_at = None
+        self.marks.next_offload_check = now
+        self.pool.clear_offloaded()
+        self.dispatch(now)
+
     def migrate(self, now: float) -> None:
         """A tail-migration round (policies/migration.py): long responses off slow or crowded engines."""
         pool = self.pool

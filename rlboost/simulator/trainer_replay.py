@@ -282,5 +282,8 @@ class TrainerReplay:
             m_next = self.coordinator.marks_of(nxt.number)
             if m_next is not None and m_next.gen_end is not None:
                 self._train_rest(nxt)
+            elif m_next is not None and m_next.offload_at is not None and self.pool.reserved():
+                # the trainer waits for this step: its engine, offloaded to train the last one, generates
+                self.coordinator.take_back_reserved(now)
             else:
                 self.train_more()

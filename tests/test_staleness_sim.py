@@ -56,16 +56,6 @@ def test_without_remote_engines_nothing_runs_ahead(replays):
     assert [{k: v for k, v in s.items() if k != "staleness"} for s in off.step_log] == on.step_log
 
 
-def test_a_live_launch_refuses_staleness_and_says_how_to_run():
-    """Live trainers and engines are strictly on-policy in this version: launch names the key and the fix."""
-    from rlboost.providers import PreflightError, preflight
-
-    preflight(_spec(0))
-    refused = r"algorithm.max_staleness: 1 runs only in `rlboost simulate`.*set it to 0"
-    with pytest.raises(PreflightError, match=refused):
-        preflight(_spec(1))
-
-
 def test_simulate_says_what_the_jobs_staleness_buys_over_on_policy(tmp_path, home):
     """`simulate --set algorithm.max_staleness=1`: each policy also replayed strictly on-policy, the
     comparison said in a line and given in --json."""

@@ -101,6 +101,10 @@ class CostSummary:
     notes: tuple[str, ...] = ()
     # the trainer's training seconds over its steps' wall seconds (None: no step carries them)
     trainer_busy_share: float | None = None
+    # algorithm.max_staleness: the steps trained on weights older than the step's own, and by how many
+    # versions at most (0, 0: every step on-policy)
+    stale_steps: int = 0
+    max_staleness: int = 0
 
     @property
     def total_dollars(self) -> float:
@@ -286,6 +290,8 @@ def _summary(store: StateStore, jobs: list[JobRow]) -> CostSummary:
         counterfactual=cf,
         notes=tuple(notes),
         trainer_busy_share=steps_busy_share(all_rows),
+        stale_steps=sum(1 for r in all_rows if r.staleness),
+        max_staleness=max((r.staleness for r in all_rows), default=0),
     )
 
 

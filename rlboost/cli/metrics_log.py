@@ -113,6 +113,9 @@ class MetricsLog:
         row = {
             "step": shown(rec.step),  # from 1, as every message counts
             "version": rec.version,
+            # versions between the weights that generated the step and those it trained (0: on-policy;
+            # up to algorithm.max_staleness)
+            "staleness": rec.step - rec.version,
             "reward": rec.reward,
             "loss": rec.loss,
             "kl": rec.kl,  # token mean of the KL estimate (algorithm.kl_coef > 0), else null

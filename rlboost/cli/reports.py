@@ -230,6 +230,7 @@ def _step_json(s: StepRow) -> dict[str, Any]:
     return {
         "step": s.step,
         "version": s.version,
+        "staleness": s.staleness,
         "reward": s.reward,
         "tokens": s.tokens,
         "responses": s.responses,
@@ -406,6 +407,10 @@ def _steps_table(js: JobStatus) -> Table:
     optim = any(s.grad_norm is not None for s in js.recent_steps)
     if optim:
         cols = (*cols, "loss", "grad norm", "lr")
+    # algorithm.max_staleness: versions between the weights that generated a step and those it trained
+    stale = any(s.staleness for s in js.recent_steps)
+    if stale:
+        cols = (cols[0], "stale", *cols[1:])
     add_columns(table, *cols, numbers=cols)
     for s in js.recent_steps:
         # with no offload there was no tail to train in or wait through (the trainer records 0 for both)
@@ -416,6 +421,7 @@ def _steps_table(js: JobStatus) -> Table:
             tail += [_fmt(s.loss, ".4f"), _fmt(s.grad_norm, ".3f"), _fmt(s.lr, ".3g")]
         table.add_row(
             str(s.step),
+            *([str(s.staleness)] if stale else []),
             str(s.version),
             f"{s.reward:.3f}",
             str(s.tokens),
@@ -473,6 +479,9 @@ def render_status(store: StateStore, job: str | None, console: Console, *, now: 
             console.print(f"{js.name} reward (last {len(hist)} steps): {sparkline(hist)}  {hist[-1]:.3f}", markup=False)
         if js.trainer_busy_share is not None:
             console.print(f"{js.name} trainer busy: {js.trainer_busy_share:.0%} {_BUSY}", markup=False)
+        if stale := [s.staleness for s in js.recent_steps if s.staleness]:
+            line = _stale_line(len(stale), len(js.recent_steps), max(stale), " of the recent")
+            console.print(f"{js.name} {line}", markup=False)
         if js.eval:
             ev = js.eval
             console.print(
@@ -488,6 +497,13 @@ def render_status(store: StateStore, job: str | None, console: Console, *, now: 
 
 
 _BUSY = "of its steps' seconds training (100%: it never waits for rollouts)"
+
+
+def _stale_line(stale: int, steps: int, most: int, which: str = "") -> str:
+    return (
+        f"off-policy: {stale}{which} of {steps} step(s) trained responses from weights up to {most} version(s) "
+        "older (algorithm.max_staleness)"
+    )
 
 
 # ---- cost --------------------------------------------------------------------------------
@@ -635,6 +651,8 @@ def render_cost(store: StateStore, job: str | None, console: Console) -> None:
     say(f"preemptions: {s.preemptions}; responses migrated mid-generation: {s.migrations}")
     if s.trainer_busy_share is not None:
         say(f"trainer busy: {s.trainer_busy_share:.0%} {_BUSY}")
+    if s.stale_steps:
+        say(_stale_line(s.stale_steps, s.steps, s.max_staleness))
     for note in s.notes:
         console.print(Text(f"note: {note}", style="yellow"))
     if row is None and len(report.jobs) > 1:

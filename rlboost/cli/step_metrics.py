@@ -43,6 +43,12 @@ class StepMetrics:
     lr: float | None = None
     updates: int | None = None
 
+    @property
+    def staleness(self) -> int:
+        """Versions between the weights that generated the step and those it trained (0: on-policy;
+        up to algorithm.max_staleness)."""
+        return self.step - 1 - self.version
+
     @classmethod
     def of(cls, rec: StepRecord, clock: float) -> StepMetrics:
         """The trainer's record of a step, taken at `clock`."""

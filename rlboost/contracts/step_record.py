@@ -40,7 +40,7 @@ class StepRecord(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     step: int  # the trainer's index, from 0: users see step + 1 (rlboost/cli/step_numbers.py)
-    version: int  # the weights that generated it (= step)
+    version: int  # the weights that generated it (= step; up to algorithm.max_staleness older)
     reward: float  # mean over the responses trained on
     loss: float  # the whole objective: PPO-clipped policy term + KL - entropy
     kl: float | None = None  # token means, where the learner has them (kl / entropy: only when weighted)
@@ -67,7 +67,9 @@ class StepRecord(BaseModel):
     engines: int  # engines that generated a part of a response
     migrated: int  # responses moved to another engine mid-generation
     reward_errors: int  # responses a custom reward failed on so far in the job, evaluations included (scored 0)
-    step_s: float  # the step's wall time on the trainer, from its start to its record
+    # the step's wall time on the trainer, from its start (or, where it began before the last step's
+    # record, algorithm.max_staleness, from that record) to its record: a job's step_s sum to its wall time
+    step_s: float
     gen_s: float  # generation: the coordinator's measure where it timed the step, else the trainer's
     train_s: float  # the trainer's busy time training it
     tail_train_s: float  # of which while the tail generated remotely (after the offload)

@@ -50,12 +50,6 @@ def preflight(spec: JobSpec, *, check_credentials: bool = True) -> None:
     """Everything that can be known before launching; PreflightError lists each problem and its fix."""
     kind = provider_kind(spec.provider)
     problems: list[str] = []
-    if spec.algorithm.max_staleness:
-        # the simulator models it (simulator/trainer_replay.py); the live trainer and engines do not yet
-        problems.append(
-            f"algorithm.max_staleness: {spec.algorithm.max_staleness} runs only in `rlboost simulate` in this "
-            "version; live jobs are strictly on-policy: set it to 0 (or remove it) to launch"
-        )
     # the provider's libraries: a cloud's SDK, or (a provider whose instances run here) the trainer's torch
     problems += [
         f"provider: {spec.provider!r} needs {module}; install it with {kind.install_hint}"

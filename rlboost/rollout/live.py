@@ -19,8 +19,8 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections import Counter
-from collections.abc import Callable
+from collections import Counter, deque
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 
 from aiohttp import WSMsgType, web
@@ -77,6 +77,25 @@ class CoordinatorConfig:
     top_p: float = 1.0
     # algorithm.stop with the task's decoder: the book ends responses at stop strings (contracts/stop.py)
     stop: StopStrings | None = None
+
+
+class StepGroups:
+    """One step's complete groups and the coordinator's events (trainer/streaming.py's GroupSource): the
+    step's own, where the next step's generation has begun (algorithm.max_staleness)."""
+
+    def __init__(self, coord: LiveCoordinator, step: int) -> None:
+        self.coord, self.step = coord, step
+        self.offloaded, self.group_ready = coord.offloaded, coord.group_ready
+
+    @property
+    def groups_done(self) -> deque[Hashable]:
+        m = self.coord.marks_of(self.step)
+        return m.groups_done if m is not None else deque()
+
+    @property
+    def group_tokens(self) -> dict[Hashable, int]:
+        m = self.coord.marks_of(self.step)
+        return m.group_tokens if m is not None else {}
 
 
 class LiveCoordinator(Coordinator):
@@ -162,11 +181,14 @@ class LiveCoordinator(Coordinator):
         *,
         need_groups: int | None = None,
         on_response: Callable[[Response], None] | None = None,
+        offload_at_start: bool = False,
     ) -> list[Response]:
         """Generate all requests with weights `version`; returns when every response is complete.
 
         need_groups (tail batching): return as soon as that many groups are complete; the other
-        responses are aborted and dropped (see `self.unfinished_groups`)."""
+        responses are aborted and dropped (see `self.unfinished_groups`). offload_at_start: the trainer's
+        accelerators are training an older step (algorithm.max_staleness), so its engines hand over at once
+        (`take_back_reserved` returns the step to them)."""
         pool, book = self.pool, self.book
         pool.step, pool.step_version = step, version
         self._on_response = on_response
@@ -188,6 +210,8 @@ class LiveCoordinator(Coordinator):
             )
             for r in requests
         )
+        if offload_at_start and pool.reserved():
+            self.offload_now(now, pool.reserved())
         next_tick = now
         pool.full_dispatch = True
         try:
@@ -217,16 +241,25 @@ class LiveCoordinator(Coordinator):
         return done
 
     def end_step(  # type: ignore[override]
-        self, train_busy_s: float = 0.0, train_tokens: int = 0, busy_during_tail_s: float = 0.0
+        self,
+        train_busy_s: float = 0.0,
+        train_tokens: int = 0,
+        busy_during_tail_s: float = 0.0,
+        step: int | None = None,
     ) -> StepTiming | None:
         """The trainer finished the step (trained and published): the offload policy learns; what the
         coordinator measured of the step (None: it timed none), with the tokens generated since the
-        last step ended (every engine's, and the spot workers' part)."""
-        m = self.marks
+        last step ended (every engine's, and the spot workers' part). `step`: which one, where the next
+        one's generation has begun (algorithm.max_staleness)."""
+        m = self.marks if step is None else self.marks_of(step)
         if m is None or m.gen_end is None:
             return None
         o = super().end_step(
-            self.clock(), train_busy_s=train_busy_s, train_tokens=train_tokens, busy_during_tail_s=busy_during_tail_s
+            self.clock(),
+            train_busy_s=train_busy_s,
+            train_tokens=train_tokens,
+            busy_during_tail_s=busy_during_tail_s,
+            step=m.step,
         )
         gen, spot = self.tokens_total - self._tokens_at_step_end[0], self.tokens_spot - self._tokens_at_step_end[1]
         self._tokens_at_step_end = (self.tokens_total, self.tokens_spot)
@@ -240,6 +273,14 @@ class LiveCoordinator(Coordinator):
             gen_tokens=gen,
             spot_tokens=spot,
         )
+
+    def take_back_reserved(self, now: float) -> None:
+        super().take_back_reserved(now)
+        self.offloaded.clear()  # the step's feeder waits for the offload policy's own hand-over
+
+    def step_groups(self, step: int) -> StepGroups:
+        """Step `step`'s complete groups, as the trainer's feeder takes them."""
+        return StepGroups(self, step)
 
     def _drain_completed(self) -> None:
         for r in self.book.drain_completed():

@@ -319,7 +319,8 @@ class Learner:
         return self.algo.ppo_epochs > 1 or self.algo.ppo_mini_batch_size is not None
 
     def _old_logprobs(self, prompts: Sequence[list[int]], responses: Sequence[list[int]]) -> list[Tensor]:
-        """Each response's log-probs under the current weights (those that generated it), no grad.
+        """Each response's log-probs under the current weights (those that generated it; newer ones under
+        algorithm.max_staleness, where rollout correction weighs the difference), no grad.
 
         Every rank computes every row, in the same passes (FSDP pairs its collectives across ranks):
         the mini-batches of finish_step split the rows over ranks differently."""

@@ -7,9 +7,9 @@ algorithm.max_staleness k = 0, 1, 2, 3, each with rollout correction (`level: to
 Each run is a real `rlboost launch` (trainer, its engine and the spot workers as local processes, the
 local spot market's trace), the ks taking turns per seed. Per k: the reward of the last 5 steps (mean over
 the seeds, and the smallest ratio to k = 0 on the same seed), the median step time and its ratio to
-k = 0 (> 1: faster), the trainer's busy share (its training seconds over the steps' wall seconds) and
-the share of steps trained on older weights. `--plot` writes the reward curves (mean over the seeds) as
-an SVG. CPU-bound: the times mean something only on an otherwise idle machine.
+k = 0 (> 1: faster), the trainer's busy share (its training seconds over the steps' wall seconds), the share of steps
+trained on older weights and the most versions behind any step was. `--plot` writes the reward curves
+(mean over the seeds) as an SVG. CPU-bound: the times mean something only on an otherwise idle machine.
 """
 
 from __future__ import annotations
@@ -61,6 +61,7 @@ def summary(runs: dict[int, dict[int, list[dict]]]) -> dict[int, dict]:
             "speedup": round(statistics.median(med_step(base[s]) / med_step(rs) for s, rs in by_seed.items()), 3),
             "busy_share": round(sum(r["train_s"] for r in rows) / sum(r["step_s"] for r in rows), 3),
             "stale_share": round(sum(1 for r in rows if r["staleness"]) / len(rows), 3),
+            "max_staleness_seen": max(r["staleness"] for r in rows),
             "curve": [
                 round(statistics.mean(rs[i]["reward"] for rs in by_seed.values()), 4)
                 for i in range(min(len(rs) for rs in by_seed.values()))
@@ -100,7 +101,8 @@ def svg(curves: dict[int, list[float]], title: str) -> str:
         color = colors[j % len(colors)]
         pts = " ".join(xy(i, v) for i, v in enumerate(c))
         parts.append(f'<polyline fill="none" stroke="{color}" stroke-width="1.5" points="{pts}"/>')
-        parts.append(f'<text x="{w - pad - 90}" y="{pad + 16 * j}" fill="{color}">max_staleness {k}</text>')
+        y = h - pad - 8 - 16 * (len(curves) - 1 - j)  # bottom right: the curves end high
+        parts.append(f'<text x="{w - pad - 100}" y="{y}" fill="{color}">max_staleness {k}</text>')
     parts.append("</svg>")
     return "\n".join(parts) + "\n"
 
@@ -132,12 +134,13 @@ def main() -> None:
         print(json.dumps({"ks": ks, "seeds": seeds, "sets": args.set, "results": out}))
         return
     print(f"examples/local.yaml, seeds {seeds}, rollout correction token; ratios against k={ks[0]} on the same seed")
-    heads = ("last-5 reward", "min ratio", "median step s", "speedup", "busy", "stale")
-    print(f"{'k':>2} {heads[0]:>13} {heads[1]:>9} {heads[2]:>13} {heads[3]:>7} {heads[4]:>5} {heads[5]:>5}")
+    heads = ("last-5 reward", "min ratio", "median step s", "speedup", "busy", "stale", "most")
+    widths = (13, 9, 13, 7, 5, 5, 4)
+    print(f"{'k':>2} " + " ".join(f"{h:>{w}}" for h, w in zip(heads, widths, strict=True)))
     for k, s in out.items():
         print(
             f"{k:>2} {s['last5_reward']:>13.3f} {s['last5_ratio_min']:>9.3f} {s['median_step_s']:>13.3f} "
-            f"{s['speedup']:>6.2f}x {s['busy_share']:>5.0%} {s['stale_share']:>5.0%}"
+            f"{s['speedup']:>6.2f}x {s['busy_share']:>5.0%} {s['stale_share']:>5.0%} {s['max_staleness_seen']:>4}"
         )
 
 

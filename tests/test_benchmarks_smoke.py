@@ -53,7 +53,7 @@ SMOKE = [
           (rf"reverse +group: step .* \({NUM}x none\).*simulated {NUM}s \({NUM}x none\)",
            r"responses identical with and without speculation: yes")),
     Smoke("bench_staleness_live.py", "--smoke --plot {tmp}/curves.svg",
-          (rf" 1 +{NUM} +{NUM} +{NUM} +{NUM}x +{NUM}% +{NUM}%",)),
+          (rf" 1 +{NUM} +{NUM} +{NUM} +{NUM}x +{NUM}% +{NUM}% +1",)),
     Smoke("bench_tail.py", "--smoke", (rf"\| paper \| 1 \| rlboost \| group \| {NUM} \| {NUM}x", r"The critical path")),
     Smoke("bench_weight_broadcast.py", "--mib 8 --members 2 --runs 1", (rf"ratio broadcast/HTTP {NUM}",)),
     Smoke("bench_weights.py", "fanout --mib 2 --workers 2 --runs 1", (rf'"bench": "fanout".*"time_ratio": {NUM}',)),

@@ -25,7 +25,7 @@ from rlboost.cli.ledger import CostSummary, GeneratedTokens, summarize, summariz
 from rlboost.cli.metrics_log import METRICS_FILE
 from rlboost.cli.node_client import controller_reachable, node_logs_dir, node_run_dir
 from rlboost.cli.state import InstanceRow, JobRow, StateStore, job_run_dir
-from rlboost.cli.step_metrics import StepRow, busy_share, steps_busy_share
+from rlboost.cli.step_metrics import StepRow, busy_share, stale_line, steps_busy_share
 from rlboost.cli.tables import add_columns, narrow_table
 from rlboost.contracts.provider_kinds import provider_kind
 
@@ -480,7 +480,7 @@ def render_status(store: StateStore, job: str | None, console: Console, *, now: 
         if js.trainer_busy_share is not None:
             console.print(f"{js.name} trainer busy: {js.trainer_busy_share:.0%} {_BUSY}", markup=False)
         if stale := [s.staleness for s in js.recent_steps if s.staleness]:
-            line = _stale_line(len(stale), len(js.recent_steps), max(stale), " of the recent")
+            line = stale_line(len(stale), len(js.recent_steps), max(stale), " of the recent")
             console.print(f"{js.name} {line}", markup=False)
         if js.eval:
             ev = js.eval
@@ -497,13 +497,6 @@ def render_status(store: StateStore, job: str | None, console: Console, *, now: 
 
 
 _BUSY = "of its steps' seconds training (100%: it never waits for rollouts)"
-
-
-def _stale_line(stale: int, steps: int, most: int, which: str = "") -> str:
-    return (
-        f"off-policy: {stale}{which} of {steps} step(s) trained responses from weights up to {most} version(s) "
-        "older (algorithm.max_staleness)"
-    )
 
 
 # ---- cost --------------------------------------------------------------------------------
@@ -652,7 +645,7 @@ def render_cost(store: StateStore, job: str | None, console: Console) -> None:
     if s.trainer_busy_share is not None:
         say(f"trainer busy: {s.trainer_busy_share:.0%} {_BUSY}")
     if s.stale_steps:
-        say(_stale_line(s.stale_steps, s.steps, s.max_staleness))
+        say(stale_line(s.stale_steps, s.steps, s.max_staleness))
     for note in s.notes:
         console.print(Text(f"note: {note}", style="yellow"))
     if row is None and len(report.jobs) > 1:

@@ -89,3 +89,11 @@ def steps_busy_share(steps: list[StepRow]) -> float | None:
     """The trainer's busy share over the recorded steps that carry their training seconds."""
     timed = [s for s in steps if s.train_s is not None]
     return busy_share(sum(s.train_s or 0.0 for s in timed), sum(s.step_s for s in timed)) if timed else None
+
+
+def stale_line(stale: int, steps: int, most: int, which: str = "") -> str:
+    """`status` and `cost-report`'s line on algorithm.max_staleness: how many steps ran on older weights."""
+    return (
+        f"off-policy: {stale}{which} of {steps} step(s) trained responses from weights up to {most} version(s) "
+        "older (algorithm.max_staleness)"
+    )

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
-import json
 import logging
 import os
 import signal
@@ -44,6 +43,7 @@ from rlboost.trainer import checkpoint, distributed
 from rlboost.trainer.enrolment import WorkerEnrolment, job_secret_env
 from rlboost.trainer.evaluation import Evaluator, describe
 from rlboost.trainer.learner import Sample, make_learner
+from rlboost.trainer.recorder import RolloutRecorder, metrics_text, step_line, write_atomic
 from rlboost.trainer.server import build_app
 from rlboost.trainer.streaming import GroupFeeder
 from rlboost.trainer.synthetic_learner import SyntheticLearner
@@ -52,17 +52,6 @@ from rlboost.weights.publisher import PublishOptions, WeightPublisher
 from rlboost.weights.transports import Receiver, Site, TrainerEnd, trainer_transport
 
 log = logging.getLogger("rlboost.trainer")
-
-
-def write_atomic(path: Path, text: str, mode: int = 0o644) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    try:
-        tmp.write_text(text)
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:  # a full disk: no half-written file left behind
-        tmp.unlink(missing_ok=True)
-        raise
 
 
 def child_dies_with_parent() -> None:
@@ -160,6 +149,7 @@ class TrainerRuntime:
         self.generating = False
         self.untrained = 0
         self._progress = asyncio.Event()
+        self._announcing = asyncio.Lock()
         self._drawn: dict[int, tuple[dict, TailBatcher | None]] = {}  # see _begin_rollout
         self._last_record_t = 0.0
         self.rng = np.random.default_rng(spec.algorithm.seed)  # the prompt sampler: its state is the data position
@@ -277,11 +267,15 @@ class TrainerRuntime:
         await self._maybe_evaluate(version, tensors)
 
     async def _announce(self, version: int) -> None:
-        """The engines pull `version` before more work (the transport offers it where it can)."""
+        """The engines pull `version` before more work (the transport offers it where it can). Once: the
+        generating side may ask while the training side's announcement is still under way."""
         assert self.coord is not None
-        receivers = [Receiver(c.id, c.kind, c.cuda, c.cloud, c.region) for c in self.coord.receivers()]
-        offers = await self.transport.publish(version, receivers)
-        await self.coord.publish(version, offers)
+        async with self._announcing:
+            if version <= self.coord.version:
+                return
+            receivers = [Receiver(c.id, c.kind, c.cuda, c.cloud, c.region) for c in self.coord.receivers()]
+            offers = await self.transport.publish(version, receivers)
+            await self.coord.publish(version, offers)
 
     async def _maybe_evaluate(self, version: int, tensors: dict) -> None:
         """Start evaluating `version` in the background when it is due: version 0 (before training),
@@ -314,7 +308,7 @@ class TrainerRuntime:
         if first is None:
             self.phase = "warm-start"
             ws = await asyncio.to_thread(self.learner.warm_start, algo.warm_start_steps)
-            print(f"warm start: {algo.warm_start_steps} supervised steps, {_fmt(ws)}", flush=True)
+            print(f"warm start: {algo.warm_start_steps} supervised steps, {metrics_text(ws)}", flush=True)
             first = 0
         await self.publish(first)
         with RolloutRecorder(self.record_dir if self.record_rollouts else None, from_step=first) as recorder:
@@ -416,8 +410,7 @@ class TrainerRuntime:
         assert self.coord is not None
         if not self.untrained:  # else the trainer trains an older step meanwhile
             self.phase = "rollout"
-        if self.staged > self.coord.version:
-            await self._announce(self.staged)
+        await self._announce(self.staged)  # if it is newer (or its announcement is under way: until done)
         await self._wait_for_engines()  # before the step's clock starts
         # the sampler and tail batching's parked prompts before this step drew: what a checkpoint after
         # the previous step's update keeps, though this step drew before that update landed
@@ -638,62 +631,6 @@ class TrainerRuntime:
             except subprocess.TimeoutExpired:
                 self.engine_proc.kill()
         await runner.cleanup()
-
-
-class RolloutRecorder:
-    """Optionally writes every response (rollouts.jsonl) and weight snapshots, for audits and tests."""
-
-    def __init__(self, run_dir: Path | None, from_step: int = 0) -> None:
-        self.run_dir = run_dir
-        self.from_step = from_step
-        self.file = None
-
-    def __enter__(self) -> RolloutRecorder:
-        if self.run_dir is not None:
-            path = self.run_dir / "rollouts.jsonl"
-            if self.from_step and path.exists():  # resumed: steps past the checkpoint are generated again
-                keep = [line for line in path.read_text().splitlines() if json.loads(line)["step"] < self.from_step]
-                write_atomic(path, "".join(line + "\n" for line in keep))
-            self.file = open(path, "a")
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self.file:
-            self.file.close()
-
-    def write(self, responses: list) -> None:
-        if self.file is None:
-            return
-        for r in responses:
-            rec = {
-                k: getattr(r, k)
-                for k in ("rid", "step", "version", "prompt", "tokens", "logprobs", "finish", "engines", "dispatches",
-                          "drafted", "accepted", "draft_passes")
-            }
-            self.file.write(json.dumps(rec) + "\n")
-        self.file.flush()
-
-    def save_weights(self, name: str, tensors: dict) -> None:
-        if self.run_dir is not None:
-            from safetensors.torch import save_file
-
-            save_file(tensors, str(self.run_dir / name))
-
-
-def step_line(rec: StepRecord, steps: int) -> str:
-    """The trainer's log line of a finished step (the one `rlboost logs -f` shows of it)."""
-    optim = ""
-    if rec.grad_norm is not None:
-        optim = f"  loss {rec.loss:.4f}  pg_loss {rec.pg_loss:.4f}  grad_norm {rec.grad_norm:.3f}  lr {rec.lr:.3g}"
-        optim += f"  updates {rec.updates}"
-    return (
-        f"step {rec.step + 1:>3}/{steps}  reward {rec.reward:.3f}{optim}  tokens {rec.tokens:>5}"
-        f"  engines {rec.engines}  migrated {rec.migrated}  {rec.step_s:.2f}s"
-    )
-
-
-def _fmt(d: dict) -> str:
-    return ", ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}" for k, v in d.items())
 
 
 # the learner's metrics a step record carries where the learner has them (the synthetic has none)

@@ -201,3 +201,21 @@ def test_the_trainer_alone_is_measured_on_steps_with_no_spot_worker_up_and_no_wa
     alone = [s.step for s in alone_steps(store.steps(job), store.instances(job))]
     # 1: the job's first; 4-6: "booting" up; 8: first after t2 started; 10: spot tokens; 11-12: "brief" up
     assert alone == [2, 3, 7, 9, 13, 14]
+
+
+def test_the_controllers_spend_is_the_summarys_without_reading_steps(store: StateStore) -> None:
+    """spent_dollars (asked after every step) counts what summarize counts: instances that ran, to the clock."""
+    from rlboost.cli.ledger import spent_dollars
+
+    job = store.create_job("j", "spec", "local")
+    _launch(store, job, "trainer", kind=InstanceKind.ON_DEMAND, price=3.0, od=None)
+    _launch(store, job, "w1", price=1.25, od=4.0)
+    _launch(store, job, "never", price=1.0, od=4.0)
+    store.update_instance("trainer", InstanceState.RUNNING, 0.0)
+    store.update_instance("w1", InstanceState.RUNNING, 600.0)
+    store.update_instance("w1", InstanceState.PREEMPTED, 4200.0)
+    store.update_instance("never", InstanceState.FAILED, 100.0)
+    for clock in (3000.0, 7200.0):
+        store.update_job(job, clock=clock)
+        assert spent_dollars(store, job) == pytest.approx(summarize(store, job).dollars)
+    assert spent_dollars(store, job) == pytest.approx(6.0 + 1.25)

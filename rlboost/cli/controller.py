@@ -24,7 +24,7 @@ from rlboost.cli.enrolment import TrainerEnrolment, TrainerEnrolmentError, pin_f
 from rlboost.cli.event_lines import EventLines
 from rlboost.cli.job_envs import Redactor, split_envs
 from rlboost.cli.launch_requests import node_files, recorded_request, trainer_request, worker_request
-from rlboost.cli.ledger import summarize
+from rlboost.cli.ledger import spent_dollars
 from rlboost.cli.metrics_log import METRICS_FILE, MetricsLog
 from rlboost.cli.metrics_sinks import open_sinks
 from rlboost.cli.node_extras import node_setup_env
@@ -588,7 +588,7 @@ class Controller:
         clock = self.provider.clock()
         sample = StepSample(rec.spot_workers, rec.step_s, rec.gen_s, rec.train_s, rec.tokens)
         started = [i.started_clock for i in self.store.instances(self.job_id) if i.started_clock is not None]
-        spent = summarize(self.store, self.job_id).total_dollars
+        spent = spent_dollars(self.store, self.job_id)
         at = FleetClock(shown(rec.step), clock - min(started, default=clock), spent)  # this step included
         d = self.sizer.decide(sample, at, clock, self.fleet_target)
         if d.deadline_at_risk:
@@ -609,7 +609,7 @@ class Controller:
         if self.spec.budget_usd is None:
             return False
         self.store.update_job(self.job_id, clock=self.provider.clock())
-        return summarize(self.store, self.job_id).total_dollars >= self.spec.budget_usd
+        return spent_dollars(self.store, self.job_id) >= self.spec.budget_usd
 
     # ---- trainer status ----------------------------------------------------------------
     def _fetch_status(self) -> TrainerStatus | None:
@@ -629,7 +629,7 @@ class Controller:
             status,
             clock,
             progress,
-            totals=lambda: (summarize(self.store, self.job_id).total_dollars, self._preemptions()),
+            totals=lambda: (spent_dollars(self.store, self.job_id), self._preemptions()),
             on_step=partial(self._size_fleet, progress=progress),
         )
         snap = status.model_dump(mode="json", exclude={"history", "history_from", "evals", "evals_from"})

@@ -189,6 +189,19 @@ def trainer_alone(
     return Counterfactual(dollars, rate, len(alone), 0.0, None)
 
 
+def billed(inst: InstanceRow) -> bool:
+    """False for a launch that never ran (capacity refused, or gone before it started)."""
+    return not (inst.started_clock is None and inst.terminal)
+
+
+def spent_dollars(store: StateStore, job_id: int) -> float:
+    """A job's spend so far, as `summarize` counts it, without reading its steps: the controller asks
+    after every step, and reading every step row each time made a long job's controller O(steps²) (at
+    3,000 steps it fell a minute behind the trainer's status and relaunched a healthy trainer)."""
+    clock = store.job_by_id(job_id).clock
+    return sum((instance_cost(i, clock).dollars for i in store.instances(job_id) if billed(i)), 0.0)
+
+
 def _summary(store: StateStore, jobs: list[JobRow]) -> CostSummary:
     costs: list[InstanceCost] = []
     unpriced = refused = preemptions = migrations = 0
@@ -204,8 +217,8 @@ def _summary(store: StateStore, jobs: list[JobRow]) -> CostSummary:
         job_costs = []
         instances = store.instances(job.id)
         for inst in instances:
-            if inst.started_clock is None and inst.terminal:
-                refused += 1  # never ran (capacity refused, or gone before it started): not billed
+            if not billed(inst):
+                refused += 1
                 continue
             job_costs.append(instance_cost(inst, job.clock))
             if inst.kind == "spot" and inst.on_demand_price is None and inst.started_clock is not None:

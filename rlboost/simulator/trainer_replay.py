@@ -24,7 +24,7 @@ from rlboost.rollout import scheduling
 from rlboost.rollout.coordinator import Coordinator
 from rlboost.rollout.policies.offload import StepOutcome
 from rlboost.rollout.policies.overlap import busy_between, busy_total, left_to_train, may_train_group, trained_part
-from rlboost.rollout.policies.staleness import may_begin, staleness
+from rlboost.rollout.policies.staleness import engines_free, may_begin, staleness
 from rlboost.rollout.policies.tail_batching import TailBatcher, step_prompts
 from rlboost.simulator.cores import CoreShare
 from rlboost.simulator.engines import Fleet
@@ -152,7 +152,7 @@ class TrainerReplay:
             return  # one step generates at a time
         if not may_begin(self.next_step, self.pool.published, self.max_staleness):
             return
-        if self.steps and not self.pool.n_remote():
+        if not engines_free(len(self.steps), self.pool.n_remote()):
             return
         self.start_step()
 

@@ -37,7 +37,7 @@ from rlboost.contracts.step_record import ROLLOUT_CORRECTION_COLUMNS, StepRecord
 from rlboost.contracts.worker_env import WorkerEnv
 from rlboost.rollout import scheduling
 from rlboost.rollout.live import LiveCoordinator, RolloutRequest
-from rlboost.rollout.policies.staleness import may_begin
+from rlboost.rollout.policies.staleness import engines_free, may_begin
 from rlboost.rollout.policies.tail_batching import TailBatcher, step_prompts
 from rlboost.trainer import checkpoint, distributed
 from rlboost.trainer.enrolment import WorkerEnrolment, job_secret_env
@@ -398,7 +398,7 @@ class TrainerRuntime:
         accelerators), as the simulator's TrainerReplay._begin_next."""
         k = self.spec.algorithm.max_staleness
         assert self.coord is not None
-        while not may_begin(step, self.staged, k) or (self.untrained and not self.coord.pool.n_remote()):
+        while not (may_begin(step, self.staged, k) and engines_free(self.untrained, self.coord.pool.n_remote())):
             self._progress.clear()
             with contextlib.suppress(asyncio.TimeoutError):  # an engine joining is polled for
                 await asyncio.wait_for(self._progress.wait(), timeout=0.1)
@@ -412,9 +412,9 @@ class TrainerRuntime:
             self.phase = "rollout"
         await self._announce(self.staged)  # if it is newer (or its announcement is under way: until done)
         await self._wait_for_engines()  # before the step's clock starts
-        # the sampler and tail batching's parked prompts before this step drew: what a checkpoint after
-        # the previous step's update keeps, though this step drew before that update landed
-        self._drawn[step] = (rng.bit_generator.state, copy.deepcopy(self.batcher))
+        if self.untrained:  # drawing before the previous step's update lands (algorithm.max_staleness):
+            # the sampler and tail batching's parked prompts as that update's checkpoint must keep them
+            self._drawn[step] = (rng.bit_generator.state, copy.deepcopy(self.batcher))
         t0 = time.monotonic()
         # tail batching: a short (over-launched) or a long round
         problems, rnd = step_prompts(self.batcher, lambda n: self.task.sample(rng, n), algo.prompts_per_step)

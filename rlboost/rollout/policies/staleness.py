@@ -22,6 +22,13 @@ def may_begin(step: int, published: int, max_staleness: int) -> bool:
     return step - published <= max_staleness
 
 
+def engines_free(untrained: int, n_remote: int) -> bool:
+    """Whether a step may generate now as far as engines go: while `untrained` begun steps wait for their
+    update the trainer's accelerators train them, and its own engine shares them, so only remote engines
+    can generate the next step."""
+    return not untrained or n_remote > 0
+
+
 def staleness(step: int, version: int) -> int:
     """Versions between the weights that generated step `step` and the ones its update trains (0: on-policy)."""
     return step - version

@@ -6,7 +6,9 @@
 For examples/simulate/paper-h100.yaml and the held-out heavier-tail variant
 (benchmarks/variants/paper-h100-heavy.yaml), at 1-4 constant spot workers, it replays `sync` (veRL's
 default: no speculation), `on-demand` (the trainer alone), RLBoost's published rule (`rlboost-rule`)
-and `rlboost`, each with `rollout.speculative.method` none and group (`sync` only without), and prints
+`rlboost` (its fleet sized by the job's `objective: cost`, so it may hold fewer than the workers offered)
+and `rlboost-throughput` (`objective: throughput`: it holds every worker that shortens the step, the same
+fleet as the rule's), each with `rollout.speculative.method` none and group (`sync` only without), and prints
 markdown tables: trained tokens/s, throughput and tokens/$ against `sync` and the trainer alone,
 tokens per verification pass and acceptance, where a step's time goes, and the step's critical
 path: the longest response at the fastest one sequence can decode with the cited acceptance. The
@@ -43,6 +45,9 @@ JOBS = {
 # the targets for rlboost with speculation: throughput vs sync at 1-4 workers (and 2.0x at 4)
 TARGET_THR = {1: 1.2, 2: 1.4, 3: 1.6, 4: 2.0}
 HEAVY_TARGET_AT_4 = 1.8
+# rlboost-throughput is the one the throughput targets are judged on: at "N workers" it holds the N the
+# rule holds, where `rlboost` (objective cost) trades speed for tokens/$ and holds ~3 of 4
+POLICIES = ("rlboost-rule", "rlboost", "rlboost-throughput")
 
 
 def with_method(spec: JobSpec, method: str, prompts: Path) -> JobSpec:
@@ -102,7 +107,7 @@ def run_job(name: str, path: Path, workers: list[int], steps: int, prompts: Path
     add("on-demand", "none", 0)
     add("on-demand", "group", 0)
     for n in workers:
-        for p in ("rlboost-rule", "rlboost"):
+        for p in POLICIES:
             for m in ("none", "group"):
                 add(p, m, n)
     ref = {(x["policy"], x["method"]): x["r"] for x in rows if x["workers"] == 0}
@@ -131,20 +136,21 @@ def verdicts(name: str, rows: list[dict], workers: list[int]) -> list[str]:
     by = {(x["workers"], x["policy"], x["method"]): x for x in rows}
     alone_spec = by[(0, "on-demand", "group")]
     for n in workers:
-        me = by[(n, "rlboost", "group")]
-        target = TARGET_THR[n] if name == "paper" else (HEAVY_TARGET_AT_4 if n == 4 else None)
-        parts = [f"{name}, {n} worker(s): rlboost+group {me['thr_sync']:.2f}x sync"]
-        if target is not None:
-            parts.append(f"target {target}x {'met' if me['thr_sync'] >= target else 'NOT met'}")
-        parts.append(
-            f"tok/$ {me['tpd_od']:.2f}x the trainer alone ({'ok' if me['tpd_od'] >= 1.0 else 'BELOW'}), "
-            f"{me['tpd'] / alone_spec['tpd']:.2f}x the trainer alone with group speculation"
-        )
-        parts.append(
-            f"throughput {me['tps'] / by[(n, 'rlboost-rule', 'none')]['tps']:.3f}x RLBoost's rule as published "
-            f"(no speculation), {me['tps'] / by[(n, 'rlboost-rule', 'group')]['tps']:.3f}x the rule with it"
-        )
-        out.append("; ".join(parts))
+        for policy in ("rlboost-throughput", "rlboost"):
+            me = by[(n, policy, "group")]
+            target = TARGET_THR[n] if name == "paper" else (HEAVY_TARGET_AT_4 if n == 4 else None)
+            parts = [f"{name}, {n} worker(s): {policy}+group {me['thr_sync']:.2f}x sync"]
+            if target is not None:
+                parts.append(f"target {target}x {'met' if me['thr_sync'] >= target else 'NOT met'}")
+            parts.append(
+                f"tok/$ {me['tpd_od']:.2f}x the trainer alone ({'ok' if me['tpd_od'] >= 1.0 else 'BELOW'}), "
+                f"{me['tpd'] / alone_spec['tpd']:.2f}x the trainer alone with group speculation"
+            )
+            parts.append(
+                f"throughput {me['tps'] / by[(n, 'rlboost-rule', 'none')]['tps']:.3f}x RLBoost's rule as published "
+                f"(no speculation), {me['tps'] / by[(n, 'rlboost-rule', 'group')]['tps']:.3f}x the rule with it"
+            )
+            out.append("; ".join(parts))
     return out
 
 

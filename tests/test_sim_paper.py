@@ -103,6 +103,22 @@ def test_constant_workers_and_trace_exclude_each_other(tmp_path):
         sim_cli.run(spec, PAPER, ["rlboost"], steps=1, constant_workers=1)
 
 
+def test_constant_workers_last_as_long_as_the_jobs_market(tmp_path):
+    """A job whose steps are a bound (`steps: 100000`) replayed on a constant market ends with the job's
+    own trace, as without --constant-workers, not after the constant market's 1,000 h (minutes of replay)."""
+    doc = yaml.safe_load(paper_job(tmp_path).read_text())
+    doc["algorithm"]["steps"] = 100_000
+    spec = JobSpec.model_validate(doc)
+    market_h = sim_cli.prepare(spec, None, calibrated=False).trace.duration / 3600
+    rp = sim_cli.prepare(spec, None, constant_workers=2, calibrated=False)
+    assert rp.trace.duration / 3600 == pytest.approx(market_h)
+    assert rp.outlasts_h is not None and rp.outlasts_h > 2 * market_h
+    assert rp.spec.simulate.hours == pytest.approx(market_h)
+    # a job that fits runs all its steps, as before
+    small = sim_cli.prepare(load_spec(paper_job(tmp_path)), None, constant_workers=2, calibrated=False)
+    assert small.outlasts_h is None and small.spec.simulate.hours is None
+
+
 # ---- one decision path: offload_tick / step_progress (the coordinator and the simulator call these) ----
 def _progress(remote: int = 1, unfinished: int = 4):
     m = EngineModel(8088, 133, 22000, max_batch=128, replicas=2)

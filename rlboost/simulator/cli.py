@@ -122,16 +122,14 @@ def prepare(
     if constant_workers is not None:
         if trace_path is not None:
             raise ValueError("--constant-workers and --trace both give the spot capacity: pick one")
-        trace = constant_trace(constant_workers)
+        # as long as the job's own market: a job whose steps are a bound (`steps: 100000`) then ends
+        # with it, as on the trace (bound_to_trace), not after weeks of constant market
+        trace = constant_trace(constant_workers, hours=_market(spec).duration / 3600)
         # as many workers as the capacity allows, and no trace-time compression of a constant market
         ro = spec.rollout.model_copy(update={"max_workers": constant_workers})
         spec = spec.model_copy(update={"rollout": ro, "local": spec.local.model_copy(update={"capacity_scale": 1.0})})
     else:
-        trace = (
-            load_trace(trace_path)
-            if trace_path
-            else (load_trace(spec.local.trace) if spec.local.trace else BUILTIN_TRACE)
-        )
+        trace = load_trace(trace_path) if trace_path else _market(spec)
     trainer, spots = trainer_offer(spec), spot_offers(spec)  # priced as the job file says
     recorded = read_recorded(lengths) if lengths else None  # the file read once, for both
     length_model = LengthModel(recorded=recorded.lengths) if recorded else None
@@ -160,6 +158,11 @@ def prepare(
         calibration=cal,
     )
     return bound_to_trace(rp) if rp.max_steps is None and spec.simulate.hours is None else rp
+
+
+def _market(spec: JobSpec) -> AvailabilityTrace:
+    """The job's own spot market: its `local.trace`, else the built-in one."""
+    return load_trace(spec.local.trace) if spec.local.trace else BUILTIN_TRACE
 
 
 OUTLAST = 2.0  # a job the trainer alone would take more than this many trace lengths for replays the trace

@@ -4,12 +4,12 @@ replay unchanged."""
 
 from __future__ import annotations
 
-from itertools import pairwise
+from itertools import accumulate, pairwise
 
 import pytest
 
 from rlboost.contracts.spec import parse_spec
-from rlboost.rollout.policies.staleness import may_begin, staleness
+from rlboost.rollout.policies.staleness import added_s, may_begin, staleness
 from rlboost.simulator import PRESETS
 from tests.test_simulator import job, run
 
@@ -18,6 +18,11 @@ def test_the_gate_lets_a_step_run_at_most_k_versions_ahead():
     assert may_begin(3, 3, 0) and not may_begin(4, 3, 0)  # on-policy: step n waits for version n
     assert may_begin(4, 3, 1) and not may_begin(5, 3, 1)
     assert may_begin(5, 3, 2) and staleness(5, 3) == 2 and staleness(3, 3) == 0
+
+
+def test_a_step_adds_the_time_from_its_start_or_from_the_previous_steps_end():
+    assert added_s(10.0, 25.0, 8.0) == 15.0  # began after the previous step ended: start -> end
+    assert added_s(10.0, 25.0, 18.0) == 7.0  # began while it trained: only what it added after
 
 
 def _spec(k: int):
@@ -42,9 +47,15 @@ def test_with_remote_engines_the_next_step_generates_while_the_trainer_trains(re
     assert off.steps == on.steps == 8
     assert off.trainer_busy_share > on.trainer_busy_share
     assert off.run_s < on.run_s  # the same steps, sooner
-    # a step starts generating before the one before it has trained: their spans overlap
-    spans = [(s["t0"], s["t0"] + s["step_s"]) for s in off.step_log]
-    assert any(b0 < a1 for (_, a1), (b0, _) in pairwise(spans))
+    # step_s is the time a step adds to the run (as the live StepRecord's, which the fleet sizer reads):
+    # the steps follow each other, so step n ends at the first start + the first n step_s; a step
+    # starts generating before the one before it has trained
+    t0 = [s["t0"] for s in off.step_log]
+    ends = list(accumulate((s["step_s"] for s in off.step_log), initial=t0[0]))[1:]
+    assert ends[-1] - t0[0] == pytest.approx(off.run_s, abs=1e-2)  # first start -> last end
+    assert any(b0 < a1 for a1, b0 in zip(ends, t0[1:]))
+    # strictly on-policy it is each step's own start -> end
+    assert all(b["t0"] == pytest.approx(a["t0"] + a["step_s"], abs=2e-3) for a, b in pairwise(on.step_log))
     for k in (1, 2):
         assert max(s["staleness"] for s in replays[k]["rlboost-fixed"].step_log) <= k
 

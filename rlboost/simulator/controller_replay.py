@@ -191,13 +191,14 @@ class ControllerReplay:
         self.placement.ended(e.id, self.clock(), preempted)
 
     # ---- after a step: the fleet's size ----------------------------------------------------------
-    def step_trained(self, s: StepState, outcome: StepOutcome, tokens: int) -> None:
-        """After a step, as the controller: the fleet policy picks the size; surplus workers (idle
+    def step_trained(self, s: StepState, outcome: StepOutcome, tokens: int, step_s: float) -> None:
+        """After a step, as the controller: the fleet policy picks the size from the step's record (its
+        `step_s` the seconds it added to the run, as the live StepRecord's); surplus workers (idle
         between steps) are released, newest first."""
         if self.sizer is None:
             return
         clock = self.clock()
-        sample = StepSample(outcome.n_remote, outcome.step_s, outcome.gen_s, outcome.train_busy_s, tokens)
+        sample = StepSample(outcome.n_remote, step_s, outcome.gen_s, outcome.train_busy_s, tokens)
         at = FleetClock(self.trainer.steps_done + 1, clock, self.spent())
         d = self.sizer.decide(sample, at, clock, self.fleet_target)
         self.fleet_target = d.workers

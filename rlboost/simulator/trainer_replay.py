@@ -24,7 +24,7 @@ from rlboost.rollout import scheduling
 from rlboost.rollout.coordinator import Coordinator
 from rlboost.rollout.policies.offload import StepOutcome
 from rlboost.rollout.policies.overlap import busy_between, busy_total, left_to_train, may_train_group, trained_part
-from rlboost.rollout.policies.staleness import engines_free, may_begin, staleness
+from rlboost.rollout.policies.staleness import added_s, engines_free, may_begin, staleness
 from rlboost.rollout.policies.tail_batching import TailBatcher, step_prompts
 from rlboost.simulator.cores import CoreShare
 from rlboost.simulator.engines import Fleet
@@ -39,7 +39,8 @@ from rlboost.simulator.workload import replay_task
 class TrainerHooks:
     """What the trainer tells the controller's side of the replay."""
 
-    step_trained: Callable[[StepState, StepOutcome, int], None]  # a step is over (tokens trained): size the fleet
+    # a step is over (tokens trained, the seconds it added to the run: staleness.added_s): size the fleet
+    step_trained: Callable[[StepState, StepOutcome, int, float], None]
     sample: Callable[[], None]  # the timeline may have changed
 
 
@@ -243,12 +244,13 @@ class TrainerReplay:
             busy_during_tail_s=busy_between(s.busy, m.offload_at, m.gen_end),
             step=number,
         )
-        self.hooks.step_trained(s, o, total)
+        step_s = added_s(t0, now, self.last_step_end)  # as the live trainer's StepRecord
+        self.hooks.step_trained(s, o, total, step_s)
         self.step_log.append(
             {
                 "step": number,
                 "t0": round(t0, 3),
-                "step_s": round(o.step_s, 3),
+                "step_s": round(step_s, 3),
                 "gen_s": round(o.gen_s, 3),
                 "train_s": round(train_s, 3),
                 "box_s": None if o.box_s is None else round(o.box_s, 3),

@@ -82,13 +82,18 @@ def sweep_trainer_error(spec: JobSpec) -> str | None:
     return None
 
 
+def per_gpu_price(price: float, acc: str, old: str | None) -> float:
+    """A node-hour of `old` (the job's trainer) re-priced for `acc`, the same kind: per GPU."""
+    return price * split_accelerator(acc)[1] / split_accelerator(old)[1]
+
+
 def trainer_spec(spec: JobSpec, acc: str) -> JobSpec:
     """The job file with its trainer's accelerators (per node) replaced by `acc`."""
     old = spec.trainer.accelerators
     (_, count), (old_name, old_count) = split_accelerator(acc), split_accelerator(old)
     price = spec.trainer.hourly_price
     if price is not None:  # a node-hour of the job's accelerators: per GPU for the same kind
-        price = price * count / old_count if same_kind(acc, old) else None
+        price = per_gpu_price(price, acc, old) if same_kind(acc, old) else None
     trainer = spec.trainer.model_copy(update={"accelerators": acc, "hourly_price": price})
     out = spec.model_copy(update={"trainer": trainer})
     given = spec.model.train_tokens_per_s if spec.model.kind == "synthetic" else None
@@ -112,8 +117,7 @@ def with_trainer(rp: Replay, acc: str) -> Replay:
     see price_source for the one exception."""
     spec = trainer_spec(rp.spec, acc)
     if per_gpu_of_job(rp.spec, acc):
-        (_, count), (_, old) = split_accelerator(acc), split_accelerator(rp.spec.trainer.accelerators)
-        price = rp.trainer.hourly_price * count / old
+        price = per_gpu_price(rp.trainer.hourly_price, acc, rp.spec.trainer.accelerators)
         offer = replace(rp.trainer, accelerator=acc, hourly_price=price, on_demand_price=price)
         return replace(rp, spec=spec, trainer=offer)
     try:

@@ -37,7 +37,7 @@ from rlboost.contracts.step_record import ROLLOUT_CORRECTION_COLUMNS, StepRecord
 from rlboost.contracts.worker_env import WorkerEnv
 from rlboost.rollout import scheduling
 from rlboost.rollout.live import LiveCoordinator, RolloutRequest
-from rlboost.rollout.policies.staleness import engines_free, may_begin
+from rlboost.rollout.policies.staleness import added_s, engines_free, may_begin
 from rlboost.rollout.policies.tail_batching import TailBatcher, step_prompts
 from rlboost.trainer import checkpoint, distributed
 from rlboost.trainer.enrolment import WorkerEnrolment, job_secret_env
@@ -589,9 +589,7 @@ class TrainerRuntime:
             step=ro.step,
         )
         now = time.monotonic()
-        # the wall time this step adds: from its start, or from the last step's record where it began
-        # before that (algorithm.max_staleness), so that a job's step_s sum to its wall time
-        step_s, self._last_record_t = now - max(ro.t0, self._last_record_t), now
+        step_s, self._last_record_t = added_s(ro.t0, now, self._last_record_t), now
         return StepRecord(
             step=ro.step,
             version=ro.version,

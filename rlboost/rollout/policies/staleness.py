@@ -29,6 +29,14 @@ def engines_free(untrained: int, n_remote: int) -> bool:
     return not untrained or n_remote > 0
 
 
+def added_s(start: float, end: float, prev_end: float) -> float:
+    """The time a step adds to its run: from its start, or from the previous step's end where it began
+    before that (under max_staleness k >= 1 the next step generates while this one trains), so that a
+    run's steps sum to its length. The fleet sizer fits seconds per token to it (a step's own start ->
+    end would count the overlapped time twice); strictly on-policy it is start -> end."""
+    return end - max(start, prev_end)
+
+
 def staleness(step: int, version: int) -> int:
     """Versions between the weights that generated step `step` and the ones its update trains (0: on-policy)."""
     return step - version

@@ -30,6 +30,8 @@ LOCAL = ROOT / "examples" / "local.yaml"
 def one_run(k: int, seed: int, args: argparse.Namespace) -> list[dict]:
     """metrics.jsonl's step rows of one launch."""
     sets = [f"algorithm.max_staleness={k}", f"algorithm.seed={seed}", "algorithm.rollout_correction.level=token"]
+    if k >= 1:  # algorithm.weight_swap needs k >= 1: the k = 0 baseline runs as it is
+        sets.append(f"algorithm.weight_swap={args.weight_swap}")
     sets += args.set
     with tempfile.TemporaryDirectory(prefix="bench-stale-") as d:
         env = {**os.environ, "RLBOOST_HOME": str(Path(d) / "home")}
@@ -112,6 +114,8 @@ def main() -> None:
     ap.add_argument("--ks", default="0,1,2,3", help="algorithm.max_staleness values (the first is the baseline)")
     ap.add_argument("--seeds", default="0,1,2")
     ap.add_argument("--set", action="append", default=[], help="more job-file overrides, KEY.PATH=VALUE")
+    ap.add_argument("--weight-swap", default="step", choices=("step", "in_flight"),
+                    help="algorithm.weight_swap of the k >= 1 runs")
     ap.add_argument("--plot", type=Path, default=None, help="write the reward curves here (SVG)")
     ap.add_argument("--timeout", type=float, default=900)
     ap.add_argument("--smoke", action="store_true", help="the smallest size: k 0 and 1, one seed, 3 steps")

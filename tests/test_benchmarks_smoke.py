@@ -55,6 +55,7 @@ SMOKE = [
     Smoke("bench_staleness_live.py", "--smoke --plot {tmp}/curves.svg",
           (rf" 1 +{NUM} +{NUM} +{NUM} +{NUM}x +{NUM}% +{NUM}% +1",)),
     Smoke("bench_tail.py", "--smoke", (rf"\| paper \| 1 \| rlboost \| group \| {NUM} \| {NUM}x", r"The critical path")),
+    Smoke("bench_weight_swap.py", "--smoke", (rf"\| paper \| 3 \| in_flight \| {NUM} \| {NUM}x \| {NUM}x",)),
     Smoke("bench_weight_broadcast.py", "--mib 8 --members 2 --runs 1", (rf"ratio broadcast/HTTP {NUM}",)),
     Smoke("bench_weights.py", "fanout --mib 2 --workers 2 --runs 1", (rf'"bench": "fanout".*"time_ratio": {NUM}',)),
     Smoke("bench_weights.py", "delta --mlp-params 1048576 --runs 1",

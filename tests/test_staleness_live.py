@@ -43,14 +43,20 @@ def rollouts(home: Path) -> list[dict]:
 
 
 @pytest.fixture(scope="module")
-def homes(tmp_path_factory) -> dict[int, Path]:
-    """The shipped local job, seed 0, strictly on-policy and one step off-policy, both corrected. Each
-    step begins once a spot worker holds the weights (RLBOOST_WAIT_ENGINES), so that whether the next step
-    runs ahead does not hinge on where the trace's preemptions land or how fast a busy machine boots one."""
-    out = {}
+def homes(tmp_path_factory) -> dict[int | str, Path]:
+    """The shipped local job, seed 0, strictly on-policy and one step off-policy, both corrected (and one
+    step off-policy with weights swapped in flight: "in_flight"). Each step begins once a spot worker holds
+    the weights (RLBOOST_WAIT_ENGINES), so that whether the next step runs ahead does not hinge on where the
+    trace's preemptions land or how fast a busy machine boots one."""
+    out: dict[int | str, Path] = {}
     for k in (0, 1):
         out[k] = tmp_path_factory.mktemp(f"k{k}") / "home"
         launch(out[k], f"algorithm.max_staleness={k}", CORRECTED, env={"RLBOOST_WAIT_ENGINES": "1"})
+    out["in_flight"] = tmp_path_factory.mktemp("in_flight") / "home"
+    launch(
+        out["in_flight"], "algorithm.max_staleness=1", "algorithm.weight_swap=in_flight", CORRECTED,
+        env={"RLBOOST_WAIT_ENGINES": "1"},
+    )
     return out
 
 
@@ -59,6 +65,25 @@ def test_one_step_off_policy_learns_as_the_on_policy_job(homes):
     assert len(metrics(homes[1])) == 40
     assert last5[1] >= 0.9 * last5[0], last5
     assert last5[0] > metrics(homes[0])[0]["reward"] + 0.1  # the on-policy job itself learned
+
+
+def test_weights_swapped_in_flight_learn_and_keep_each_tokens_version(homes):
+    """algorithm.weight_swap in_flight: a response in flight when a version lands continues on it; the
+    record keeps the version that began it (at most one behind its step) and each swap's token offset."""
+    h = homes["in_flight"]
+    rows = metrics(h)
+    assert len(rows) == 40 and {r["staleness"] for r in rows} <= {0, 1}
+    last5 = {k: sum(r["reward"] for r in metrics(homes[k])[-5:]) / 5 for k in (0, "in_flight")}
+    assert last5["in_flight"] >= 0.9 * last5[0], last5
+    rs = rollouts(h)
+    assert sorted({r["step"] for r in rs}) == list(range(40))
+    for r in rs:
+        assert r["step"] - r["version"] in (0, 1), r
+        offsets = [o for o, _ in r.get("swaps", [])]
+        versions = [r["version"], *(v for _, v in r.get("swaps", []))]
+        # tokens from each offset on come from a newer version, never one its step's update publishes
+        assert offsets == sorted(set(offsets)) and all(0 < o < len(r["tokens"]) for o in offsets), r["rid"]
+        assert versions == sorted(set(versions)) and versions[-1] <= r["step"], r["rid"]
 
 
 def test_each_step_has_one_version_at_most_one_behind(homes):

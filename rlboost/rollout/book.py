@@ -41,6 +41,10 @@ class Response:
     dispatches: int = 0
     handle: int = -1  # set by RolloutBook.add
     group: str | None = None  # GRPO group (prompt) id, when the caller tracks groups
+    first_version: int = -1  # the version that began it (set by RolloutBook.add; `version` moves on an
+    # in-flight swap: algorithm.weight_swap)
+    swaps: list[tuple[int, int]] = field(default_factory=list)  # (token offset, version): tokens from the
+    # offset on come from that version (per-token versions after in-flight swaps)
     # speculative decoding, summed over the engines that generated it: drafted tokens verified, of
     # which accepted, and the forward passes that verified a draft for it
     drafted: int = 0
@@ -178,6 +182,8 @@ class RolloutBook:
             self._budget[s], self._ver[s], self._taken_len[s] = r.max_new_tokens, r.version, 0
             self._resp[s] = r
             r.handle, r._book = h, self
+            if r.first_version < 0:
+                r.first_version = r.version
             self.responses[r.rid] = r
             self.queue.append(r.rid)
             self._open[r.step] = self._open.get(r.step, 0) + 1
@@ -575,6 +581,22 @@ class RolloutBook:
         # front of the queue: these are the oldest work of the step
         self.queue.extendleft(reversed(requeued))
         return requeued
+
+    def retag(self, steps: set[int], version: int) -> None:
+        """Every unfinished response of `steps` continues on weights `version` (an in-flight swap): its
+        next tokens must come from it; the version that began it stays `first_version`."""
+        for r in self.responses.values():
+            if r.step in steps and not r.done and r.version != version:
+                s = self._slot(r)
+                self._ver[s] = version
+                r.version = version
+                held = int(self._len[s])
+                if r.swaps and r.swaps[-1][0] == held:  # none generated since the last swap: that one is void
+                    r.swaps[-1] = (held, version)
+                elif held:
+                    r.swaps.append((held, version))
+                else:  # nothing generated yet: the new version begins it
+                    r.first_version = version
 
     def requeue(self, engine: str, rids: Iterable[str]) -> list[str]:
         """Take specific responses back from an engine (e.g. a tail migration or an offload)."""

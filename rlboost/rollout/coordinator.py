@@ -94,6 +94,10 @@ class Coordinator:
         self.completed_groups: list[Hashable] = []
         self.unfinished_groups: list[Hashable] = []  # dropped by tail batching
         self._group_left: dict[Hashable, int] = {}
+        self._group_marks: dict[Hashable, StepMarks] = {}  # each open group's step
+        # the pool names groups per step (the live book's "p3"), not uniquely across steps: the group
+        # keys above, and those pool.groups() gives, are then (step, group)
+        self.keyed = False
         self.need_groups: int | None = None  # tail batching: the round ends once this many are complete
         self.share: dict[str, int] | None = None  # `split` baseline: responses per engine this step
         self.given: dict[str, int] = {}
@@ -110,19 +114,32 @@ class Coordinator:
         *,
         need_groups: int | None = None,
         share: dict[str, int] | None = None,
+        overlapping: bool = False,
     ) -> StepMarks:
         """The step's responses are queued in the pool; `groups`: responses per group."""
         n_remote = self.pool.n_remote()
-        if self.marks is not None:  # its generation is over and it trains on: ended by end_step(step=...)
-            assert self.marks.gen_end is not None, f"step {self.marks.step} still generates"
+        overlapped = self.marks is not None and self.marks.gen_end is None
+        if self.marks is not None:  # it trains on (and, swapping weights in flight, may still generate)
+            assert self.marks.gen_end is not None or overlapping, f"step {self.marks.step} still generates"
             self.generated[self.marks.step] = self.marks
         self.offload.start_step(n_remote)
         self.marks = StepMarks(step, now, n_remote, prev_step_s=self.last_step_s)
-        self.completed_groups = []
-        self.unfinished_groups = []
-        self._group_left = dict(groups)
-        if self.siblings is not None:
-            self.group_lengths = GroupLengths(groups)
+        if self.keyed:  # group names repeat from step to step: keyed by (step, group) here
+            groups = {(step, g): n for g, n in groups.items()}
+        if not overlapped:
+            self._group_marks = {}
+        for g in groups:
+            self._group_marks[g] = self.marks
+        if overlapped:  # the earlier step's groups stay open beside this one's
+            self._group_left.update(groups)
+            if self.siblings is not None:
+                self.group_lengths.extend(groups)
+        else:
+            self.completed_groups = []
+            self.unfinished_groups = []
+            self._group_left = dict(groups)
+            if self.siblings is not None:
+                self.group_lengths = GroupLengths(groups)
         self.need_groups = need_groups
         self.share = share
         self.given = dict.fromkeys(share, 0) if share is not None else {}
@@ -187,21 +204,23 @@ class Coordinator:
             self.marks.changed = True
             self.marks.next_offload_check = now
 
-    def response_done(self, group: Hashable | None, length: int) -> None:
-        """A response of the step is complete (`length` tokens)."""
+    def response_done(self, group: Hashable | None, length: int, step: int | None = None) -> None:
+        """A response of step `step` (the generating one by default) is complete (`length` tokens)."""
         self.stats.add_one(length)
         if group is None:
             return
-        tokens = self.marks.group_tokens  # type: ignore[union-attr]
-        tokens[group] = tokens.get(group, 0) + length
-        left = self._group_left[group] - 1
-        self._group_left[group] = left
+        key = (step if step is not None else self.marks.step, group) if self.keyed else group  # type: ignore[union-attr]
+        m = self._group_marks[key]
+        m.group_tokens[group] = m.group_tokens.get(group, 0) + length
+        left = self._group_left[key] - 1
+        self._group_left[key] = left
         if self.siblings is not None:
-            got = self.group_lengths.add(group, length)
+            got = self.group_lengths.add(key, length)
             if left == 0:  # a complete group: how much its responses spread around their prompt's factor
                 self.siblings.spread.add_group(got)
         if left == 0:
-            self.marks.groups_done.append(group)  # type: ignore[union-attr]  # a response of the generating step
+            del self._group_marks[key]
+            m.groups_done.append(group)
             self.completed_groups.append(group)
             self.on_group_done()
 
@@ -215,9 +234,16 @@ class Coordinator:
         self.unfinished_groups = sorted(self.pool.drop_unfinished(set(self.completed_groups), now))
         return self.unfinished_groups
 
-    def generation_done(self, now: float) -> None:
-        assert self.marks is not None
-        self.marks.gen_end = now
+    def generation_done(self, now: float, step: int | None = None) -> None:
+        m = self.marks if step is None else self.marks_of(step)
+        assert m is not None
+        m.gen_end = now
+
+    def generating(self) -> bool:
+        """A begun step still has responses to generate."""
+        return (self.marks is not None and self.marks.gen_end is None) or any(
+            m.gen_end is None for m in self.generated.values()
+        )
 
     def end_step(
         self,
@@ -249,7 +275,7 @@ class Coordinator:
         """Give queued responses to engines with free slots (policies/dispatch.py)."""
         m = self.marks
         pool = self.pool
-        if m is None or m.gen_end is not None or not pool.queue_len():
+        if m is None or not pool.queue_len() or (m.gen_end is not None and not self.generating()):
             return
         views = pool.open_engines(now)
         if not views:
@@ -368,6 +394,9 @@ class Coordinator:
         """The offload policy said so: the reserved engines hand their partial responses over."""
         assert self.marks is not None
         self.marks.offload_at = now
+        for m in self.generated.values():  # a step still generating beside it (weights swapped in flight)
+            if m.gen_end is None and m.offload_at is None:
+                m.offload_at = now
         self.offloads += 1
         self.handed_over = self.pool.hand_over(reserved, now)
         self.on_offload()

@@ -117,7 +117,8 @@ class LivePool:
         self.clock = clock
         self.engines: dict[str, EngineConn] = {}
         self.gone: dict[str, EngineConn] = {}
-        self.step: int | None = None  # the step in flight
+        self.step: int | None = None  # the step in flight (the newest)
+        self.steps: set[int] = set()  # every step generating (more than one: weights swap in flight)
         self.step_version: int | None = None  # and its weights version
         self.max_new_tokens = 0  # the step's response budget (a response's own is in the book)
         self.changed = asyncio.Event()  # something the step loop should look at happened
@@ -191,13 +192,13 @@ class LivePool:
 
     def progress_inputs(self, now: float) -> ProgressInputs:
         views = self.engine_views(now)
-        step = self.step
+        steps = self.steps
         unfinished = [
-            r for r in self.book.responses.values() if r.version == self.step_version and not r.done and r.step == step
+            r for r in self.book.responses.values() if r.version == self.step_version and not r.done and r.step in steps
         ]
         gen = self.book.lengths(unfinished)
         left = np.fromiter((r.max_new_tokens for r in unfinished), np.int64, len(unfinished)) - gen
-        held = sum(r.generated for r in self.book.responses.values() if r.step == step)
+        held = sum(r.generated for r in self.book.responses.values() if r.step in steps)
         reserved = {c.id for c in self.engines.values() if c.kind == "reserved"}
         ctx = sum(len(r.prompt) + int(g) for r, g in zip(unfinished, gen.tolist()) if r.engine in reserved)
         return ProgressInputs(
@@ -274,7 +275,11 @@ class LivePool:
 
     def groups(self, items: Sequence[Response | str] | np.ndarray) -> list[Hashable]:
         rs = self.book.responses
-        return [(r if isinstance(r, Response) else rs[str(r)]).group for r in items]
+        out = []
+        for x in items:
+            r = x if isinstance(x, Response) else rs[str(x)]
+            out.append(None if r.group is None else (r.step, r.group))  # the coordinator's keys (Coordinator.keyed)
+        return out
 
     def avoid(self, items: Sequence[Response]) -> dict[str, set[str]]:
         out: dict[str, set[str]] = {}
@@ -385,6 +390,21 @@ class LivePool:
             rids = sorted(self.book.assigned(c.id))
             moved += len(self.book.requeue(c.id, rids))
             self.abort(c.id, rids)
+        self.full_dispatch = True
+        self.changed.set()
+        return moved
+
+    def swap(self, version: int) -> int:
+        """A new version reaches engines mid-step: each gives back what it holds (tokens kept) and every
+        unfinished response of the generating steps continues on `version`; how many were on engines."""
+        moved = 0
+        for c in self.engines.values():
+            rids = sorted(self.book.assigned(c.id))
+            if rids:
+                back = self.book.requeue(c.id, rids)
+                moved += len(back)
+                self.abort(c.id, back)
+        self.book.retag(self.steps, version)
         self.full_dispatch = True
         self.changed.set()
         return moved

@@ -24,6 +24,7 @@ from rlboost.rollout.policies.lengths import LengthStats
 from rlboost.rollout.policies.migration import MigrationConfig
 from rlboost.rollout.policies.offload import OffloadPolicy, make_offload
 from rlboost.rollout.policies.placement import OfferLike, PlacementTracker
+from rlboost.rollout.policies.staleness import swaps_in_flight
 from rlboost.rollout.policies.tick import TickCadence
 
 if TYPE_CHECKING:
@@ -150,6 +151,9 @@ def coordinator_config(
         sibling_scheduling=spec.rollout.sibling_scheduling,
         speculative=Speculation.model_validate(spec.rollout.speculative.model_dump()),
         stop=stop_rule(spec.algorithm.stop, decode),
+        swap_in_flight=swaps_in_flight(
+            spec.algorithm.weight_swap, spec.algorithm.max_staleness, spec.rollout.tail_batching
+        ),
     )
 
 

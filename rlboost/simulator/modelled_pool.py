@@ -48,7 +48,13 @@ class ModelledPool:
         self.max_new = spec.algorithm.max_new_tokens
         self.coord: Coordinator  # set by the replay: the coordinator this pool serves
         self.hooks: StepHooks  # set by the replay once the trainer's side exists
+        # the engines' window: the generating step's responses (where weights swap in flight, those of
+        # the steps generating at once, StepState.joined), and each step's first index in it
         self.step: StepState | None = None
+        self.parts: list[tuple[int, StepState]] = []
+        self.swap_in_flight = False  # set by the replay: a new version interrupts the responses in flight
+        self.swaps = 0  # responses interrupted by a weight swap and continued on the new version
+        self._tick_token = 0
         self.version = -1  # the version the generating step's engines must hold to take its work
         self.published = -1  # the newest version the trainer published (ahead of `version` only while a
         # step generates on older weights: algorithm.max_staleness)
@@ -71,8 +77,24 @@ class ModelledPool:
         q.on("engine", self.on_engine)
 
     def _gen_ended(self) -> bool:
-        m = self.coord.marks
-        return m is None or m.gen_end is not None
+        return not self.coord.generating()
+
+    def _owner(self, i: int) -> StepState:
+        """The step a response of the window belongs to."""
+        parts = self.parts
+        if len(parts) == 1:
+            return parts[0][1]
+        for lo, o in reversed(parts):
+            if i >= lo:
+                return o
+        raise AssertionError(f"response {i} is in no step of the window")
+
+    def _report_done(self) -> None:
+        """Steps whose last response is in: the trainer hears it (once)."""
+        for _, o in list(self.parts):
+            m = self.coord.marks_of(o.number)
+            if o.open == 0 and m is not None and m.gen_end is None:
+                self.hooks.generation_done(o)
 
     # ---- engines join and load weights ----------------------------------------------------
     def connect(self, e: ModelledEngine) -> None:
@@ -103,8 +125,28 @@ class ModelledPool:
         next step's begin_step has them pull (rollout/policies/staleness.py)."""
         self.published += 1
         if self.step is not None and not self._gen_ended():
+            if self.swap_in_flight:
+                self._swap()
             return
         self._take_published()
+
+    def _swap(self) -> None:
+        """In-flight weight update (AReaL's interruptible rollout): every engine gives back what it holds,
+        tokens kept, pulls the new version and takes them up again, its KV cache recomputed (a prefill);
+        each response's tokens then come from more than one version."""
+        s = self.step
+        assert s is not None
+        self.version = self.published
+        for e in self.fleet.engines:
+            if e.state in ("ready", "pulling"):
+                for i in sorted(e.live):
+                    self.requeue(s, i, count=False)
+                    self.swaps += 1
+                e.live.clear()
+                e.set_load()
+                e.epoch += 1
+                self.pull(e)
+        self._report_done()
 
     def _take_published(self) -> None:
         self.step = None
@@ -117,25 +159,36 @@ class ModelledPool:
     # ---- a step -----------------------------------------------------------------------------
     def begin_step(self, s: StepState, *, need_groups: int | None, share: dict[str, int] | None) -> None:
         """The trainer handed over the step's requests (queued in s.queue): the coordinator starts it."""
-        if self.version < self.published:  # a version published while the last step generated
-            self._take_published()
-        groups = dict.fromkeys(range(s.groups), s.group_size)
-        self.coord.begin_step(s.number, self.q.now, groups, need_groups=need_groups, share=share)
-        for e in self.fleet.engines:  # indices are per step: nothing of the previous step may stay live
-            assert not e.live, f"engine {e.id} still holds {sorted(e.live)[:5]} at step {s.number}"
-            e.heap.clear()
-        self.step = s
-        self.q.push(self.q.now, "tick", s.number)
+        w = self.step
+        if self.swap_in_flight and w is not None and w.open > 0:  # beside the steps still generating
+            assert need_groups is None and share is None, "tail batching and split never swap in flight"
+            lo = len(w.length)
+            s.gbase = lo // s.group_size
+            groups = dict.fromkeys(range(s.gbase, s.gbase + s.groups), s.group_size)
+            self.coord.begin_step(s.number, self.q.now, groups, overlapping=True)
+            self.step = w.joined(s)
+            self.parts = [(a, o) for a, o in self.parts if o.open > 0] + [(lo, s)]
+        else:
+            if self.version < self.published:  # a version published while the last step generated
+                self._take_published()
+            groups = dict.fromkeys(range(s.groups), s.group_size)
+            self.coord.begin_step(s.number, self.q.now, groups, need_groups=need_groups, share=share)
+            for e in self.fleet.engines:  # indices are per step: nothing of the previous step may stay live
+                assert not e.live, f"engine {e.id} still holds {sorted(e.live)[:5]} at step {s.number}"
+                e.heap.clear()
+            self.step = s
+            self.parts = [(0, s)]
+        self._tick_token += 1
+        self.q.push(self.q.now, "tick", self._tick_token)
         self.coord.dispatch(self.q.now)
 
-    def on_tick(self, number: int) -> None:
-        s = self.step
-        if s is None or s.number != number or self._gen_ended():
+    def on_tick(self, token: int) -> None:
+        if self.step is None or token != self._tick_token or self._gen_ended():
             return
         now = self.q.now
         period = self.coord.tick(now)
         self.coord.dispatch(now)
-        self.q.push(now + period, "tick", number)
+        self.q.push(now + period, "tick", token)
 
     # ---- EnginePool: engines ------------------------------------------------------------------
     def n_remote(self) -> int:
@@ -351,6 +404,9 @@ class ModelledPool:
         s.engine_of[i] = -1
         s.held[i] = end
         s.open -= 1
+        o = self._owner(i)
+        if o is not s:
+            o.open -= 1
         self.coord.response_done(i // s.group_size, end)
         if self.speculation is not None:  # its siblings now draft from more of the group's text
             for idx in self.speculation.siblings(s, i):
@@ -362,13 +418,12 @@ class ModelledPool:
     def _after_completions(self, s: StepState) -> None:
         if self.coord.abandon_due(s.open):
             self.hooks.abandoned(s, self.coord.abandon(self.q.now))
-        if s.open == 0:
-            self.hooks.generation_done(s)
-        else:
+        self._report_done()
+        if s.open:
             self.coord.dispatch(self.q.now)
 
     # ---- offload, migration, losses: requeue with the tokens held ------------------------------
-    def requeue(self, s: StepState, i: int, keep_tokens: bool = True) -> None:
+    def requeue(self, s: StepState, i: int, keep_tokens: bool = True, count: bool = True) -> None:
         eng = int(s.engine_of[i])
         if eng < 0 or s.done[i]:  # completed in the meantime (a plan made at the same instant)
             return
@@ -379,7 +434,7 @@ class ModelledPool:
         e.live.discard(i)
         s.engine_of[i] = -1
         if keep_tokens:
-            if gen > 0:
+            if gen > 0 and count:
                 self.migrations += 1
             s.held[i] = gen
         else:
@@ -400,8 +455,7 @@ class ModelledPool:
                 self.requeue(s, i, keep_tokens=keep)
             e.live.clear()
             e.set_load()
-            if s.open == 0 and not self._gen_ended():
-                self.hooks.generation_done(s)
+            self._report_done()
         e.state = "draining"
         e.epoch += 1
         self.coord.dispatch(self.q.now)
@@ -426,8 +480,7 @@ class ModelledPool:
         s = self.step
         assert s is not None
         self.trainer_may_train(s)
-        if s.open == 0:
-            self.hooks.generation_done(s)
+        self._report_done()
 
     trainer_may_train: Callable[[StepState], None]  # set by the replay: the trainer's side trains what it can
 
@@ -466,7 +519,7 @@ class ModelledPool:
     def drop_unfinished(self, keep: set[Hashable], now: float) -> list[Hashable]:
         """Tail batching: the round has its groups; drop everything else."""
         s = self.step
-        assert s is not None
+        assert s is not None and len(self.parts) == 1
         unfinished_groups = set()
         engines = self.fleet.engines
         for i in np.nonzero(~s.done)[0].tolist():

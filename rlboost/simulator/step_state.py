@@ -71,3 +71,24 @@ class StepState:
         self.groups_started = 0
         self.train_busy_until = 0.0
         self.version = 0  # the weights version that generates it (set as its generation begins)
+        self.gbase = 0  # its first group's number in the pool's window (weights swapped in flight)
+
+    def joined(self, other: StepState) -> StepState:
+        """The engines' window: this one's responses, then another step's (weights swapped in flight, two
+        steps generate at once). Indices of this one keep their meaning, the other's are offset by its
+        length; the trainer keeps each step's own state."""
+        n = len(self.length)
+        w = StepState(other.number, other.t0, 0, self.group_size, None, None)
+        cat = np.concatenate
+        for name in ("length", "eos", "prompt_len", "engine_of", "held_at_admit", "held", "decoded_at_admit",
+                     "admit_t", "done", "dropped"):
+            setattr(w, name, cat([getattr(self, name), getattr(other, name)]))
+        w.length_of = self.length_of + other.length_of
+        w.target = self.target + other.target
+        w.left_from = dict(self.left_from)
+        w.queue = deque(self.queue)
+        w.queue.extend(i + n for i in other.queue)
+        w.open = self.open + other.open
+        w.groups = self.groups + other.groups
+        w.version = other.version
+        return w

@@ -24,7 +24,7 @@ from rlboost.rollout import scheduling
 from rlboost.rollout.coordinator import Coordinator
 from rlboost.rollout.policies.offload import StepOutcome
 from rlboost.rollout.policies.overlap import busy_between, busy_total, left_to_train, may_train_group, trained_part
-from rlboost.rollout.policies.staleness import added_s, engines_free, may_begin, staleness
+from rlboost.rollout.policies.staleness import added_s, engines_free, may_begin, staleness, swaps_in_flight
 from rlboost.rollout.policies.tail_batching import TailBatcher, step_prompts
 from rlboost.simulator.cores import CoreShare
 from rlboost.simulator.engines import Fleet
@@ -74,6 +74,9 @@ class TrainerReplay:
         self.hooks: TrainerHooks  # set by the replay once the controller's side exists
         self.up_at = INF  # when it serves (sim seconds)
         self.max_staleness = spec.algorithm.max_staleness
+        self.pool.swap_in_flight = swaps_in_flight(
+            spec.algorithm.weight_swap, self.max_staleness, policy.split or policy.tail_batching
+        )
         # steps begun and not yet trained, oldest first: the trainer trains the first; with
         # max_staleness >= 1 the next ones generate meanwhile
         self.steps: deque[StepState] = deque()
@@ -85,6 +88,7 @@ class TrainerReplay:
         self.last_step_end = 0.0
         self.step_log: list[dict] = []
         self._spec_seen = {"passes": 0.0, "drafted": 0.0, "accepted": 0.0}  # speculation totals at the last step end
+        self._swaps_seen = 0
         self.pool.hooks = StepHooks(self.generation_done, self._abandoned)
         self.pool.trainer_may_train = lambda _s: self.train_more()
         coordinator.on_group_done = self.train_more
@@ -149,8 +153,8 @@ class TrainerReplay:
         max_staleness k it may run ahead of training by k versions, while another step trains only
         where remote engines generate it (the trainer's own engine shares the trainer's GPUs)."""
         m = self.coordinator.marks
-        if self.next_step >= self.max_steps or (m is not None and m.gen_end is None):
-            return  # one step generates at a time
+        if self.next_step >= self.max_steps or (m is not None and m.gen_end is None and not self.pool.swap_in_flight):
+            return  # one step generates at a time, unless weights swap in flight
         if not may_begin(self.next_step, self.pool.published, self.max_staleness):
             return
         if not engines_free(len(self.steps), self.pool.n_remote()):
@@ -178,6 +182,7 @@ class TrainerReplay:
         if not groups_done:
             return
         g = groups_done.popleft()
+        g -= s.gbase
         tokens = int(s.length[g * s.group_size : (g + 1) * s.group_size].sum())
         rate = self.train_rate * self.cores.trainer_speed()
         dt = tokens / rate
@@ -205,7 +210,7 @@ class TrainerReplay:
     def generation_done(self, s: StepState) -> None:
         """The last response is in: the step trains what is left (now, if it is the oldest), and the
         next step's generation may begin."""
-        self.coordinator.generation_done(self.q.now)
+        self.coordinator.generation_done(self.q.now, s.number)
         if s is self.steps[0]:
             self._train_rest(s)
         self._begin_next()
@@ -263,6 +268,8 @@ class TrainerReplay:
         )
         if self.max_staleness:  # only then: an on-policy replay records what it always did
             self.step_log[-1]["staleness"] = staleness(number, s.version)
+        if self.pool.swap_in_flight:  # responses a new version interrupted in flight since the last step end
+            self.step_log[-1]["swapped"], self._swaps_seen = self.pool.swaps - self._swaps_seen, self.pool.swaps
         if self.pool.speculation is not None:  # only then: a replay without it records what it always did
             now_totals = self.pool.speculation.totals.as_dict()
             self.step_log[-1]["speculation"] = {k: round(v - self._spec_seen[k], 3) for k, v in now_totals.items()}
@@ -284,7 +291,7 @@ class TrainerReplay:
             m_next = self.coordinator.marks_of(nxt.number)
             if m_next is not None and m_next.gen_end is not None:
                 self._train_rest(nxt)
-            elif m_next is not None and m_next.offload_at is not None and self.pool.reserved():
+            elif m_next is not None and m_next.offload_at is not None and self.pool.reserved() and len(self.steps) == 1:
                 # the trainer waits for this step: its engine, offloaded to train the last one, generates
                 self.coordinator.take_back_reserved(now)
             else:

@@ -52,6 +52,9 @@ class RolloutRecorder:
                 for k in ("rid", "step", "version", "prompt", "tokens", "logprobs", "finish", "engines", "dispatches",
                           "drafted", "accepted", "draft_passes")
             }
+            if r.swaps:  # algorithm.weight_swap in_flight: the version that began it, and where it changed
+                rec["version"] = r.first_version
+                rec["swaps"] = [list(x) for x in r.swaps]
             self.file.write(json.dumps(rec) + "\n")
         self.file.flush()
 

@@ -146,7 +146,7 @@ class TrainerRuntime:
         # trainer's own engine shares the accelerators that train them); `_progress` wakes the
         # generating side
         self.staged = -1
-        self.generating = False
+        self.generating = 0  # steps generating (more than one where weights swap in flight)
         self.untrained = 0
         self._progress = asyncio.Event()
         self._announcing = asyncio.Lock()
@@ -262,8 +262,8 @@ class TrainerRuntime:
         await asyncio.to_thread(self.publisher.stage, version, tensors)
         self.staged = version
         self._progress.set()
-        if not self.generating:
-            await self._announce(version)
+        if not self.generating or (self.coord is not None and self.coord.cfg.swap_in_flight):
+            await self._announce(version)  # in flight: the generating steps continue on it
         await self._maybe_evaluate(version, tensors)
 
     async def _announce(self, version: int) -> None:
@@ -382,14 +382,26 @@ class TrainerRuntime:
         published, so every step is on-policy; with k >= 1 up to k versions ahead, while the trainer
         trains an older step. A step goes to the trainer as it begins, so that its complete groups can
         train while its tail generates."""
+        # weights swapped in flight: the next step may begin while this one's tail generates
+        beside = self.coord is not None and self.coord.cfg.swap_in_flight
+        running: set[asyncio.Task] = set()
         try:
             for step in range(first, self.spec.algorithm.steps):
                 await self._may_begin(step)
                 ro = await self._begin_rollout(step, rng)
                 begun.put_nowait(ro)  # begin_step ran in _begin_rollout: the trainer finds its marks
-                await self._generate(ro)
+                if not beside:
+                    await self._generate(ro)
+                    continue
+                task = asyncio.create_task(self._generate(ro))
+                running.add(task)
+                task.add_done_callback(running.discard)
+                await asyncio.sleep(0)  # its run_step registers the step before the next may begin
+            await asyncio.gather(*running)
         except BaseException as e:
             begun.put_nowait(e)  # the trainer, waiting for the next step, fails with it
+            for task in running:
+                task.cancel()
             raise
 
     async def _may_begin(self, step: int) -> None:
@@ -431,7 +443,9 @@ class TrainerRuntime:
         older step trains, the trainer's engine hands its work over at once (the trainer's accelerators
         are training); the trainer takes it back once it waits for this step (`learn`)."""
         assert self.coord is not None
-        self.generating = True
+        if self.coord.cfg.swap_in_flight:  # a version published since its prompts were drawn: it begins on it
+            ro.version = max(ro.version, self.coord.version)
+        self.generating += 1
         self.publisher.pin(ro.version)
         migrated0 = self.coord.book.migrations
         ro.offloaded_at_start = self.untrained > 0
@@ -451,7 +465,7 @@ class TrainerRuntime:
                 ro.done.cancel() if isinstance(e, asyncio.CancelledError) else ro.done.set_exception(e)
             raise
         finally:
-            self.generating = False
+            self.generating -= 1
             self.publisher.unpin(ro.version)
         if ro.rnd is not None:
             assert self.batcher is not None
@@ -468,7 +482,7 @@ class TrainerRuntime:
         coord = self.coord
         assert coord is not None
         self.phase = "rollout"
-        if ro.offloaded_at_start and not ro.done.done():
+        if ro.offloaded_at_start and not ro.done.done() and self.untrained == 1:
             # handed over while the last step trained, which is done: the trainer's engine generates again
             coord.take_back_reserved(coord.clock())
         feeder = overlap = None

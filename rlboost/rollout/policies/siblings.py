@@ -177,6 +177,10 @@ class GroupLengths:
         self.sizes = dict(sizes)
         self.finished: dict[Hashable, list[int]] = {}
 
+    def extend(self, sizes: Mapping[Hashable, int]) -> None:
+        """Another step's groups, generated beside these (weights swapped in flight)."""
+        self.sizes.update(sizes)
+
     def add(self, group: Hashable, length: int) -> list[int]:
         got = self.finished.setdefault(group, [])
         got.append(length)

@@ -17,6 +17,13 @@ version keeps the correction exact without it and needs no re-prefill on a swap.
 from __future__ import annotations
 
 
+def swaps_in_flight(weight_swap: str, max_staleness: int, per_round_schedule: bool = False) -> bool:
+    """Whether a new version reaches engines mid-step (algorithm.weight_swap in_flight, with
+    max_staleness >= 1): the next step may then begin while the last one's tail generates. Never where a
+    round's schedule is fixed for its responses (tail batching's round, the `split` baseline's shares)."""
+    return weight_swap == "in_flight" and max_staleness >= 1 and not per_round_schedule
+
+
 def may_begin(step: int, published: int, max_staleness: int) -> bool:
     """Whether step `step`'s generation may begin with version `published` the newest."""
     return step - published <= max_staleness

@@ -18,9 +18,7 @@ import socket
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
@@ -45,6 +43,7 @@ from rlboost.trainer.evaluation import Evaluator, describe
 from rlboost.trainer.learner import Sample, make_learner
 from rlboost.trainer.recorder import RolloutRecorder, metrics_text, step_line, write_atomic
 from rlboost.trainer.server import build_app
+from rlboost.trainer.step_rollout import StepRollout
 from rlboost.trainer.streaming import GroupFeeder
 from rlboost.trainer.synthetic_learner import SyntheticLearner
 from rlboost.trainer.tasks import make_task
@@ -60,28 +59,6 @@ def child_dies_with_parent() -> None:
         import ctypes
 
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-
-
-@dataclass
-class _Rollout:
-    """A step whose generation has begun: what its training needs."""
-
-    step: int
-    version: int  # the weights generating it
-    problems: list
-    rnd: Any  # tail batching's round, if on
-    t0: float
-    done: asyncio.Future  # its responses, once the last is in
-    requests: list[RolloutRequest] = field(default_factory=list)
-    group_of: dict[str, int] = field(default_factory=dict)  # request id -> its prompt's index
-    by_group: dict[str, list] = field(default_factory=dict)  # finished responses by group, as they come
-    offloaded_at_start: bool = False  # begun while an older step trained
-    t_gen: float = 0.0
-    migrated: int = 0
-
-    def add(self, r: Any) -> None:
-        if r.group is not None:
-            self.by_group.setdefault(r.group, []).append(r)
 
 
 class TrainerRuntime:
@@ -312,7 +289,7 @@ class TrainerRuntime:
             first = 0
         await self.publish(first)
         with RolloutRecorder(self.record_dir if self.record_rollouts else None, from_step=first) as recorder:
-            begun: asyncio.Queue[_Rollout | BaseException] = asyncio.Queue()
+            begun: asyncio.Queue[StepRollout | BaseException] = asyncio.Queue()
             generating = asyncio.create_task(self._generate_steps(first, rng, begun))
             try:
                 for _ in range(first, algo.steps):
@@ -415,7 +392,7 @@ class TrainerRuntime:
             with contextlib.suppress(asyncio.TimeoutError):  # an engine joining is polled for
                 await asyncio.wait_for(self._progress.wait(), timeout=0.1)
 
-    async def _begin_rollout(self, step: int, rng: np.random.Generator) -> _Rollout:
+    async def _begin_rollout(self, step: int, rng: np.random.Generator) -> StepRollout:
         """Draw step `step`'s prompts and queue its requests in the coordinator, with the newest staged
         weights (announced to the engines now if they were staged while the last step generated)."""
         algo = self.spec.algorithm
@@ -430,7 +407,7 @@ class TrainerRuntime:
         t0 = time.monotonic()
         # tail batching: a short (over-launched) or a long round
         problems, rnd = step_prompts(self.batcher, lambda n: self.task.sample(rng, n), algo.prompts_per_step)
-        ro = _Rollout(step, self.coord.version, problems, rnd, t0, asyncio.get_running_loop().create_future())
+        ro = StepRollout(step, self.coord.version, problems, rnd, t0, asyncio.get_running_loop().create_future())
         for i, prob in enumerate(problems):
             for g in range(algo.group_size):
                 rid = request_id(step, i, g)
@@ -438,7 +415,7 @@ class TrainerRuntime:
                 ro.requests.append(RolloutRequest(rid, list(prob.prompt_ids), algo.max_new_tokens, group=f"p{i}"))
         return ro
 
-    async def _generate(self, ro: _Rollout) -> None:
+    async def _generate(self, ro: StepRollout) -> None:
         """Step ro.step's generation with weights ro.version: its responses go to ro.done. Begun while an
         older step trains, the trainer's engine hands its work over at once (the trainer's accelerators
         are training); the trainer takes it back once it waits for this step (`learn`)."""
@@ -475,7 +452,7 @@ class TrainerRuntime:
         if not ro.done.done():
             ro.done.set_result(responses)
 
-    async def learn(self, ro: _Rollout, recorder: RolloutRecorder) -> StepRecord:
+    async def learn(self, ro: StepRollout, recorder: RolloutRecorder) -> StepRecord:
         """Train on step ro.step, publish the next version: its complete groups train once the trainer's
         engine has handed over (while the tail generates remotely), the rest when its last response is in."""
         algo = self.spec.algorithm
@@ -589,7 +566,7 @@ class TrainerRuntime:
             await asyncio.sleep(0.05)
 
     def _step_record(
-        self, ro: _Rollout, responses: list, samples: list, metrics: dict, feeder: GroupFeeder | None = None
+        self, ro: StepRollout, responses: list, samples: list, metrics: dict, feeder: GroupFeeder | None = None
     ) -> StepRecord:
         assert self.coord is not None
         m = self.coord.marks_of(ro.step)

@@ -15,6 +15,11 @@ Part 2, the shipped traces: every examples/simulate job on its own trace (the wh
 `--steps`), `rlboost` (the job's objective, cost where it says so) at max_staleness 1 with each
 weight_swap, against the trainer alone on the same trace; with spot's price as a share of on-demand.
 
+`--perturb-order clear|regrow` replays with another iteration order of the engines' sets of live
+responses, their members unchanged (perturb_order). The replay reads those sets in iteration order
+(floating-point sums, ties), so this shows how far a figure moves from numerical accident alone;
+BENCHMARKS.md reports the spread.
+
 Nothing is tuned here: engine and trainer speeds come from rlboost/contracts/perf.py, acceptance from
 rlboost/contracts/speculation_perf.py, weight pulls and boots from each job's `simulate:` section.
 """
@@ -26,6 +31,7 @@ import json
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -33,6 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from rlboost.contracts.spec import JobSpec, load_spec
 from rlboost.simulator import PRESETS
 from rlboost.simulator import cli as sim_cli
+from rlboost.simulator.modelled_pool import ModelledPool
 from rlboost.simulator.result import SimResult
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -53,6 +60,39 @@ def variant(spec: JobSpec, mode: str, method: str | None = None, prompts: Path |
     if prompts is not None:
         doc["task"]["path"] = str(prompts)
     return JobSpec.model_validate(doc)
+
+
+def perturb_order(how: str) -> None:
+    """Another iteration order of the engines' live sets, members unchanged (see --perturb-order): after
+    every hand-over and in-flight swap, each set the call emptied gets a fresh table (`clear`), or a table
+    grown back to what it held before the call (`regrow`, as a set emptied by removals keeps)."""
+
+    def held(pool: ModelledPool) -> list[int]:
+        return [len(e.live) for e in pool.fleet.engines]
+
+    def reorder(pool: ModelledPool, before: list[int]) -> None:
+        for e, n in zip(pool.fleet.engines, before):
+            if n and not e.live:  # in place: callers up the stack may hold the set
+                e.live.clear()
+                if how == "regrow":  # negative: no response's index
+                    e.live.update(range(-n, 0))
+                    e.live.difference_update(range(-n, 0))
+
+    hand_over, swap = ModelledPool.hand_over, ModelledPool._swap
+
+    def hand_over_reordered(self: ModelledPool, engines: Sequence[str], now: float) -> int:
+        before = held(self)
+        moved = hand_over(self, engines, now)
+        reorder(self, before)
+        return moved
+
+    def swap_reordered(self: ModelledPool) -> None:
+        before = held(self)
+        swap(self)
+        reorder(self, before)
+
+    ModelledPool.hand_over = hand_over_reordered  # type: ignore[method-assign]
+    ModelledPool._swap = swap_reordered  # type: ignore[method-assign]
 
 
 def steady_busy(r: SimResult, skip: int = 2) -> float:
@@ -115,7 +155,10 @@ def main() -> None:
     ap.add_argument("--smoke", action="store_true", help="3 steps, the paper job only, no shipped traces")
     ap.add_argument("--paper-only", action="store_true", help="part 1 only (not the shipped traces)")
     ap.add_argument("--out", type=Path)
+    ap.add_argument("--perturb-order", choices=("clear", "regrow"), help="another order of the engines' live sets")
     args = ap.parse_args()
+    if args.perturb_order:
+        perturb_order(args.perturb_order)
     jobs = ["paper"] if args.smoke else list(PAPER)
     steps = [3] if args.smoke else args.steps
     t0 = time.monotonic()
@@ -125,7 +168,8 @@ def main() -> None:
         paper = [row for j in jobs for n in steps for row in paper_rows(j, PAPER[j], n, prompts)]
     shipped = [] if args.smoke or args.paper_only else [row for p in SHIPPED for row in shipped_rows(p)]
     replays = len(paper) // 2 * 4 + len(shipped) // 2 * 3
-    print(f"## Weights swapped in flight: {replays} replays in {time.monotonic() - t0:.0f} s\n")
+    order = f", live sets' order perturbed ({args.perturb_order})" if args.perturb_order else ""
+    print(f"## Weights swapped in flight: {replays} replays in {time.monotonic() - t0:.0f} s{order}\n")
     print(f"max_staleness 1, {WORKERS} constant spot workers, rollout.speculative.method group; "
           "`rlboost-throughput` against `sync` and the trainer alone (speculating too)\n")
     print("| job | steps | weight_swap | tokens/s | vs sync | vs alone | tokens/$ vs alone | busy, billed | "

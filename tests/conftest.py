@@ -1,15 +1,44 @@
 from __future__ import annotations
 
+import atexit
+import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared"
+
+# pytest-xdist's workers start with COLUMNS=80 LINES=24 in their environment, and a rich Console built
+# while COLUMNS is set keeps that width for good (rlboost.cli.output's is built at import): in-process
+# CLI tests that set COLUMNS then read 80-column output. Each test sets the width it reads.
+for _var in ("COLUMNS", "LINES"):
+    os.environ.pop(_var, None)
+
+
+def _one_ami_for_moto() -> None:
+    """moto loads every public AMI it knows into each region's EC2 backend at its first call, 2-3 s of
+    CPU for each mock_aws a test opens; the tests need one image to launch from. MOTO_AMIS_PATH (read
+    when moto.ec2 is imported: before any test module) names a list of one, the first of moto's own."""
+    if "MOTO_AMIS_PATH" in os.environ or importlib.util.find_spec("moto") is None:
+        return
+    from moto.utilities.utils import load_resource
+
+    first = load_resource("ec2/resources/amis.json")[:1]
+    where = tempfile.mkdtemp(prefix="rlboost-moto-")
+    atexit.register(shutil.rmtree, where, ignore_errors=True)
+    path = Path(where) / "amis.json"
+    path.write_text(json.dumps(first))
+    os.environ["MOTO_AMIS_PATH"] = str(path)
+
+
+_one_ami_for_moto()
 
 
 @pytest.fixture
@@ -70,10 +99,31 @@ def rlboost_pids(marker: str, exact: bool = False) -> list[int]:
     return out
 
 
+# Under pytest-xdist the fault tests run in worker processes: each hands its FAULTS records to the
+# controlling process when it finishes (workeroutput), which prints one table for the whole run.
+_WORKER_FAULTS: list[dict] = []
+
+
+def pytest_sessionfinish(session) -> None:
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:
+        from dataclasses import asdict
+
+        from tests.chaos import FAULTS
+
+        workeroutput["faults"] = json.dumps([asdict(f) for f in FAULTS])
+
+
+@pytest.hookimpl(optionalhook=True)  # an xdist hook: absent with -p no:xdist
+def pytest_testnodedown(node, error) -> None:
+    _WORKER_FAULTS.extend(json.loads(getattr(node, "workeroutput", {}).get("faults", "[]")))
+
+
 def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
     """The fault-injection suite's summary table (tests/chaos.py FAULTS), when any fault test ran."""
-    from tests.chaos import FAULTS
+    from tests.chaos import FAULTS, FaultRecord
 
+    FAULTS = [*FAULTS, *(FaultRecord(**f) for f in _WORKER_FAULTS)]
     if not FAULTS:
         return
     tr = terminalreporter

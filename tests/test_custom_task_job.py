@@ -15,7 +15,7 @@ import yaml
 from rlboost.trainer.lr_schedule import LrSchedule, lr_at
 from tests.conftest import run_cli, run_json
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]  # whole jobs: .ci/run's slow tier
 
 STEPS, EVERY = 4, 2
 

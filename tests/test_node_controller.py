@@ -196,6 +196,7 @@ def detached(jf: Path, home: Path) -> tuple[int, str]:
 
 
 @pytest.mark.integration
+@pytest.mark.slow  # a whole job: .ci/run's slow tier
 def test_detached_job_on_its_node_is_operated_from_here_and_outlives_the_node(tmp_path, home, nothing_left):
     name = "node-detach"
     job_id, url = detached(node_job(tmp_path, name), home)
@@ -254,6 +255,7 @@ def test_detached_job_on_its_node_is_operated_from_here_and_outlives_the_node(tm
 
 
 @pytest.mark.integration
+@pytest.mark.slow  # a whole job: .ci/run's slow tier
 @pytest.mark.parametrize("sig", [signal.SIGHUP, signal.SIGINT])
 def test_closing_the_terminal_of_an_attached_launch_leaves_the_node_job_running(tmp_path, home, sig, nothing_left):
     name = f"node-{sig.name.lower()}"

@@ -14,7 +14,7 @@ import yaml
 
 from tests.conftest import run_cli, run_json
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]  # whole jobs: .ci/run's slow tier
 
 SECRET = "sk-live-0123456789abcdef"
 

@@ -75,6 +75,7 @@ def _environ(pid: int) -> dict[str, str]:
     return dict(v.decode(errors="replace").partition("=")[::2] for v in raw.split(b"\0") if b"=" in v)
 
 
+@pytest.mark.slow  # a whole job: .ci/run's slow tier
 @pytest.mark.parametrize("controller", ["launcher", "trainer"])
 def test_env_values_reach_every_node_and_only_the_secret_file_holds_them(tmp_path, controller):
     """`launch --env NAME` (from the caller's environment) and `--env NAME=VALUE` reach the trainer,

@@ -37,7 +37,7 @@ from rlboost.contracts.spec import load_spec
 from rlboost.simulator import cli as sim_cli
 from tests.conftest import run_cli
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]  # whole jobs over a minute: .ci/run's slow tier
 
 STEPS = 12
 # trace minutes; time_scale 60 -> one wall second each. Capacity drops from 3 to 1 for 4 s every 26 s,

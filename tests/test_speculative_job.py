@@ -16,7 +16,7 @@ from rlboost.cli.state import StateStore
 from tests.conftest import run_cli, run_json
 from tests.test_local_job import load_rollouts, trainer_dir
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]  # whole jobs: .ci/run's slow tier
 
 STEPS = 2
 

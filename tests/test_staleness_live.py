@@ -16,7 +16,7 @@ from safetensors.torch import load_file
 
 from tests.conftest import run_cli, run_json
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]  # whole jobs over a minute: .ci/run's slow tier
 
 LOCAL = Path(__file__).resolve().parents[1] / "examples" / "local.yaml"
 CORRECTED = "algorithm.rollout_correction.level=token"

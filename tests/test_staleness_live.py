@@ -47,14 +47,17 @@ def homes(tmp_path_factory) -> dict[int | str, Path]:
     """The shipped local job, seed 0, strictly on-policy and one step off-policy, both corrected (and one
     step off-policy with weights swapped in flight: "in_flight"). Each step begins once a spot worker holds
     the weights (RLBOOST_WAIT_ENGINES), so that whether the next step runs ahead does not hinge on where the
-    trace's preemptions land or how fast a busy machine boots one."""
+    trace's preemptions land or how fast a busy machine boots one. The fleet holds that worker
+    (min_workers 1): the cost objective sizes the fleet from measured step times, and on a busy machine it
+    chose none, leaving every step to wait RLBOOST_WAIT_ENGINES_S (300 s) for a worker never bid for."""
     out: dict[int | str, Path] = {}
+    fleet = "rollout.min_workers=1"
     for k in (0, 1):
         out[k] = tmp_path_factory.mktemp(f"k{k}") / "home"
-        launch(out[k], f"algorithm.max_staleness={k}", CORRECTED, env={"RLBOOST_WAIT_ENGINES": "1"})
+        launch(out[k], f"algorithm.max_staleness={k}", CORRECTED, fleet, env={"RLBOOST_WAIT_ENGINES": "1"})
     out["in_flight"] = tmp_path_factory.mktemp("in_flight") / "home"
     launch(
-        out["in_flight"], "algorithm.max_staleness=1", "algorithm.weight_swap=in_flight", CORRECTED,
+        out["in_flight"], "algorithm.max_staleness=1", "algorithm.weight_swap=in_flight", CORRECTED, fleet,
         env={"RLBOOST_WAIT_ENGINES": "1"},
     )
     return out

@@ -123,14 +123,15 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
     """The fault-injection suite's summary table (tests/chaos.py FAULTS), when any fault test ran."""
     from tests.chaos import FAULTS, FaultRecord
 
-    FAULTS = [*FAULTS, *(FaultRecord(**f) for f in _WORKER_FAULTS)]
-    if not FAULTS:
+    # this process's own records (a run without xdist) and the workers' (an xdist run)
+    records = [*FAULTS, *(FaultRecord(**f) for f in _WORKER_FAULTS)]
+    if not records:
         return
     tr = terminalreporter
     tr.section("fault injection summary")
     head = f"{'fault':<58} {'injected':>8} {'recovered':>9} {'data lost':>9} {'longest recovery':>16}"
     tr.write_line(head)
     tr.write_line("-" * len(head))
-    for f in FAULTS:
+    for f in records:
         rec = f"{f.longest_recovery_s:.1f}s" if f.longest_recovery_s is not None else "-"
         tr.write_line(f"{f.fault:<58} {f.injected:>8} {f.recovered:>9} {f.lost:>9} {rec:>16}")

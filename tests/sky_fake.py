@@ -138,11 +138,6 @@ class FakeSky:
         with self.lock:
             return {name: c.status for name, c in self.clusters.items()}
 
-    def calls_of(self, what: str) -> list[tuple[str, Any]]:
-        """The calls of one kind so far (a copy of the record, taken under the lock)."""
-        with self.lock:
-            return [c for c in self.calls if c[0] == what]
-
     # ---- the SDK surface ---------------------------------------------------------------
     def _request(self, fn: Callable[[], Any], latency: float | None = None) -> RequestId:
         rid = RequestId(uuid.uuid4().hex)
@@ -156,8 +151,7 @@ class FakeSky:
         # the YAML rlboost generated, as SkyPilot kept it (tests validate it against the schema)
         cfg = yaml.safe_load(full["_user_specified_yaml"]) if full.get("_user_specified_yaml") else full
         identity = skypilot_config.get_nested(("aws", "remote_identity"), None)
-        with self.lock:
-            self.calls.append(("launch", (cluster_name, cfg, identity, kw)))
+        self.calls.append(("launch", (cluster_name, cfg, identity, kw)))
         res = cfg.get("resources") or {}
         name = str(cluster_name)
 

@@ -337,7 +337,7 @@ def test_controller_bids_backs_off_replaces_preempted_and_tears_everything_down(
     preempted: list[str] = []
 
     def v100_launches() -> int:
-        return sum(1 for what, (_, cfg, *_r) in fake.calls_of("launch") if "V100" in str(cfg.get("resources")))
+        return sum(1 for _, cfg, *_r in launches(fake).values() if "V100" in str(cfg.get("resources")))
 
     def done() -> bool:
         """Preempt the first V100 worker once it is up, and end once one more V100 was launched than
@@ -434,7 +434,7 @@ def test_the_controller_asks_each_node_for_the_extras_the_job_needs(tmp_path, fa
         }
     )
     # done once a worker was launched: the assertions read the worker's launch
-    stub = TrainerStub(done_when=lambda: any("-w" in name for _, (name, *_r) in fake.calls_of("launch")))
+    stub = TrainerStub(done_when=lambda: any("-w" in name for name in launches(fake)))
     ctl, store, job_id, provider = sky_controller(tmp_path, spec, fake, stub, sync_workdir=True)
     try:
         assert ctl.run() == "succeeded", store.job_by_id(job_id).error

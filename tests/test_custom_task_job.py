@@ -15,7 +15,9 @@ import yaml
 from rlboost.trainer.lr_schedule import LrSchedule, lr_at
 from tests.conftest import run_cli, run_json
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]  # whole jobs: .ci/run's slow tier
+# whole jobs: .ci/run's slow tier; one xdist group, so the heavy tiers'
+# --dist loadgroup builds the module's whole-job fixture once
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.xdist_group("test_custom_task_job")]
 
 STEPS, EVERY = 4, 2
 

@@ -20,7 +20,9 @@ from rlboost.trainer.learner import Learner
 from tests.chaos import BusyWorkerKiller
 from tests.conftest import rlboost_pids, run_cli, run_json
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]  # whole jobs over a minute: .ci/run's slow tier
+# whole jobs over a minute: .ci/run's slow tier; one xdist group, so the heavy tiers'
+# --dist loadgroup builds the module's whole-job fixture once
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.xdist_group("test_local_job")]
 
 # Capacity drops from 3 to 1 for 2 s out of every 7 (trace seconds = wall seconds), for as long as
 # the job runs: whatever the machine's load, several drops land mid-step, each taking two workers

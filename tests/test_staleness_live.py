@@ -16,7 +16,9 @@ from safetensors.torch import load_file
 
 from tests.conftest import run_cli, run_json
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]  # whole jobs over a minute: .ci/run's slow tier
+# whole jobs over a minute: .ci/run's slow tier; one xdist group, so the heavy tiers'
+# --dist loadgroup builds the module's whole-job fixture once
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.xdist_group("test_staleness_live")]
 
 LOCAL = Path(__file__).resolve().parents[1] / "examples" / "local.yaml"
 CORRECTED = "algorithm.rollout_correction.level=token"

@@ -49,7 +49,10 @@ def live(job: Path) -> dict:
 
 
 def simulated(job: Path) -> dict:
-    replay = sim_cli.prepare(load_spec(job), None)
+    spec = load_spec(job)
+    # exactly the live run's steps: left to bound_to_trace, a slow calibration (a busy machine) could end
+    # the replay with the trace after one step, leaving no steps 2..N to compare
+    replay = sim_cli.prepare(spec, None, steps=spec.algorithm.steps)
     res = next(r for r in replay.simulate(sim_cli.pick_policies(["job"], replay.spec)) if r.policy.name == "job")
     log = res.step_log[1:]
     return {

@@ -168,6 +168,20 @@ def job_step(home: Path, job: str) -> int:
         return 0
 
 
+def wait_until_created(home: Path, job: str, timeout_s: float = 300) -> None:
+    """Until `launch` has recorded the job in the store: before that a kill leaves nothing to resume."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            with StateStore(home / "state.db") as store:
+                store.get_job(job)
+            return
+        except Exception:  # no store or no row yet
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{job} was never recorded") from None
+            time.sleep(0.05)
+
+
 def wait_until_step(home: Path, job: str, step: int, timeout_s: float = 300) -> None:
     deadline = time.monotonic() + timeout_s
     while job_step(home, job) < step:

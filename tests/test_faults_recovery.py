@@ -28,7 +28,15 @@ import yaml
 
 from rlboost.cli.ledger import summarize
 from rlboost.cli.state import StateStore
-from tests.chaos import FAULTS, BusyWorkerKiller, FaultRecord, job_step, kill_instance, wait_until_step
+from tests.chaos import (
+    FAULTS,
+    BusyWorkerKiller,
+    FaultRecord,
+    job_step,
+    kill_instance,
+    wait_until_created,
+    wait_until_step,
+)
 from tests.conftest import rlboost_pids, run_cli
 from tests.test_local_job import check_rollouts, final_weights, load_rollouts, trainer_dir, write_job
 
@@ -152,6 +160,7 @@ def test_controller_kill_at_a_random_point_then_resume(reference, tmp_path, seed
     # a random moment while launching, in the first steps, or late in the job (by progress, not
     # wall time, so a fast machine does not finish the job first)
     rnd = random.Random(seed)
+    wait_until_created(home, name)  # on a busy machine the CLI can take seconds to get there
     if seed:
         wait_until_step(home, name, [0, 3, 20][seed] + rnd.randrange(3))
     time.sleep(rnd.uniform(0.0, 1.0) if seed else rnd.uniform(0.5, 3.0))

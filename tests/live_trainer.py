@@ -14,6 +14,7 @@ from aiohttp import web
 
 from rlboost.contracts.lengths import LengthModel
 from rlboost.contracts.sampling import request_seed
+from rlboost.models.vocab import VOCAB_SIZE
 from rlboost.rollout.live import CoordinatorConfig, LiveCoordinator, RolloutRequest
 from rlboost.trainer.enrolment import WorkerEnrolment
 from rlboost.trainer.server import build_app
@@ -76,6 +77,7 @@ class LiveTrainer:
             engine_batch=8,
             eos_id=EOS,
             max_new_tokens=MAX_NEW,
+            vocab_size=VOCAB_SIZE,  # what synthetic engines write (as SyntheticLearner.vocab_size)
         )
         self.coord = LiveCoordinator(cfg)
         self.pub = WeightPublisher()

@@ -172,7 +172,9 @@ class TrainerRuntime:
         """Serve on `sock` (bound to `host` by the caller: enrolment may have served on it first)."""
         spec = self.spec
         self.coord = LiveCoordinator(
-            scheduling.coordinator_config(spec, self.task.eos_id, self.task.decode_response),
+            scheduling.coordinator_config(
+                spec, self.task.eos_id, self.task.decode_response, vocab_size=self.learner.vocab_size
+            ),
             offload=scheduling.offload_policy(spec),
         )
         # spot workers enrol here for the token and the job's secret variables, with credentials

@@ -40,6 +40,7 @@ from rlboost.rollout.policies.tail_batching import TailBatcher, step_prompts
 from rlboost.trainer import checkpoint, distributed
 from rlboost.trainer.enrolment import WorkerEnrolment, job_secret_env
 from rlboost.trainer.evaluation import Evaluator, describe
+from rlboost.trainer.http_serving import app_runner
 from rlboost.trainer.learner import Sample, make_learner
 from rlboost.trainer.recorder import RolloutRecorder, metrics_text, step_line, write_atomic
 from rlboost.trainer.server import build_app
@@ -183,7 +184,7 @@ class TrainerRuntime:
             self.token, os.environ.get(Env.INSTANCE_ID, ""), job_secret_env(spec, os.environ)
         )
         app = build_app(self.token, self.coord, self.publisher, self.status, self.shutdown_requested.set, enrolment)
-        runner = web.AppRunner(app, handle_signals=False)
+        runner = app_runner(app)
         await runner.setup()
         # TLS (spec trainer.tls; auto = on off loopback): the controller's certificate from env, or a
         # self-signed one made here (its fingerprint is written to run_dir/tls-fingerprint).

@@ -407,7 +407,7 @@ class LiveCoordinator(Coordinator):
             return True
         return hello.resume_key is not None and hmac.compare_digest(hello.resume_key, old.resume_key)
 
-    def _welcome(self, worker_id: str, resume_key: str) -> P.Welcome:
+    def _welcome(self, worker_id: str, resume_key: str = "") -> P.Welcome:
         c = self.cfg
         return P.Welcome(
             worker_id=worker_id,

@@ -14,8 +14,10 @@ from aiohttp import web
 
 from rlboost.contracts.lengths import LengthModel
 from rlboost.contracts.sampling import request_seed
+from rlboost.models.vocab import VOCAB_SIZE
 from rlboost.rollout.live import CoordinatorConfig, LiveCoordinator, RolloutRequest
 from rlboost.trainer.enrolment import WorkerEnrolment
+from rlboost.trainer.http_serving import app_runner
 from rlboost.trainer.server import build_app
 from rlboost.weights.publisher import WeightPublisher
 from rlboost.worker.agent import WorkerAgent, WorkerConfig
@@ -76,6 +78,7 @@ class LiveTrainer:
             engine_batch=8,
             eos_id=EOS,
             max_new_tokens=MAX_NEW,
+            vocab_size=VOCAB_SIZE,  # what synthetic engines write (as SyntheticLearner.vocab_size)
         )
         self.coord = LiveCoordinator(cfg)
         self.pub = WeightPublisher()
@@ -87,7 +90,7 @@ class LiveTrainer:
         self.app = build_app(
             self.token, self.coord, self.pub, lambda *_: {"phase": "rollout"}, on_shutdown, self.enrolment
         )
-        self.runner = web.AppRunner(self.app, handle_signals=False)
+        self.runner = app_runner(self.app)  # the trainer's limits and logs (rlboost/trainer/http_serving.py)
         await self.runner.setup()
         await web.TCPSite(self.runner, "127.0.0.1", 0).start()
         self.port = self.runner.addresses[0][1]

@@ -240,3 +240,19 @@ def test_a_task_reads_parquet_and_datasets_directories_as_it_reads_jsonl(files, 
         spec = task_spec.model_copy(update={"path": path, "eval_every": 1, "eval_path": path})
         held = make_task(spec, model_spec).eval_problems(0, 10)
         assert [p.prompt_text for p in held] == [rows[0]["question"]]
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_the_learner_knows_its_vocabulary(files, tied: bool) -> None:
+    """The vocabulary the coordinator checks every worker's token ids against (issue 56): the embedding
+    rows, the id one past which the learner's lookup fails; tiny-gpt's is its 41 ids."""
+    model_spec, task_spec = specs(files[1] if tied else files[0], files[2])
+    learner = Learner(model_spec, AlgorithmSpec(), task_spec, device="cpu")
+    rows = learner.model.get_input_embeddings().num_embeddings
+    assert learner.vocab_size == rows
+    prompt = learner.task.sample(np.random.default_rng(0), 1)[0].prompt_ids
+    learner.logprobs(prompt, [rows - 1])
+    with pytest.raises((IndexError, RuntimeError)):  # what the coordinator now refuses instead
+        learner.logprobs(prompt, [rows])
+    tiny = Learner(ModelSpec(), AlgorithmSpec(), TaskSpec(), device="cpu")
+    assert tiny.vocab_size == 41

@@ -9,7 +9,10 @@ connections and still produce exactly the right responses, step after step.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
+import logging
 import re
 import socket
 import string
@@ -28,6 +31,7 @@ from rlboost.contracts import protocol as P
 from rlboost.contracts import token_frames
 from rlboost.contracts.sampling import request_seed
 from rlboost.contracts.spec import SpecError, load_spec
+from rlboost.models.vocab import VOCAB_SIZE
 from rlboost.worker.engines.synthetic import token_at
 from tests.chaos import FAULTS, FaultRecord
 from tests.live_trainer import LiveTrainer
@@ -408,6 +412,102 @@ def test_replayed_duplicated_stale_and_wrong_version_frames_during_a_step(live):
     rec = {r.rid: r for r in done}[g.rid]
     assert rec.tokens[:3] == right
     live.steps += 1
+    assert_unharmed(live)
+
+
+def hostile_holder(t: LiveTrainer, wid: str, step: int):
+    """A connection `wid` that takes work in step `step` (begun here): (ws, its first generate, the step)."""
+    t.publish(step)
+    t.wait_ready(GOOD, step)
+    ws = ws_connect(t)
+    ws.send(hello(wid, capacity=8))
+    ws.recv(timeout=10)
+    ws.send(json.dumps({"type": "ready", "version": step}))
+    fut, _ = t.run_step_async(step)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        msg = P.coord_msg.validate_json(ws.recv(timeout=20))
+        if isinstance(msg, P.Generate) and msg.requests:
+            return ws, msg, fut
+    raise AssertionError(f"{wid} got no work")
+
+
+def test_a_token_id_outside_the_vocabulary_drops_that_worker_only(live):
+    """Issue 56: an id inside the protocol's range (2**31 - 1) but past the model's vocabulary, for a
+    response the worker holds, at the right version, then `finished`: refused at the book (it would reach
+    the learner's embedding), the worker closed, its work done by the others; the job goes on."""
+    from tests.live_trainer import check_responses
+
+    step = live.steps
+    before = live.coord.rejected_frames
+    ws, gen, fut = hostile_holder(live, "fz-vocab", step)
+    with ws:
+        g = gen.requests[0]
+        ws.send(token_frames.encode(step, [g.handle], [0], [1], [2**31 - 1], [-0.5]))
+        with contextlib.suppress(websockets.ConnectionClosed):
+            ws.send(json.dumps({"type": "finished", "rids": [g.rid], "reasons": ["eos"], "lengths": [1]}))
+        assert closed_code(ws) == 4400
+    done = fut.result(120)
+    check_responses(done, live.requests(step))  # every token is the synthetic model's: none of the liar's
+    assert all(t < VOCAB_SIZE for r in done for t in r.tokens)
+    assert live.coord.rejected_frames == before + 1
+    live.steps += 1
+    assert_unharmed(live)
+
+
+def test_a_live_workers_id_cannot_be_taken_over(live, caplog):
+    """Issue 56: a second connection's hello with a live worker's id is closed (4409); the live worker
+    keeps its connection and the responses it holds, and the step ends with every response right."""
+    from tests.live_trainer import check_responses
+
+    step = live.steps
+    live.publish(step)
+    live.wait_ready(GOOD, step)
+    fut, reqs = live.run_step_async(step)
+
+    async def holding() -> set[str]:
+        while not (held := set(live.coord.book.assigned("good0"))):
+            await asyncio.sleep(0.01)
+        return held
+
+    live.call(holding)
+    caplog.set_level(logging.INFO, logger="rlboost.coordinator")
+    with ws_connect(live) as ws:
+        ws.send(hello("good0"))
+        assert closed_code(ws) == 4409
+    engines = live.engines()
+    assert engines["good0"] is live.good_conns["good0"] and engines["good0"].state != "gone"
+    assert not [r for r in caplog.records if "engine good0 dropped" in r.getMessage()]
+    check_responses(fut.result(120), reqs)
+    live.steps += 1
+    assert_unharmed(live)
+
+
+def test_a_reconnect_presents_its_resume_key(live):
+    """Only the worker itself (its last welcome's resume key) replaces a connection not known dead yet;
+    once its connection is gone, a plain hello of its id is welcome again."""
+    first = ws_connect(live)
+    first.send(hello("fz-again"))
+    key = P.coord_msg.validate_json(first.recv(timeout=10)).resume_key
+    assert len(key) == 32
+    with ws_connect(live) as ws:  # a guess is no key
+        ws.send(hello("fz-again", resume_key="0" * 32))
+        assert closed_code(ws) == 4409
+    second = ws_connect(live)
+    second.send(hello("fz-again", resume_key=key))
+    welcome = P.coord_msg.validate_json(second.recv(timeout=10))
+    assert isinstance(welcome, P.Welcome) and welcome.resume_key != key
+    assert closed_code(first) is not None  # the old connection was replaced
+    second.close()
+
+    async def gone() -> None:
+        while "fz-again" in live.coord.engines:
+            await asyncio.sleep(0.01)
+
+    live.call(gone)
+    with ws_connect(live) as ws:  # its connection is dead: the id is free
+        ws.send(hello("fz-again"))
+        assert isinstance(P.coord_msg.validate_json(ws.recv(timeout=10)), P.Welcome)
     assert_unharmed(live)
 
 

@@ -29,6 +29,11 @@ GroupKey = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z
 # siblings' tokens one generate frame may carry for drafting (the coordinator sends fewer: SIBLING_TOKENS)
 MAX_SIBLING_TOKENS = 1 << 19
 WorkerId = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")]
+# what binds a worker id to the connection that holds it: the welcome hands one out, and only a hello that
+# presents it may take that id over while its connection is still up (a reconnect; see rollout/live.py)
+ResumeKey = Annotated[str, Field(min_length=32, max_length=64, pattern=r"^[0-9a-f]+$")]
+# offsets, versions and lengths as numpy columns hold them (int64 arithmetic, 32-bit on the wire)
+Position = Annotated[int, Field(ge=0, lt=1 << 31)]
 
 
 class Msg(BaseModel):
@@ -50,13 +55,16 @@ class Hello(Msg):
     cuda: bool = False  # its engine runs on a GPU: `weights.transport: auto` may broadcast to it over NCCL
     cloud: Annotated[str, Field(max_length=32, pattern=r"^[a-z0-9-]+$")] | None = None  # RLBOOST_CLOUD
     region: Annotated[str, Field(max_length=64, pattern=r"^[A-Za-z0-9._-]+$")] | None = None  # RLBOOST_REGION
+    # a reconnect: the resume key its last welcome gave; lets it replace a connection of its id not yet
+    # known dead (without it, a hello naming a live worker's id is refused)
+    resume_key: ResumeKey | None = None
 
 
 class Ready(Msg):
     """The worker holds `version` and takes work for it."""
 
     type: Literal["ready"] = "ready"
-    version: Annotated[int, Field(ge=0)]
+    version: Position
     pull_seconds: Rate = 0.0
     # concurrent sequences, once the engine is built (hello is sent before the worker knows it)
     capacity: Annotated[int, Field(ge=1, le=100_000)] | None = None
@@ -64,10 +72,10 @@ class Ready(Msg):
 
 class TokenChunk(Msg):
     rid: Rid
-    offset: Annotated[int, Field(ge=0)]  # index in the response of ids[0]
+    offset: Position  # index in the response of ids[0]
     ids: TokenIds
     logprobs: Logprobs
-    version: Annotated[int, Field(ge=0)]
+    version: Position
 
 
 class Tokens(Msg):
@@ -81,7 +89,7 @@ class Finished(Msg):
     type: Literal["finished"] = "finished"
     rids: Annotated[list[Rid], Field(max_length=100_000)]
     reasons: Annotated[list[Literal["eos", "length", "aborted"]], Field(max_length=100_000)]
-    lengths: Annotated[list[Annotated[int, Field(ge=0)]], Field(max_length=100_000)]
+    lengths: Annotated[list[Position], Field(max_length=100_000)]
     # speculative decoding, per rid where the engine drafted (else empty): drafted tokens verified, of
     # which accepted, and the forward passes that verified a draft for it
     drafted: Annotated[list[Count], Field(max_length=100_000)] = Field(default_factory=list)
@@ -149,6 +157,7 @@ class Welcome(Msg):
     binary_tokens: bool = False
     flush_s: Annotated[float, Field(gt=0, le=10)] = 0.02  # how often to send the tokens produced
     speculative: Speculation = Speculation()  # rollout.speculative
+    resume_key: str = ""  # present it in the hello of a reconnect (Hello.resume_key)
 
 
 class GenSpec(Msg):

@@ -91,11 +91,22 @@ class ProtocolViolation(Exception):
 
 
 _I64 = np.int64
+_ID_LIMIT = 1 << 31  # the token pool is int32; positions and versions are 32-bit on the wire
+FINISH_REASONS = ("eos", "length", "aborted")
+
+
+def _below_zero(a: np.ndarray) -> bool:
+    return a.dtype.kind == "i" and bool((a < 0).any())
 
 
 class RolloutBook:
-    def __init__(self, eos_id: int, page: int = 64, stop: StopStrings | None = None) -> None:
+    def __init__(
+        self, eos_id: int, page: int = 64, stop: StopStrings | None = None, vocab_size: int | None = None
+    ) -> None:
         self.eos_id = eos_id
+        # the model's vocabulary (its embedding's rows): an id outside it never gets in, or the learner's
+        # embedding lookup fails on it (None: only the pool's int32 range is enforced)
+        self.vocab_size = min(vocab_size, _ID_LIMIT) if vocab_size else _ID_LIMIT
         # algorithm.stop: checked here, on each response's whole token list (contracts/stop.py), so a
         # stop string split between two engines' parts of a migrated response is found all the same
         self.stop = stop
@@ -319,15 +330,12 @@ class RolloutBook:
             versions.add(ver)
         if len(versions) > 1:  # columns carry one version; split mixed frames
             return sum(self.accept_chunks(engine, [c]) for c in chunks)
-        return self.accept_columns(
-            engine,
-            versions.pop(),
-            np.asarray(handles, _I64),
-            np.asarray(offsets, _I64),
-            np.asarray(counts, _I64),
-            np.asarray(ids, _I64),
-            np.asarray(lps, np.float64),
-        )
+        try:
+            cols = [np.asarray(c, _I64) for c in (handles, offsets, counts, ids)]
+            lp = np.asarray(lps, np.float64)
+        except (OverflowError, ValueError, TypeError) as e:  # a value no int64 / float64 holds
+            raise ProtocolViolation(f"a token chunk holds a value out of range ({e})") from None
+        return self.accept_columns(engine, versions.pop(), *cols, lp)
 
     def accept_columns(
         self,
@@ -341,11 +349,39 @@ class RolloutBook:
     ) -> int:
         """Append a frame of token chunks (columns, see rlboost/contracts/token_frames.py); returns new tokens.
 
-        All-or-nothing: a violation anywhere raises before anything is stored."""
+        All-or-nothing: a violation anywhere (ProtocolViolation) raises before anything is stored."""
+        self._check_columns(version, handles, offsets, counts, ids, lps)
         n = self._accept_columns(engine, version, handles, offsets, counts, ids, lps)
         if n and self.stop is not None:
             self._check_stops(engine, handles)
         return n
+
+    def _check_columns(self, version, handles, offsets, counts, ids, lps) -> None:
+        """Every value of a frame, whatever path it came by (binary frame, JSON, a direct call): shapes
+        that agree, counts that add up, positions and version in range, ids in the vocabulary, finite
+        log-probs. A few vectorised passes over the frame."""
+        cols = (handles, offsets, counts, ids)
+        if not all(isinstance(c, np.ndarray) and c.ndim == 1 and c.dtype.kind in "iu" for c in cols) or not (
+            isinstance(lps, np.ndarray) and lps.ndim == 1 and lps.dtype.kind == "f"
+        ):
+            raise ProtocolViolation("token columns are not 1-d integer ids and float log-probs")
+        k, n = handles.shape[0], ids.shape[0]
+        if offsets.shape[0] != k or counts.shape[0] != k or lps.shape[0] != n:
+            raise ProtocolViolation(
+                f"column lengths differ ({k} handles, {offsets.shape[0]} offsets, "
+                f"{counts.shape[0]} counts, {n} ids, {lps.shape[0]} log-probs)"
+            )
+        if not 0 <= version < _ID_LIMIT:
+            raise ProtocolViolation(f"version {version} out of range")
+        if k and (_below_zero(counts) or _below_zero(offsets) or int(offsets.max()) >= _ID_LIMIT):
+            raise ProtocolViolation("a negative count, or an offset out of range")
+        if int(counts.sum(dtype=_I64)) != n:
+            raise ProtocolViolation(f"chunk counts add up to {int(counts.sum(dtype=_I64))}, not the {n} ids sent")
+        if n and (_below_zero(ids) or int(ids.max()) >= self.vocab_size):
+            bad = ids[(ids < 0) | (ids >= self.vocab_size)]
+            raise ProtocolViolation(f"token id {int(bad[0])} outside the model's vocabulary of {self.vocab_size}")
+        if n and not np.isfinite(lps).all():
+            raise ProtocolViolation("a log-prob that is not finite")
 
     def _accept_columns(self, engine, version, handles, offsets, counts, ids, lps) -> int:
         e = self._eidx.get(engine)
@@ -557,6 +593,8 @@ class RolloutBook:
 
     def finish(self, engine: str, rid: str, reason: str, length: int) -> bool:
         """An engine says a response ended. Returns True if that completed it."""
+        if reason not in FINISH_REASONS or not 0 <= length < _ID_LIMIT:
+            raise ProtocolViolation(f"{rid}: finished with reason {reason!r}, length {length}")
         r = self.responses.get(rid)
         if r is None or r.engine != engine or r.done:
             return False

@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
 import logging
+import secrets
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Hashable
@@ -41,6 +43,9 @@ from rlboost.rollout.policies.offload import NoOffload, OffloadPolicy
 from rlboost.rollout.policies.tick import TickCadence
 
 log = logging.getLogger("rlboost.coordinator")
+
+VIOLATION = 4400  # close code: a frame broke the protocol (its responses continue elsewhere)
+ID_IN_USE = 4409  # close code: hello named a live worker's id without that connection's resume key
 
 
 @dataclass(frozen=True)
@@ -80,6 +85,9 @@ class CoordinatorConfig:
     # algorithm.weight_swap in_flight: a new version interrupts the responses in flight, which continue
     # on it, and the next step generates beside the last one's tail (rollout/policies/staleness.py)
     swap_in_flight: bool = False
+    # the model's vocabulary (the learner's embedding rows): a worker's token id outside it is a protocol
+    # violation (rollout/book.py), never a sample; None: ids are only checked against the pool's int32 range
+    vocab_size: int | None = None
 
 
 class StepGroups:
@@ -106,7 +114,8 @@ class LiveCoordinator(Coordinator):
         self, cfg: CoordinatorConfig, offload: OffloadPolicy | None = None, clock: Callable[[], float] = time.monotonic
     ) -> None:
         stats = LengthStats(max(1, cfg.max_new_tokens or 1))
-        self.pool: LivePool = LivePool(RolloutBook(cfg.eos_id, stop=cfg.stop), cfg.perf, stats, clock)
+        book = RolloutBook(cfg.eos_id, stop=cfg.stop, vocab_size=cfg.vocab_size)
+        self.pool: LivePool = LivePool(book, cfg.perf, stats, clock)
         super().__init__(
             self.pool,
             CoordinatorRules(
@@ -330,8 +339,14 @@ class LiveCoordinator(Coordinator):
                 await ws.close(code=4400, message=b"expected hello with protocol 1")
                 return ws
             old = self.engines.get(hello.worker_id)
-            if old is not None:  # a reconnect replaces the stale connection
-                await self._drop(old, "replaced by a new connection")
+            if old is not None and not self._may_replace(old, hello):
+                # another connection naming a live worker's id: refused, the live one keeps its work
+                self.rejected_frames += 1
+                log.warning("a second connection for engine %s refused: its id is in use", hello.worker_id)
+                await ws.close(code=ID_IN_USE, message=b"worker id in use by a live connection")
+                return ws
+            if old is not None:  # its own reconnect (or its old connection is closing): replaces it
+                await self._drop(old, "replaced by its reconnect")
             conn = EngineConn(
                 hello.worker_id,
                 hello.kind,
@@ -343,9 +358,10 @@ class LiveCoordinator(Coordinator):
                 cloud=hello.cloud,
                 region=hello.region,
             )
+            conn.resume_key = secrets.token_hex(16)
             self.engines[conn.id] = conn
             self.gone.pop(conn.id, None)
-            await self._send(conn, self._welcome(conn.id))
+            await self._send(conn, self._welcome(conn.id, conn.resume_key))
             conn.writer = asyncio.get_running_loop().create_task(self._writer(conn))
             log.info("engine %s (%s, %s) connected", conn.id, conn.kind, conn.engine)
             async for frame in ws:
@@ -354,7 +370,7 @@ class LiveCoordinator(Coordinator):
                         cols = token_frames.decode(frame.data)
                     except token_frames.FrameError as e:
                         self.rejected_frames += 1
-                        await self._drop(conn, f"malformed token frame ({e})")
+                        await self._drop(conn, f"malformed token frame ({e})", code=VIOLATION)
                         break
                     conn.last_seen = self.clock()
                     self.on_tokens(conn, cols)
@@ -362,7 +378,7 @@ class LiveCoordinator(Coordinator):
                     msg = self._parse(frame)
                     if msg is None:
                         self.rejected_frames += 1
-                        await self._drop(conn, "malformed frame")
+                        await self._drop(conn, "malformed frame", code=VIOLATION)
                         break
                     conn.last_seen = self.clock()
                     self.on_message(conn, msg)
@@ -371,8 +387,11 @@ class LiveCoordinator(Coordinator):
         except (asyncio.TimeoutError, ConnectionError):
             pass
         except ProtocolViolation as e:
+            # as a disconnect: its responses continue elsewhere (the finally), and it is closed
             log.warning("engine %s: protocol violation: %s", conn.id if conn else "?", e)
             self.rejected_frames += 1
+            if conn is not None:
+                await self._drop(conn, f"protocol violation ({e})", code=VIOLATION)
         finally:
             if conn is not None and self.engines.get(conn.id) is conn:
                 await self._drop(conn, "connection closed")
@@ -380,10 +399,19 @@ class LiveCoordinator(Coordinator):
                 conn.writer.cancel()
         return ws
 
-    def _welcome(self, worker_id: str) -> P.Welcome:
+    @staticmethod
+    def _may_replace(old: EngineConn, hello: P.Hello) -> bool:
+        """A hello may take over a connected worker's id only as that worker's reconnect: it presents the
+        resume key the live connection's welcome gave, or that connection is closing already."""
+        if old.ws.closed:
+            return True
+        return hello.resume_key is not None and hmac.compare_digest(hello.resume_key, old.resume_key)
+
+    def _welcome(self, worker_id: str, resume_key: str = "") -> P.Welcome:
         c = self.cfg
         return P.Welcome(
             worker_id=worker_id,
+            resume_key=resume_key,
             version=self.version,
             weights_url=c.weights_url,
             chunk_tokens=c.chunk_tokens,
@@ -508,13 +536,13 @@ class LiveCoordinator(Coordinator):
         except (ConnectionError, asyncio.TimeoutError, RuntimeError):
             return False
 
-    async def _drop(self, conn: EngineConn, why: str) -> None:
+    async def _drop(self, conn: EngineConn, why: str, code: int = 1000) -> None:
         self.pool.forget(conn)
         moved = self.pool.released(conn)
         if moved:
             log.info("engine %s dropped (%s): %d responses continue elsewhere", conn.id, why, len(moved))
         with contextlib.suppress(Exception):
-            await conn.ws.close()
+            await conn.ws.close(code=code, message=why.encode("ascii", "replace")[:120])
 
     async def _watch_heartbeats(self) -> None:
         while True:

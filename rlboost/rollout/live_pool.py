@@ -99,6 +99,8 @@ class EngineConn:
     # outgoing messages, written by one task per connection: a slow reader delays only itself
     outq: asyncio.Queue = field(default_factory=asyncio.Queue)
     writer: asyncio.Task | None = None
+    # its welcome's resume key: only a hello presenting it may replace this connection (rollout/live.py)
+    resume_key: str = ""
 
 
 # siblings' tokens one generate frame carries at most (a few hundred kB of JSON)

@@ -121,11 +121,12 @@ def coordinator_rules(
 
 
 def coordinator_config(
-    spec: JobSpec, eos_id: int, decode: Callable[[list[int]], str] | None = None
+    spec: JobSpec, eos_id: int, decode: Callable[[list[int]], str] | None = None, vocab_size: int | None = None
 ) -> CoordinatorConfig:
     """This job's CoordinatorConfig (rlboost/rollout/live.py); weights_url is set once the server is up.
     `decode`: the task's response text (Task.decode_response), for algorithm.stop; without one (a replay
-    of synthetic tokens) stop strings are not checked."""
+    of synthetic tokens) stop strings are not checked. `vocab_size`: the learner's, which bounds every
+    token id a worker may send."""
     from rlboost.contracts.stop import stop_rule
     from rlboost.rollout.live import CoordinatorConfig  # aiohttp and the rest: only where a coordinator runs
 
@@ -151,6 +152,7 @@ def coordinator_config(
         sibling_scheduling=spec.rollout.sibling_scheduling,
         speculative=Speculation.model_validate(spec.rollout.speculative.model_dump()),
         stop=stop_rule(spec.algorithm.stop, decode),
+        vocab_size=vocab_size,
         swap_in_flight=swaps_in_flight(
             spec.algorithm.weight_swap, spec.algorithm.max_staleness, spec.rollout.tail_batching
         ),

@@ -24,6 +24,7 @@ from pydantic import ValidationError
 from rlboost.contracts import enrolment as E
 from rlboost.contracts import tls
 from rlboost.contracts.spec import JobSpec
+from rlboost.trainer.http_serving import HttpLimits, app_runner, body_deadline
 
 log = logging.getLogger("rlboost.trainer")
 
@@ -119,10 +120,10 @@ async def await_delivery(
         delivered.set_result(d.grant)
         return web.json_response({"ok": True})
 
-    app = web.Application(client_max_size=E.MAX_BODY)
+    app = web.Application(middlewares=[body_deadline(HttpLimits().body_s)], client_max_size=E.MAX_BODY)
     app.router.add_post(E.CHALLENGE_ROUTE, challenge)
     app.router.add_post(E.DELIVER_ROUTE, deliver)
-    runner = web.AppRunner(app, handle_signals=False)
+    runner = app_runner(app)
     await runner.setup()
     ssl_ctx = tls.server_context(files.cert, files.key) if files else None
     await web.SockSite(runner, sock.dup(), ssl_context=ssl_ctx).start()

@@ -162,6 +162,9 @@ class Learner:
             with torch.random.fork_rng(devices=[]):
                 torch.manual_seed(self.seed)
                 self.model = TinyGPT(from_spec(model_spec)).to(torch.float32).to(self.device)
+        # the ids the model can take: a worker's token id at or past this is refused at the coordinator
+        # (rollout/book.py), before the embedding lookup here would fail on it (read before FSDP shards)
+        self.vocab_size = learner_state.vocab_size(self.model)
         low = self.device.type == "cuda" and self.publish_dtype != torch.float32
         self.autocast = self.publish_dtype if low else None
         self.fsdp = dist is not None and dist.strategy == "fsdp"

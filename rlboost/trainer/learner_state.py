@@ -131,3 +131,13 @@ def materialize(model: nn.Module, device: torch.device) -> None:
 def local_shard(t: Tensor) -> Tensor:
     """This rank's shard of an FSDP parameter (a DTensor); a plain tensor as is."""
     return t.to_local() if hasattr(t, "to_local") else t  # type: ignore[operator]
+
+
+def vocab_size(model: nn.Module) -> int:
+    """The token ids `model` takes: rows of its input embedding, and of its output head where it has one
+    (a Hugging Face model, LoRA-wrapped or not, or tiny-gpt)."""
+    get_in, get_out = getattr(model, "get_input_embeddings", None), getattr(model, "get_output_embeddings", None)
+    emb = get_in() if get_in is not None else model.wte
+    head = get_out() if get_out is not None else getattr(model, "lm_head", None)
+    sizes = [emb.num_embeddings] + ([head.out_features] if isinstance(head, nn.Linear) else [])
+    return int(min(sizes))

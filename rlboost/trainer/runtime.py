@@ -40,6 +40,7 @@ from rlboost.rollout.policies.tail_batching import TailBatcher, step_prompts
 from rlboost.trainer import checkpoint, distributed
 from rlboost.trainer.enrolment import WorkerEnrolment, job_secret_env
 from rlboost.trainer.evaluation import Evaluator, describe
+from rlboost.trainer.http_serving import app_runner
 from rlboost.trainer.learner import Sample, make_learner
 from rlboost.trainer.recorder import RolloutRecorder, metrics_text, step_line, write_atomic
 from rlboost.trainer.server import build_app
@@ -172,7 +173,9 @@ class TrainerRuntime:
         """Serve on `sock` (bound to `host` by the caller: enrolment may have served on it first)."""
         spec = self.spec
         self.coord = LiveCoordinator(
-            scheduling.coordinator_config(spec, self.task.eos_id, self.task.decode_response),
+            scheduling.coordinator_config(
+                spec, self.task.eos_id, self.task.decode_response, vocab_size=self.learner.vocab_size
+            ),
             offload=scheduling.offload_policy(spec),
         )
         # spot workers enrol here for the token and the job's secret variables, with credentials
@@ -181,7 +184,7 @@ class TrainerRuntime:
             self.token, os.environ.get(Env.INSTANCE_ID, ""), job_secret_env(spec, os.environ)
         )
         app = build_app(self.token, self.coord, self.publisher, self.status, self.shutdown_requested.set, enrolment)
-        runner = web.AppRunner(app, handle_signals=False)
+        runner = app_runner(app)
         await runner.setup()
         # TLS (spec trainer.tls; auto = on off loopback): the controller's certificate from env, or a
         # self-signed one made here (its fingerprint is written to run_dir/tls-fingerprint).

@@ -12,6 +12,7 @@ from aiohttp import web
 from rlboost.contracts.enrolment import WORKER_ROUTE
 from rlboost.rollout.live import LiveCoordinator
 from rlboost.trainer.enrolment import WorkerEnrolment
+from rlboost.trainer.http_serving import HttpLimits, body_deadline
 from rlboost.trainer.prometheus import CONTENT_TYPE, exposition
 from rlboost.weights.publisher import WeightPublisher, add_routes
 from rlboost.weights.serving import whole_number
@@ -61,9 +62,13 @@ def build_app(
     status: Callable[[int, int], dict],  # (records the caller has, evaluations it has) -> the document
     on_shutdown_request: Callable[[], None] | None = None,
     enrolment: WorkerEnrolment | None = None,
+    limits: HttpLimits = HttpLimits(),
 ) -> web.Application:
+    """The app; serve it with http_serving.app_runner (the same `limits`) for its time limits and logs."""
     enrol = enrolment.handle if enrolment is not None else None
-    app = web.Application(middlewares=[auth_middleware(token, enrol)], client_max_size=1 << 20)
+    # bodies are read (within limits.body_s) only once the token checked out: a stranger's is never read
+    middlewares = [auth_middleware(token, enrol), body_deadline(limits.body_s)]
+    app = web.Application(middlewares=middlewares, client_max_size=1 << 20)
     app.router.add_get("/v1/worker", coordinator.handle_ws)
     if enrol is not None:
         app.router.add_post(WORKER_ROUTE, enrol)

@@ -13,6 +13,7 @@ import asyncio
 import time
 from collections.abc import Sequence
 
+from rlboost.models.vocab import VOCAB_SIZE
 from rlboost.rollout.policies.overlap import busy_between, busy_total, left_to_train, trained_part
 
 
@@ -26,6 +27,9 @@ class SyntheticLearner:
         self.pretrained_tokens = 0  # trained during generation (this step)
         self.busy: list[tuple[float, float]] = []  # training intervals of this step
         self.tokens_trained = 0
+        # synthetic engines write the tiny vocabulary's ids (rlboost/worker/engines/synthetic.py): nothing
+        # else is a token of theirs
+        self.vocab_size = VOCAB_SIZE
 
     def warm_start(self, steps: int) -> dict[str, float]:
         return {"loss": 0.0}

@@ -206,11 +206,13 @@ class WorkerAgent:
                     cuda=await self._has_cuda(),
                     cloud=self.cfg.cloud,
                     region=self.cfg.region,
+                    # a reconnect: what lets it replace its old connection if the trainer has not seen it drop
+                    resume_key=(self.welcome.resume_key or None) if self.welcome else None,
                 )
             )
             first = await asyncio.wait_for(ws.receive(), timeout=self.cfg.handshake_timeout_s)
-            if first.type != aiohttp.WSMsgType.TEXT:
-                raise Disconnected(f"no welcome ({first.type.name})")
+            if first.type != aiohttp.WSMsgType.TEXT:  # e.g. 4409: its id is held by a live connection
+                raise Disconnected(f"no welcome ({first.type.name}, close code {ws.close_code})")
             welcome = P.coord_msg.validate_json(first.data)
             if not isinstance(welcome, P.Welcome):
                 raise Disconnected("first message was not a welcome")

@@ -274,16 +274,22 @@ def _cloud_spec(provider: str, cloud: str, region: str, **changes):
     )  # fmt: skip
 
 
+def _offers(spec):
+    """The job's offers from the shipped catalog (no live price call, whatever credentials are around)."""
+    from rlboost.providers.prices import CloudPrices
+    from rlboost.providers.pricing import spot_offers, trainer_offer
+
+    prices = CloudPrices(use_skypilot=False)
+    return trainer_offer(spec, prices), spot_offers(spec, prices)
+
+
 def _boot_problems(spec) -> list[str]:
-    from rlboost.cli.controller_run import job_offers
     from rlboost.cli.launch_requests import sample_requests
     from rlboost.contracts.spec import spec_to_yaml
     from rlboost.providers import provider_class
 
-    t_offer, s_offers, _ = job_offers(spec)
-    return provider_class(spec.provider).boot_data_problems(
-        sample_requests(spec, t_offer, s_offers), spec_to_yaml(spec)
-    )
+    requests = sample_requests(spec, *_offers(spec))
+    return provider_class(spec.provider).boot_data_problems(requests, spec_to_yaml(spec))
 
 
 def test_a_20kb_setup_is_over_ec2s_user_data_limit(home):
@@ -296,15 +302,13 @@ def test_a_20kb_setup_is_over_ec2s_user_data_limit(home):
 
 def test_what_the_aws_provider_sends_is_what_was_checked(home, tmp_path):
     """The check measures boot_script's own text: the user-data run_instances gets."""
-    from rlboost.cli.controller_run import job_offers
     from rlboost.cli.launch_requests import sample_requests
     from rlboost.contracts.spec import spec_to_yaml
     from rlboost.providers.bootstrap import boot_script, render_boot
 
     spec = _cloud_spec("aws", "aws", "us-east-1", envs={"A": "b"}, setup="echo hi")
-    t_offer, s_offers, _ = job_offers(spec)
     (tmp_path / "spec.yaml").write_text(spec_to_yaml(spec))
-    for req in sample_requests(spec, t_offer, s_offers):
+    for req in sample_requests(spec, *_offers(spec)):
         assert boot_script(req, tmp_path) == render_boot(req, spec_to_yaml(spec))
 
 
@@ -327,21 +331,34 @@ def test_providers_without_boot_data_have_no_such_limit(home):
 
 
 # ---- through the CLI: refused with exit 2, one message, nothing recorded -----------------------
-def test_the_dryrun_refuses_a_user_data_over_16kb_before_anything(home, tmp_path):
-    from tests.test_cloud_cli import cli, creds, job_count
-
-    job = _merge(
-        yaml.safe_load((ROOT / "examples" / "simulate" / "aws-p3-v100.yaml").read_text()),
-        {"name": "big-setup", "provider": "aws", "setup": "echo " + "x" * 20_000},
-    )
+def _cloud_job_file(tmp_path: Path, example: str, **changes) -> Path:
+    job = _merge(yaml.safe_load((ROOT / "examples" / "simulate" / example).read_text()), changes)
     job.pop("simulate", None)
     path = tmp_path / "job.yaml"
     path.write_text(yaml.safe_dump(job))
-    for args in (["--dryrun"], ["--yes"]):
-        r = cli("launch", str(path), *args, home=home, env=creds(tmp_path))
-        assert r.returncode == 2, r.stdout + r.stderr
-        assert "setup: the trainer's EC2 user-data would be" in r.stderr and "Traceback" not in r.stderr
-        assert job_count(home) == 0
+    return path
+
+
+def test_the_dryrun_refuses_a_user_data_over_16kb_before_anything(home, tmp_path):
+    from tests.test_cloud_cli import cli, job_count
+
+    path = _cloud_job_file(tmp_path, "aws-p3-v100.yaml", name="big-setup", provider="aws", setup="echo " + "x" * 20_000)
+    r = cli("launch", str(path), "--dryrun", home=home)  # no credentials: a plan needs none
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "setup: the trainer's EC2 user-data would be" in r.stderr and "Traceback" not in r.stderr
+    assert "plan for job" not in r.stdout and job_count(home) == 0
+
+
+def test_a_launch_refuses_boot_data_over_the_limit_before_anything_is_recorded(home, tmp_path):
+    """The launch itself (credentials found, --yes): refused before the job record or any instance."""
+    from tests.test_cloud_cli import cli, creds, job_count
+
+    big = {"name": "big-boot", "provider": "gcp", "setup": "echo x\n" * 9000}
+    path = _cloud_job_file(tmp_path, "gcp-a100.yaml", envs={f"V{i}": "x" * 30_000 for i in range(4)}, **big)
+    r = cli("launch", str(path), "--yes", home=home, env=creds(tmp_path))
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "setup/envs: the trainer's startup-script metadata would be" in r.stderr, r.stderr
+    assert job_count(home) == 0
 
 
 def test_the_dryrun_refuses_special_files_and_a_long_env_option(home, tmp_path):

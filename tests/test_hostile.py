@@ -552,7 +552,12 @@ documents = st.one_of(
     st.text(max_size=300),
     st.binary(max_size=200).map(lambda b: b.decode("latin-1")),
     st.sampled_from(["a: [", "name: x\n  bad: indent", "!!python/object:os.system x", "*alias", "name: &a [*a]",
-                     "name: fuzz\ntrainer: {tls: maybe}", "name: fuzz\nalgorithm: {steps: -1}", "\t\0"]),
+                     "name: fuzz\ntrainer: {tls: maybe}", "name: fuzz\nalgorithm: {steps: -1}", "\t\0",
+                     # what a launch could not survive (issue 56): a NUL in a path, special files, path regions
+                     'name: fuzz\nmodel: {kind: hf, path: o/m}\ntask: {name: jsonl, path: "a\\0b"}',
+                     "name: fuzz\nmodel: {kind: hf, path: o/m}\ntask: {name: jsonl, path: /dev/zero}",
+                     "name: fuzz\nfile_mounts: {~/z: /proc/self}", 'name: fuzz\nenvs: {A: "\\0"}',
+                     "name: fuzz\ntrainer: {region: ../../etc}"]),
     # files that hung or crashed the parser (issue 36): raw bytes, other encodings, deep nesting, alias bombs
     st.binary(max_size=200),
     yaml_values.map(lambda v: yaml.safe_dump({"name": "fuzz", "x": v}).encode("utf-16")),

@@ -64,6 +64,10 @@ class ToyProvider:
         return []
 
     @classmethod
+    def boot_data_problems(cls, requests: list[LaunchRequest], saved: str) -> list[str]:
+        return []
+
+    @classmethod
     def for_job(cls, spec: JobSpec, run_dir: Path, *, owner: Owner, market: Any = None) -> ToyProvider:
         return cls(owner)
 

@@ -90,3 +90,27 @@ def recorded_request(inst: InstanceRow, owner: Owner) -> LaunchRequest:
 def _placed(o: Offer) -> dict:
     """Where and at what price an offer places an instance (LaunchRequest fields)."""
     return {"cloud": o.cloud, "region": o.region, "accelerator": o.accelerator, "hourly_price": o.hourly_price}
+
+
+def sample_requests(spec: JobSpec, t_offer: Offer, s_offers: list[Offer]) -> list[LaunchRequest]:
+    """The trainer's and a spot worker's requests as the job's controller will build them, with stand-ins
+    of the same length for what only exists once it runs (the enrolment commitment and credential, the
+    trainer's address, its TLS pin): what `launch` checks each provider's boot data limits against."""
+    from rlboost.contracts import enrolment
+    from rlboost.contracts.env_names import Env
+    from rlboost.contracts.provider_kinds import provider_kind
+
+    owner = Owner(spec.name, 999_999, uid="0" * 32, store="0" * 32)
+    plain = {k: v for k, v in spec.envs.items() if v is not None}
+    files = node_files(spec, plain, {})  # secret variables are enrolled for, never boot data
+    trainer_id = f"{spec.name}-999999-trainer"
+    _, commitment = enrolment.trainer_key()
+    secret = {Env.ENROL_COMMITMENT: commitment} if provider_kind(spec.provider).trainer_enrols else {}
+    env = {**secret, Env.ENGINE: spec.rollout.engine, **node_setup_env(spec, Role.TRAINER)}
+    out = [trainer_request(t_offer, trainer_id, owner, env, [], files)]
+    if s_offers:
+        iid = f"{spec.name}-999999-w999"
+        enrol = enrolment.worker_credential("0" * 43, iid, trainer_id)
+        url = "https://255.255.255.255:65535"
+        out.append(worker_request(spec, s_offers[0], iid, owner, url, enrol, {Env.TLS_FINGERPRINT: "0" * 64}, files))
+    return out

@@ -64,3 +64,45 @@ def pick_split(path: Path, split: str | None, default: str = DEFAULT_SPLIT, key:
         how = f"{key} is {name!r}" if split is not None else f"{key} is not set (default {default!r})"
         raise DatasetError(f"{key}: {path} has no split {name!r} ({how}); its splits: {', '.join(splits)}")
     return name
+
+
+# how much of a file the launch check reads to tell its format (a JSON Lines row longer than this is
+# judged by its first character)
+SNIFF_BYTES = 1 << 20
+FORMATS_HINT = (
+    "rlboost reads JSON Lines (.jsonl, one JSON object per line), parquet (.parquet) or a Hugging Face "
+    "datasets directory (save_to_disk)"
+)
+
+
+def content_problem(path: Path) -> str | None:
+    """Why the regular file `path` is not the format its name says (`dataset_format`), from its first
+    SNIFF_BYTES, or None. The trainer reads every row later; this catches a file of another kind
+    (/etc/passwd, a binary) before anything launches."""
+    fmt = dataset_format(path)
+    if fmt == "hf-dir":
+        return None
+    with open(path, "rb") as f:  # a regular file (file_kinds checked it): the read ends
+        head = f.read(SNIFF_BYTES if fmt == "jsonl" else 4)
+    if fmt == "parquet":
+        return None if head == b"PAR1" or not head else f"{path.name} is not a parquet file (no PAR1 header)"
+    return _jsonl_problem(path, head)
+
+
+def _jsonl_problem(path: Path, head: bytes) -> str | None:
+    for n, line in enumerate(head.split(b"\n"), 1):
+        if not line.strip():
+            continue
+        complete = len(head) < SNIFF_BYTES or n < head.count(b"\n") + 1
+        if not complete:  # one row longer than what was read: its first character must open an object
+            return None if line.lstrip().startswith(b"{") else f"{path.name}: line {n} is not a JSON object"
+        try:
+            obj = json.loads(line.decode("utf-8"))
+        except UnicodeDecodeError:
+            return f"{path.name}: line {n} is not UTF-8 text"
+        except ValueError as e:
+            return f"{path.name}: line {n} is not JSON ({e.msg if isinstance(e, json.JSONDecodeError) else e})"
+        if not isinstance(obj, dict):
+            return f"{path.name}: line {n} is a JSON {type(obj).__name__}, not an object"
+        return None
+    return None

@@ -36,7 +36,7 @@ from rlboost.providers.base import (
     Tagged,
     job_regions,
 )
-from rlboost.providers.bootstrap import TRAINER_PORT, boot_script
+from rlboost.providers.bootstrap import TRAINER_PORT, boot_script, boot_size_problems
 from rlboost.providers.prices import CloudPrices, placements
 
 if TYPE_CHECKING:
@@ -56,6 +56,8 @@ CAPACITY_CODES = {
 # a Deep Learning AMI with NVIDIA drivers; override with RLBOOST_AWS_AMI / ami=
 DLAMI_PARAM = "/aws/service/deeplearning/ami/x86_64/base-oss-nvidia-driver-gpu-ubuntu-22.04/latest/ami-id"
 LIVE = ["pending", "running", "stopping", "stopped", "shutting-down"]
+# EC2 takes at most 16 KB of user-data, counted before the base64 encoding boto3 adds
+USER_DATA_LIMIT = 16 * 1024
 
 
 class AwsProvider:
@@ -65,6 +67,10 @@ class AwsProvider:
     @classmethod
     def setup_problems(cls) -> list[str]:
         return []  # nothing beyond its clouds' credentials, which preflight checks
+
+    @classmethod
+    def boot_data_problems(cls, requests: list[LaunchRequest], saved: str) -> list[str]:
+        return boot_size_problems(requests, saved, limit=USER_DATA_LIMIT, what="EC2 user-data")
 
     @classmethod
     def for_job(cls, spec: JobSpec, run_dir: Path, *, owner: Owner, market: Any = None) -> AwsProvider:

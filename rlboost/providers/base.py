@@ -208,6 +208,13 @@ class ProviderClass(Protocol):
         preflight checks from the clouds' records), one line each with its fix (a classmethod)."""
         ...
 
+    def boot_data_problems(self, requests: list[LaunchRequest], saved: str) -> list[str]:
+        """What in these launch requests (a job's trainer and a worker, as its controller would build them;
+        `saved`: the job file as launched) the provider's cloud would refuse at launch for its boot data's
+        size, one line each naming the job-file field and the fix (a classmethod; [] where a node gets
+        its files and variables another way)."""
+        ...
+
     def for_job(self, spec: JobSpec, run_dir: Path, *, owner: Owner, market: Any = None) -> Provider:
         """The provider for a job's run dir (`owner`: the job its instances are tagged with; `market`:
         the local provider's spot market). Raises PreflightError for what the job's setup lacks."""

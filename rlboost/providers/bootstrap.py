@@ -97,7 +97,12 @@ def notice_env(req: LaunchRequest) -> dict[str, str]:
 def cloud_spec_yaml(run_dir: Path) -> str:
     """The job file as the trainer node sees it: local-only paths (trace, catalog) removed, since
     they do not exist there and the trainer validates the file again."""
-    raw = yaml.safe_load((run_dir / "spec.yaml").read_text())
+    return cloud_spec_text((run_dir / "spec.yaml").read_text())
+
+
+def cloud_spec_text(saved: str) -> str:
+    """cloud_spec_yaml of the saved job file's text `saved`."""
+    raw = yaml.safe_load(saved)
     local = raw.get("local") or {}
     local.update({"trace": None, "catalog": None})
     raw["local"] = local
@@ -117,6 +122,12 @@ BOOT_SECRETS = (Env.JOB_TOKEN, *SECRET_ENV)
 def boot_script(req: LaunchRequest, run_dir: Path, *, port: int = TRAINER_PORT) -> str:
     """templates/node_boot.sh with the node's environment in place (AWS user-data, GCP startup-script).
     ProviderError for a request that would put a secret there: its node enrols for them instead."""
+    saved = (run_dir / "spec.yaml").read_text() if req.role is Role.TRAINER else ""
+    return render_boot(req, saved, port=port)
+
+
+def render_boot(req: LaunchRequest, saved: str, *, port: int = TRAINER_PORT) -> str:
+    """boot_script with the saved job file's text (`saved`, read by a trainer only) given."""
     held = sorted({k for k in BOOT_SECRETS if req.env.get(k)} | {k for k, v in req.user_secrets.items() if v})
     if held:
         raise ProviderError(
@@ -125,6 +136,30 @@ def boot_script(req: LaunchRequest, run_dir: Path, *, port: int = TRAINER_PORT) 
         )
     env = node_env(req, port=port, from_workdir=False)
     if req.role is Role.TRAINER:
-        env[Env.SPEC_B64] = base64.b64encode(cloud_spec_yaml(run_dir).encode()).decode()
+        env[Env.SPEC_B64] = base64.b64encode(cloud_spec_text(saved).encode()).decode()
     lines = "\n".join(f"export {k}={shlex.quote(v)}" for k, v in sorted(env.items()))
     return template("node_boot.sh").replace("# @RLBOOST_ENV@", lines)
+
+
+def boot_size_problems(requests: list[LaunchRequest], saved: str, *, limit: int, what: str) -> list[str]:
+    """One line per request whose boot data (render_boot) is over `limit` bytes, naming what fills it
+    (the job's `setup:`, its `envs:`, the job file the trainer boots with) and the fix; checked before
+    anything is created, so that no cloud refuses an instance mid-job (`what`: the cloud's name for it)."""
+    out = []
+    for req in requests:
+        size = len(render_boot(req, saved).encode())
+        if size <= limit:
+            continue
+        setup = len(base64.b64decode(req.env.get(Env.SETUP_B64, "")))
+        envs = sum(len(k) + len(v.encode()) + 1 for k, v in req.user_envs.items())
+        again = ", and again in the job file" if req.role is Role.TRAINER else ""
+        parts = [f"setup: {setup:,} bytes (base64'd{again})"] if setup else []
+        parts += [f"envs: {envs:,} bytes"] if envs else []
+        parts += [f"the job file: {len(saved.encode()):,} bytes (base64'd)"] if req.role is Role.TRAINER else []
+        fields = "/".join(f for f, n in (("setup", setup), ("envs", envs)) if n) or "the job file"
+        out.append(
+            f"{fields}: the {req.role.value}'s {what} would be {size:,} bytes, over its limit of "
+            f"{limit:,} ({'; '.join(parts)}); shorten setup to a few commands that fetch and run a script "
+            "(pip install a package, download the script from a bucket) and keep long values out of envs"
+        )
+    return out

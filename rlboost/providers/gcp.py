@@ -37,7 +37,7 @@ from rlboost.providers.base import (
     Role,
     Tagged,
 )
-from rlboost.providers.bootstrap import TRAINER_PORT, boot_script
+from rlboost.providers.bootstrap import TRAINER_PORT, boot_script, boot_size_problems
 from rlboost.providers.credentials import gcp_project
 from rlboost.providers.prices import placements
 
@@ -47,6 +47,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("rlboost.gcp")
 
 CAPACITY_CODES = ("ZONE_RESOURCE_POOL_EXHAUSTED", "RESOURCE_POOL_EXHAUSTED", "QUOTA_EXCEEDED", "STOCKOUT")
+# GCP takes at most 256 KB in one metadata value (512 KB in all of them)
+METADATA_VALUE_LIMIT = 256 * 1024
 IMAGE = "projects/deeplearning-platform-release/global/images/family/common-cu124-debian-11-py310"
 TRAINER_TAG = "rlboost-trainer"
 NO_PROJECT = "credentials: no GCP project; set GOOGLE_CLOUD_PROJECT or `gcloud config set project`"
@@ -71,6 +73,11 @@ class GcpProvider:
     def setup_problems(cls) -> list[str]:
         """Besides the credentials, a project to launch in."""
         return [NO_PROJECT] if gcp_project() is None else []
+
+    @classmethod
+    def boot_data_problems(cls, requests: list[LaunchRequest], saved: str) -> list[str]:
+        # the startup-script is the one metadata value: within GCP's 256 KB a value (512 KB in all)
+        return boot_size_problems(requests, saved, limit=METADATA_VALUE_LIMIT, what="startup-script metadata")
 
     @classmethod
     def for_job(cls, spec: JobSpec, run_dir: Path, *, owner: Owner, market: Any = None) -> GcpProvider:

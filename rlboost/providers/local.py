@@ -48,6 +48,10 @@ class LocalProvider:
         return []  # nothing beyond its clouds' credentials, which preflight checks
 
     @classmethod
+    def boot_data_problems(cls, requests: list[LaunchRequest], saved: str) -> list[str]:
+        return []  # its processes get their variables and files here, not as boot data
+
+    @classmethod
     def for_job(cls, spec: JobSpec, run_dir: Path, *, owner: Owner, market: Any = None) -> LocalProvider:
         """`market`: the spot market to replay (default: the built-in trace, no notices)."""
         from rlboost.providers.spot_market import BUILTIN_TRACE

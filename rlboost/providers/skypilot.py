@@ -116,6 +116,10 @@ class SkyPilotProvider:
         return []  # nothing beyond its clouds' credentials, which preflight checks
 
     @classmethod
+    def boot_data_problems(cls, requests: list[LaunchRequest], saved: str) -> list[str]:
+        return []  # SkyPilot hands a node its setup, variables and files itself, not as boot data
+
+    @classmethod
     def for_job(cls, spec: JobSpec, run_dir: Path, *, owner: Owner, market: Any = None) -> SkyPilotProvider:
         return cls(run_dir)
 

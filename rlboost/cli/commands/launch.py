@@ -40,6 +40,7 @@ from rlboost.cli.pids import controller_identity
 from rlboost.cli.state import JobExistsError, JobRow, StateStore, UnknownJobError, job_run_dir, rlboost_home
 from rlboost.cli.step_numbers import checkpointed_steps, resume_message
 from rlboost.contracts.spec import JobSpec, SpecError, load_spec, spec_to_yaml
+from rlboost.contracts.spec.text_limits import env_size_problem
 from rlboost.contracts.wording import spot_workers
 
 if TYPE_CHECKING:
@@ -101,6 +102,17 @@ def _check_provider(spec: JobSpec, dryrun: bool = False) -> None:
             f"note: setup is not run for provider {spec.provider}: its trainer and workers run in this "
             "environment; install what setup installs here", markup=False, highlight=False
         )
+
+
+def _check_boot_data(spec: JobSpec, t_offer: Offer, s_offers: list[Offer], saved: str) -> None:
+    """What the job's nodes boot with, within its provider's limits (EC2 user-data, GCP metadata):
+    else the cloud would refuse the trainer, or every worker, once the job is paying."""
+    from rlboost.cli.launch_requests import sample_requests
+    from rlboost.providers import provider_class
+
+    problems = provider_class(spec.provider).boot_data_problems(sample_requests(spec, t_offer, s_offers), saved)
+    if problems:
+        fail("\n".join(problems), 2)
 
 
 def _confirm_spending(
@@ -232,23 +244,27 @@ def launch(
     missing = missing_values(spec, secret_envs)
     if missing and not dryrun:  # a plan needs no secrets
         fail("\n".join(missing), 2)
+    too_long = env_size_problem({**spec.envs, **secret_envs})  # the job file's checked alone, --env's here
+    if too_long:
+        fail(f"{too_long} (--env values included)", 2)
     _check_sinks(spec)
     _check_provider(spec, dryrun)
     if not dryrun:
         _check_budget(spec)
     t_offer, s_offers, prices = job_offers(spec)  # before any record exists: bad prices or traces fail here
-    market = spot_market(spec)
-    if dryrun:
-        _try_reward(spec, list(secret_envs.values()))
-        print_plan(spec, t_offer, s_offers, prices)
-        return
-    _confirm_spending(spec, t_offer, s_offers, yes)
     # the overrides are in the values; the header says which came from the command line
     saved = (
         "".join(f"# --set {o}\n" for o in overrides or [])
         + "".join(f"# --env {name} (secret: its value is kept in the run directory)\n" for name in secret_envs)
         + spec_to_yaml(spec)
     )
+    _check_boot_data(spec, t_offer, s_offers, saved)
+    market = spot_market(spec)
+    if dryrun:
+        _try_reward(spec, list(secret_envs.values()))
+        print_plan(spec, t_offer, s_offers, prices)
+        return
+    _confirm_spending(spec, t_offer, s_offers, yes)
     store = StateStore()
     try:
         job_id = store.create_job(spec.name, saved, spec.provider)

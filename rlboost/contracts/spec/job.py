@@ -19,6 +19,7 @@ from rlboost.contracts.spec.rollout import RolloutSpec
 from rlboost.contracts.spec.simulate import PerfSpec, SimulateSpec
 from rlboost.contracts.spec.sinks import LoggingSpec, WeightsSpec
 from rlboost.contracts.spec.task import TaskSpec
+from rlboost.contracts.spec.text_limits import env_size_problem, nul_problem, setup_size_problem
 from rlboost.contracts.spec.trainer import TrainerSpec
 from rlboost.contracts.spec_hints import count_form, did_you_mean
 
@@ -85,11 +86,28 @@ class JobSpec(Strict):
         expected = " or ".join(filter(None, [", ".join(map(repr, names[:-1])), repr(names[-1])]))
         raise PydanticCustomError("literal_error", "Input should be {expected}", {"expected": expected})
 
+    @model_validator(mode="before")
+    @classmethod
+    def _no_nul(cls, v: object) -> object:
+        # a NUL ends a path, an argument or a variable in the kernel: refused wherever it is, by field
+        problem = nul_problem(v)
+        if problem:
+            raise ValueError(problem)
+        return v
+
     @field_validator("setup", mode="before")
     @classmethod
     def _setup(cls, v: object) -> object:
         if isinstance(v, list) and all(isinstance(x, str) for x in v):
             return "\n".join(v)
+        return v
+
+    @field_validator("setup")
+    @classmethod
+    def _setup_size(cls, v: str | None) -> str | None:
+        problem = setup_size_problem(v) if v else None
+        if problem:
+            raise ValueError(problem)
         return v
 
     @field_validator("envs")
@@ -100,6 +118,13 @@ class JobSpec(Strict):
             if problem:
                 raise ValueError(problem)
         return v
+
+    @model_validator(mode="after")
+    def _env_sizes(self) -> JobSpec:
+        problem = env_size_problem(self.envs)  # it names the variable: envs.NAME
+        if problem:
+            raise ValueError(problem)
+        return self
 
     @field_validator("file_mounts")
     @classmethod

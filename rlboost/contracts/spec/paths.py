@@ -9,6 +9,7 @@ from pathlib import Path
 
 from rlboost.contracts.bundled_data import bundled_path, is_bundled
 from rlboost.contracts.spec.errors import SpecError
+from rlboost.contracts.spec.file_kinds import file_kind_problem
 from rlboost.contracts.spec.job import JobSpec
 from rlboost.contracts.spec.task import TaskSpec
 
@@ -32,6 +33,7 @@ def resolve_paths(spec: JobSpec, base: Path, *, on_node: bool = False) -> JobSpe
         full = val if val.is_absolute() else (base / val).resolve()
         if not full.is_file():
             raise SpecError(f"local.{field}: file {val} not found (resolved to {full}); fix the path")
+        _check_kind(f"local.{field}", full)
         updates[field] = full
     if updates:
         spec = spec.model_copy(update={"local": local.model_copy(update=updates)})
@@ -42,9 +44,17 @@ def resolve_paths(spec: JobSpec, base: Path, *, on_node: bool = False) -> JobSpe
             raise SpecError(
                 f"rollout.synthetic.lengths.recorded: file {lens.recorded} not found (resolved to {full}); fix the path"
             )
+        _check_kind("rollout.synthetic.lengths.recorded", full)
         syn = spec.rollout.synthetic.model_copy(update={"lengths": lens.model_copy(update={"recorded": full})})
         spec = spec.model_copy(update={"rollout": spec.rollout.model_copy(update={"synthetic": syn})})
     return _resolve_hf_paths(spec, base, on_node)
+
+
+def _check_kind(key: str, full: Path, *, walk: bool = False) -> None:
+    """`key`'s path is a regular file or directory (with `walk`, so is everything below it)."""
+    problem = file_kind_problem(full, walk=walk)
+    if problem:
+        raise SpecError(f"{key}: {problem}")
 
 
 def _resolve_mount_sources(spec: JobSpec, base: Path) -> JobSpec:
@@ -60,6 +70,7 @@ def _resolve_mount_sources(spec: JobSpec, base: Path) -> JobSpec:
         full = raw if raw.is_absolute() else (base / raw).resolve()
         if not full.exists():
             raise SpecError(f"file_mounts.{dest}: {source} not found (resolved to {full}); fix the path")
+        _check_kind(f"file_mounts.{dest}", full, walk=True)  # the launch copies or uploads all of it
         mounts[dest] = str(full)
     update: dict[str, object] = {"file_mounts": mounts}
     if spec.workdir is not None:
@@ -67,6 +78,7 @@ def _resolve_mount_sources(spec: JobSpec, base: Path) -> JobSpec:
         full = raw if raw.is_absolute() else (base / raw).resolve()
         if not full.is_dir():
             raise SpecError(f"workdir: directory {spec.workdir} not found (resolved to {full}); fix the path")
+        _check_kind("workdir", full, walk=True)
         update["workdir"] = str(full)
     return spec.model_copy(update=update)
 
@@ -79,6 +91,7 @@ def _check_dataset(full: Path, task: TaskSpec, held_out: bool = False) -> None:
     key, split_key = ("task.eval_path", "task.eval_split") if held_out else ("task.path", "task.split")
     split = task.eval_split if held_out else task.split
     default_split = datasets.DEFAULT_EVAL_SPLIT if held_out else datasets.DEFAULT_SPLIT
+    _check_kind(key, full, walk=True)
 
     if full.is_file() and full.suffix.lower() in (".arrow", ".csv", ".tsv"):
         raise SpecError(
@@ -94,6 +107,9 @@ def _check_dataset(full: Path, task: TaskSpec, held_out: bool = False) -> None:
     except datasets.DatasetError as e:
         msg = str(e)
         raise SpecError(msg if msg.startswith(split_key) else f"{key}: {msg}") from None
+    content = datasets.content_problem(full) if full.is_file() else None
+    if content is not None:
+        raise SpecError(f"{key}: {content}; {datasets.FORMATS_HINT}")
     lib = datasets.missing_library(full)
     if lib is not None:
         what = "a Hugging Face datasets directory" if fmt == "hf-dir" else "a parquet file"
@@ -131,6 +147,7 @@ def _path_in_mount(key: str, raw: str, spec: JobSpec, on_node: bool, check: Call
 
 
 def _check_model_dir(full: Path) -> None:
+    _check_kind("model.path", full, walk=True)
     if not (full / "config.json").is_file():
         raise SpecError(f"model.path: {full} has no config.json (a Hugging Face model directory is needed)")
 

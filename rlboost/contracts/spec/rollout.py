@@ -9,6 +9,7 @@ from pydantic import Field, field_validator, model_validator
 
 from rlboost.contracts.cloud_kinds import DEFAULT_CLOUD, cloud_kind
 from rlboost.contracts.spec.base import LaxPath, Price, Seconds, Strict, check_accelerator
+from rlboost.contracts.spec.text_limits import region_problem
 
 
 class SpotCandidate(Strict):
@@ -31,6 +32,15 @@ class SpotCandidate(Strict):
             cloud_kind(c)  # UnknownCloudError (a ValueError) names the registered ones
         if not v:
             raise ValueError("list at least one cloud")
+        return v
+
+    @field_validator("regions")
+    @classmethod
+    def _regions(cls, v: list[str]) -> list[str]:
+        for r in v:
+            problem = region_problem(r)
+            if problem:
+                raise ValueError(problem)
         return v
 
 

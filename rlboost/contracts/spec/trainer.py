@@ -8,6 +8,7 @@ from pydantic import Field, field_validator
 
 from rlboost.contracts.cloud_kinds import DEFAULT_CLOUD
 from rlboost.contracts.spec.base import Price, Strict, check_accelerator
+from rlboost.contracts.spec.text_limits import region_problem
 
 
 class TrainerSpec(Strict):
@@ -38,3 +39,11 @@ class TrainerSpec(Strict):
     delta_history_mib: Annotated[int, Field(ge=0, le=1 << 20)] = 512
 
     _acc = field_validator("accelerators")(classmethod(lambda cls, v: check_accelerator(v)))
+
+    @field_validator("region")
+    @classmethod
+    def _region(cls, v: str | None) -> str | None:
+        problem = region_problem(v) if v is not None else None
+        if problem:
+            raise ValueError(problem)
+        return v

@@ -146,7 +146,6 @@ def test_resume_keeps_record_rollouts_for_a_relaunched_trainer(tmp_path):
             ctl.kill()
     proc = run_cli("launch", "--resume", name, home=home, timeout=540)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "(recording rollouts, as launched)" in proc.stdout
     with StateStore(home / "state.db") as store:
         job = store.get_job(name)
         assert job.status == "succeeded", job.error
@@ -155,3 +154,4 @@ def test_resume_keeps_record_rollouts_for_a_relaunched_trainer(tmp_path):
         records = trainer_dir(home, name, job.id)
         check_rollouts(load_rollouts(records), yaml.safe_load(job.spec_yaml))
     assert (records / "final.safetensors").exists()
+    assert "(recording rollouts, as launched)" in proc.stdout

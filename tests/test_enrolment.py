@@ -303,3 +303,30 @@ def test_nothing_at_the_address_yet_is_not_an_error(tmp_path):
     ctl = TrainerEnrolment(_grant(), pin_file(tmp_path, "t"))
     ctl.attempt(f"https://127.0.0.1:{port}", timeout=2)  # refused: the node is still booting
     assert not ctl.done and "Connection" in ctl.last_error
+
+
+def test_a_resumed_controller_completes_the_enrolment_a_dead_one_began(tmp_path):
+    """Issue 56: the key lived only in the controller that launched the node. It is on disk (0600, in
+    the run dir, never in boot data) before the launch, so another controller enrols the same node."""
+    from rlboost.cli.enrolment import key_file
+
+    run_dir = tmp_path / "ctl"
+    begun = TrainerEnrolment.begin(_grant(), run_dir, "job-1-trainer")
+    kept = key_file(run_dir, "job-1-trainer")
+    assert kept.read_text() == begun.key and kept.stat().st_mode & 0o777 == 0o600
+    assert begun.key not in json.dumps(begun.env)  # the node boots with the commitment alone
+    node = Node(tmp_path / "node", begun.commitment)  # booted for the dead controller's launch
+    try:
+        resumed = TrainerEnrolment.resumed(_grant(), run_dir, "job-1-trainer")
+        assert resumed is not None and resumed.commitment == begun.commitment
+        resumed.attempt(node.url)
+        assert resumed.done
+        deadline = time.monotonic() + 30
+        while node.delivered() is None:
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        assert node.delivered() == _grant()
+        TrainerEnrolment.forget(run_dir, "job-1-trainer")  # serving: the key is dropped
+        assert not kept.exists() and TrainerEnrolment.resumed(_grant(), run_dir, "job-1-trainer") is None
+    finally:
+        node.close()

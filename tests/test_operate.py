@@ -284,7 +284,7 @@ def test_launch_status_and_steps_table_number_steps_from_one(tmp_path, home):
 
 
 def test_resume_message_names_the_step_the_trainer_continues_at(tmp_path):
-    from rlboost.cli.step_numbers import checkpointed_steps, resume_message
+    from rlboost.cli.step_numbers import checkpointed_steps, relaunch_message
 
     assert checkpointed_steps(tmp_path) is None
     (tmp_path / "checkpoints").mkdir()
@@ -292,8 +292,47 @@ def test_resume_message_names_the_step_the_trainer_continues_at(tmp_path):
         (tmp_path / "checkpoints" / f"ckpt-{n:08d}.pt").write_bytes(b"")
     assert checkpointed_steps(tmp_path) == 10
     # the trainer's own words after that checkpoint: "continuing at step 11"
-    assert resume_message(10, 10) == "10 step(s) done; the trainer continues at step 11"
-    assert resume_message(12, 10) == "12 step(s) done; the trainer continues at step 11 (steps 11-12 run again)"
+    relaunched = ", relaunched from its last checkpoint"
+    assert relaunch_message(10, 10) == "the trainer continues at step 11" + relaunched
+    assert relaunch_message(12, 10) == "the trainer continues at step 11 (steps 11-12 run again)" + relaunched
+    assert relaunch_message(11, 10) == "the trainer continues at step 11 (step 11 runs again)" + relaunched  # not 11-11
+
+
+def test_resume_message_claims_no_step_runs_again_before_the_reattach_knows():
+    """`launch --resume` speaks before it reattaches: a trainer that outlived its controller carries on
+    and runs nothing again (issue 56: "steps 31-31 run again" when nothing was re-run); whichever way
+    it goes is said once known."""
+    from rlboost.cli.step_numbers import carry_on_message, resume_message
+
+    assert resume_message(31) == "31 step(s) done"
+    assert "run" not in resume_message(31)
+    said = carry_on_message("j-1-trainer")
+    assert said == "trainer j-1-trainer is still running: it carries on where it is, no step runs again"
+
+
+def test_resume_reapplies_the_launch_options_and_refuses_one_the_job_was_not_launched_with(tmp_path, capsys):
+    import typer
+
+    from rlboost.cli.launch_options import LaunchOptions, resume_options
+    from rlboost.cli.state import StateStore
+
+    store = StateStore(tmp_path / "state.db")
+    recorded = store.create_job("with", "name: with\n", "local")
+    store.update_job(recorded, launch_options=LaunchOptions(record_rollouts=True).model_dump_json())
+    assert resume_options(store.job_by_id(recorded), False).record_rollouts  # not given again: as launched
+    assert resume_options(store.job_by_id(recorded), True).record_rollouts  # given again: it agrees
+    before = store.create_job("old", "name: old\n", "local")  # recorded before options were kept
+    assert resume_options(store.job_by_id(before), True).record_rollouts
+    assert not resume_options(store.job_by_id(before), False).record_rollouts
+    without = store.create_job("without", "name: without\n", "local")
+    store.update_job(without, launch_options=LaunchOptions().model_dump_json())
+    with pytest.raises(typer.Exit) as exc:
+        resume_options(store.job_by_id(without), True)
+    assert exc.value.exit_code == 2
+    said = " ".join(capsys.readouterr().err.split())
+    assert "--record-rollouts: job 'without' (id 3) was launched without it" in said
+    assert "resume without --record-rollouts, or launch the job anew with it" in said
+    store.close()
 
 
 # ---- job ids, liveness, rm and gc (records only: no processes needed) --------------------------

@@ -304,12 +304,29 @@ def test_v1_store_migrates_to_the_latest_keeping_its_steps(tmp_path: Path) -> No
     assert (row.reward, row.offload_s, row.tail_train_s, row.trainer_idle_s) == (0.5, None, None, None)
     assert (row.spot_workers, row.gen_tokens, row.spot_tokens) == (None, None, None)
     assert (row.loss, row.pg_loss, row.grad_norm, row.lr, row.updates) == (None,) * 5  # v7
+    assert s.job_by_id(1).launch_options is None  # v9: launched before its options were kept
     s.record_step(1, StepMetrics(1, 1, 0.6, 10, 4, 0, 1.0, 3.0, offload_s=0.5, tail_train_s=0.4, trainer_idle_s=0.1,
                                  spot_workers=2, gen_tokens=12, spot_tokens=7, loss=0.2, pg_loss=0.1, grad_norm=0.9,
                                  lr=1e-3, updates=2))
     new = s.steps(1)[-1]
     assert (new.tail_train_s, new.spot_workers, new.gen_tokens, new.spot_tokens) == (0.4, 2, 12, 7)
     assert (new.loss, new.pg_loss, new.grad_norm, new.lr, new.updates) == (0.2, 0.1, 0.9, 1e-3, 2)
+    s.close()
+
+
+def test_launch_options_are_kept_with_the_job(tmp_path: Path) -> None:
+    """v9: what `launch --resume` reapplies; a trainer node's controller records them in its own store,
+    whose copy the launching machine takes."""
+    from rlboost.cli.launch_options import LaunchOptions, saved_options
+
+    s = StateStore(tmp_path / "state.db")
+    job = s.create_job("opts", "name: opts\n", "local")
+    assert saved_options(s.job_by_id(job)) is None
+    s.update_job(job, launch_options=LaunchOptions(record_rollouts=True).model_dump_json())
+    assert saved_options(s.job_by_id(job)) == LaunchOptions(record_rollouts=True)
+    node = state.JobRow(**{**vars(s.job_by_id(job)), "status": "running"})
+    assert s.copy_from_node(job, node, [], [], [])
+    assert saved_options(s.job_by_id(job)) == LaunchOptions(record_rollouts=True)
     s.close()
 
 
@@ -333,7 +350,7 @@ def test_schema_version(home: Path) -> None:
     path = s.path
     s.close()
     db = sqlite3.connect(path)
-    assert db.execute("PRAGMA user_version").fetchone()[0] == state.SCHEMA_VERSION == 8
+    assert db.execute("PRAGMA user_version").fetchone()[0] == state.SCHEMA_VERSION == 9
     # v5: which rlboost last migrated it (a newer store's error names it), and the store's own id
     assert db.execute("SELECT value FROM meta WHERE key = 'written_by'").fetchone()[0] == state.rlboost_version()
     assert len(db.execute("SELECT value FROM meta WHERE key = 'store_id'").fetchone()[0]) == 32
@@ -341,7 +358,7 @@ def test_schema_version(home: Path) -> None:
     db.execute("PRAGMA user_version = 99")
     db.commit()
     db.close()
-    newer = r"written by rlboost 7\.1\.0 \(store schema 99; this rlboost .* reads up to 8\): upgrade rlboost"
+    newer = r"written by rlboost 7\.1\.0 \(store schema 99; this rlboost .* reads up to 9\): upgrade rlboost"
     with pytest.raises(StateError, match=newer):
         StateStore(path)
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import sys
 import time
 from dataclasses import dataclass, field, replace
 from functools import partial
@@ -23,14 +22,14 @@ from rlboost.cli.disk import disk_full, no_room, release_room, reserve_room
 from rlboost.cli.enrolment import TrainerEnrolment, TrainerEnrolmentError, pin_file, worker_credential
 from rlboost.cli.event_lines import EventLines
 from rlboost.cli.job_envs import Redactor, split_envs
-from rlboost.cli.launch_requests import node_files, recorded_request, trainer_request, worker_request
+from rlboost.cli.launch_requests import node_files, recorded_request, trainer_command, trainer_request, worker_request
 from rlboost.cli.ledger import spent_dollars
 from rlboost.cli.metrics_log import METRICS_FILE, MetricsLog
 from rlboost.cli.metrics_sinks import open_sinks
-from rlboost.cli.node_extras import node_setup_env
+from rlboost.cli.pause_points import TRAINER_ENROLLED, TRAINER_ENROLLING, TRAINER_LAUNCHED, pause_point
 from rlboost.cli.progress import JobProgress
 from rlboost.cli.state import InstanceRow, StateStore, UnknownInstanceError
-from rlboost.cli.step_numbers import shown
+from rlboost.cli.step_numbers import carry_on_message, checkpointed_steps, relaunch_message, shown
 from rlboost.cli.step_recording import StepRecorder
 from rlboost.cli.stopping import Abandon, Phase, Stop, StopSignals
 from rlboost.cli.warnings_log import WarningsToLog
@@ -271,57 +270,60 @@ class Controller:
 
     def _launch_trainer(self, progress: JobProgress) -> None:
         o = self.trainer_offer
-        cmd = [sys.executable, "-m", "rlboost.trainer", "--spec", str(self.run_dir / "spec.yaml"), "--linger", "30"]
         files = self._node_files()
         # a trainer that enrols boots with a commitment only: no token, no TLS key, no secret variable
         # in its boot data; they are delivered once it proved itself (rlboost/cli/enrolment.py)
         enrolment = None
         if self.provider.kind.trainer_enrols:
             grant = Grant(token=self.token, env=files.pop("user_secrets"))
-            enrolment = TrainerEnrolment(grant, pin_file(self.run_dir, self.trainer_id))
+            # its key on disk before the launch: a controller killed from here on is resumed by one that enrols it
+            enrolment = TrainerEnrolment.begin(grant, self.run_dir, self.trainer_id)
             secret = enrolment.env
         else:
             secret = {Env.JOB_TOKEN: self.token, **(self.tls.trainer_env if self.tls else {})}
-        env = {
-            **secret,
-            Env.ENGINE: self.spec.rollout.engine,
-            **node_setup_env(self.spec, Role.TRAINER),
-        }
-        if self.provider.kind.runs_here:  # checkpoints outlive the trainer process (clouds: trainer.checkpoint_dir)
-            env[Env.CHECKPOINT_DIR] = str(self.run_dir / "checkpoints")
-            env[Env.RECORD_DIR] = str(self.run_dir / "records")
-        if self.record_rollouts:
-            cmd.append("--record-rollouts")
+        cmd, env = trainer_command(self.spec, self.run_dir, self.provider.kind.runs_here, self.record_rollouts)
+        env.update(secret)
         req = trainer_request(o, self.trainer_id, self.owner, env, cmd, files)
         self._launch(req, o.on_demand_price)
+        pause_point(TRAINER_LAUNCHED, self.run_dir)
         progress.provisioning(f"trainer {self.trainer_id} ({o.describe()})")
+        why = self._await_trainer(enrolment)
+        if why is not None:
+            raise TrainerFailed(f"{why}; {self._log_hint()}")
+        self.store.update_job(self.job_id, trainer_url=self.trainer_url)
+        progress.provisioned(f"trainer up at {self.trainer_url}")
+
+    def _await_trainer(self, enrolment: TrainerEnrolment | None) -> str | None:
+        """Wait for the trainer to serve, enrolling it on the way (`enrolment`); None once it serves, else
+        why not. TrainerFailed when what answers at its address is not the node this job launched."""
         deadline = time.monotonic() + self.trainer_boot_timeout_s
         while True:
             self._apply_events()
             if self.trainer_exit:
-                raise TrainerFailed(f"trainer exited while starting ({self.trainer_exit}); {self._log_hint()}")
+                return f"trainer exited while starting ({self.trainer_exit})"
             if self.trainer_url is not None and (enrolment is None or self._enrolled(enrolment, deadline)):
-                break
+                if enrolment is not None:
+                    TrainerEnrolment.forget(self.run_dir, self.trainer_id)
+                return None
             if time.monotonic() > deadline:
                 why = f" ({enrolment.last_error})" if enrolment is not None and enrolment.last_error else ""
-                raise TrainerFailed(
-                    f"trainer did not come up in {self.trainer_boot_timeout_s:.0f}s{why}; {self._log_hint()}"
-                )
+                return f"trainer did not come up in {self.trainer_boot_timeout_s:.0f}s{why}"
             time.sleep(self.poll_s)
-        self.store.update_job(self.job_id, trainer_url=self.trainer_url)
-        progress.provisioned(f"trainer up at {self.trainer_url}")
 
     def _enrolled(self, enrolment: TrainerEnrolment, deadline: float) -> bool:
         """One step of a booting trainer's enrolment: True once it holds the token and serves as itself
         (after the delivery it loads its model first)."""
         assert self.trainer_url is not None
         if not enrolment.done:
+            pause_point(TRAINER_ENROLLING, self.run_dir)
             try:
                 enrolment.attempt(self.trainer_url, timeout=max(1.0, min(10.0, deadline - time.monotonic())))
             except TrainerEnrolmentError as e:
                 raise TrainerFailed(f"{e}; {self._log_hint()}") from None
             if enrolment.pin is not None:  # it proved it holds this certificate
                 self._trust_trainer_cert(enrolment.pin)
+            if enrolment.done:
+                pause_point(TRAINER_ENROLLED, self.run_dir)
         return enrolment.done and self._fetch_status() is not None
 
     def _trust_trainer_cert(self, pin: Path) -> None:
@@ -424,13 +426,13 @@ class Controller:
         latest = trainers[-1].id if trainers else None
         if latest is not None and latest in adopted:
             self.trainer_id = latest
-            deadline = time.monotonic() + self.trainer_boot_timeout_s
-            while self.trainer_url is None and self.trainer_exit is None and time.monotonic() < deadline:
-                self._apply_events()  # the provider reports the endpoint of a serving trainer
-                time.sleep(self.poll_s)
-            if self.trainer_url is not None:
+            # a trainer still booting or waiting for its enrolment when the last controller died is
+            # enrolled now, with the key that controller kept, rather than taken for lost
+            resumed = TrainerEnrolment.resumed(Grant(token=self.token, env=self.user_secrets), self.run_dir, latest)
+            if self._await_trainer(resumed) is None:
                 self.store.update_job(self.job_id, trainer_url=self.trainer_url)
                 progress.provisioned(f"trainer {latest} still serving at {self.trainer_url}")
+                progress.note(carry_on_message(latest))
                 return
         stale = [i for i in adopted if i != latest and self.store.instance(i).role == Role.WORKER.value]
         for iid in stale:  # they dial the old trainer's endpoint: replaced by workers that know the new one
@@ -442,6 +444,9 @@ class Controller:
             self.trainer_restarts += 1
             self.trainer_id = f"{self.prefix}-trainer-r{self.trainer_restarts}"
         self.trainer_url, self.trainer_exit = None, None
+        if latest is not None:  # what the relaunched trainer starts from (said here: only now is it known)
+            done = self.store.job_by_id(self.job_id).step or 0
+            progress.note(relaunch_message(done, checkpointed_steps(self.run_dir)))
         self._launch_trainer(progress)
 
     def _listed_settled(self, want: set[str]) -> set[str]:

@@ -41,18 +41,49 @@ def pin_file(run_dir: Path, trainer_id: str) -> Path:
     return run_dir / "tls" / "pins" / f"{trainer_id}.pem"
 
 
-class TrainerEnrolment:
-    """One trainer launch's enrolment. The key stays in this process; the node boots with `env`."""
+def key_file(run_dir: Path, trainer_id: str) -> Path:
+    """Where a trainer launch's enrolment key is kept until the trainer serves (0600, like the token)."""
+    return run_dir / "tls" / "enrol" / f"{trainer_id}.key"
 
-    def __init__(self, grant: E.Grant, pin: Path) -> None:
-        self.key, self.commitment = E.trainer_key()
+
+class TrainerEnrolment:
+    """One trainer launch's enrolment. The key stays with the controller (this process and a 0600 file
+    in the run dir, for a resumed controller); the node boots with `env`."""
+
+    def __init__(self, grant: E.Grant, pin: Path, key: str | None = None) -> None:
+        self.key, self.commitment = E.trainer_key() if key is None else (key, E.commitment_of(key))
         self.grant = grant
         self.pin_path = pin
         self.pin: Path | None = None  # the node's certificate once it proved itself (None over http)
-        self.sent = False  # the delivery went out (its answer may have been lost)
+        # the delivery went out (its answer may have been lost); for a resumed enrolment the dead
+        # controller may have sent it, so a node that no longer answers the challenge is asked for its
+        # status with the token: over https only one whose certificate was pinned after proving itself
+        self.sent = key is not None
         self.done = False  # the node has the token: from here on it answers as the trainer
         self.last_error = ""
         self.next_try = 0.0  # a node still booting is tried once a second, not at every poll
+
+    @classmethod
+    def begin(cls, grant: E.Grant, run_dir: Path, trainer_id: str) -> TrainerEnrolment:
+        """A new enrolment whose key is on disk before the node it is for is launched."""
+        enrolment = cls(grant, pin_file(run_dir, trainer_id))
+        _write_private(key_file(run_dir, trainer_id), enrolment.key)
+        return enrolment
+
+    @classmethod
+    def resumed(cls, grant: E.Grant, run_dir: Path, trainer_id: str) -> TrainerEnrolment | None:
+        """The enrolment a dead controller began with trainer `trainer_id` (None: it ended with the
+        trainer serving, or none began: a provider whose trainers do not enrol keeps no key)."""
+        try:
+            key = key_file(run_dir, trainer_id).read_text().strip()
+        except FileNotFoundError:
+            return None
+        return cls(grant, pin_file(run_dir, trainer_id), key) if key else None
+
+    @staticmethod
+    def forget(run_dir: Path, trainer_id: str) -> None:
+        """The trainer serves as itself: its key opens nothing any more (the node takes one delivery)."""
+        key_file(run_dir, trainer_id).unlink(missing_ok=True)
 
     @property
     def env(self) -> dict[str, str]:
@@ -108,13 +139,20 @@ class TrainerEnrolment:
             conn.close()
 
     def _keep_pin(self, der: bytes) -> Path:
-        self.pin_path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        tmp = self.pin_path.with_suffix(".tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(ssl.DER_cert_to_PEM_cert(der))
-        os.replace(tmp, self.pin_path)
+        _write_private(self.pin_path, ssl.DER_cert_to_PEM_cert(der))
         return self.pin_path
+
+
+def _write_private(path: Path, text: str) -> None:
+    """`path` holds `text`, 0600 in a 0700 directory, whole or not at all (a kill mid-write)."""
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    tmp = path.with_suffix(".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())  # on disk before the node it is for is launched
+    os.replace(tmp, path)
 
 
 def _post(conn: http.client.HTTPConnection, path: str, body: str) -> tuple[int, str]:

@@ -5,9 +5,11 @@ the CLI when it starts a trainer node that runs the controller itself (node_host
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 from rlboost.cli.node_extras import node_setup_env
 from rlboost.cli.state import InstanceRow
+from rlboost.contracts.env_names import Env
 from rlboost.contracts.spec import JobSpec
 from rlboost.contracts.worker_env import WorkerEnv
 from rlboost.providers.base import InstanceKind, LaunchRequest, Owner, Role
@@ -22,6 +24,20 @@ def node_files(spec: JobSpec, user_envs: dict[str, str], user_secrets: dict[str,
         "file_mounts": dict(spec.file_mounts),
         "workdir": spec.workdir,
     }
+
+
+def trainer_command(
+    spec: JobSpec, run_dir: Path, runs_here: bool, record_rollouts: bool
+) -> tuple[list[str], dict[str, str]]:
+    """The trainer's command and its environment less the secret part (a token, or an enrolment commitment)."""
+    cmd = [sys.executable, "-m", "rlboost.trainer", "--spec", str(run_dir / "spec.yaml"), "--linger", "30"]
+    env = {Env.ENGINE: spec.rollout.engine, **node_setup_env(spec, Role.TRAINER)}
+    if runs_here:  # checkpoints outlive the trainer process (clouds: trainer.checkpoint_dir)
+        env[Env.CHECKPOINT_DIR] = str(run_dir / "checkpoints")
+        env[Env.RECORD_DIR] = str(run_dir / "records")
+    if record_rollouts:
+        cmd.append("--record-rollouts")
+    return cmd, env
 
 
 def trainer_request(o: Offer, instance_id: str, owner: Owner, env: dict[str, str], command: list[str], files: dict):

@@ -29,7 +29,7 @@ from rlboost.cli.step_metrics import StepMetrics, StepRow, step_columns, step_fi
 from rlboost.contracts.env_names import Env
 from rlboost.providers.base import InstanceState, LaunchRequest
 
-SCHEMA_VERSION = 8
+SCHEMA_VERSION = 9
 
 JOB_STATUSES = ("pending", "running", "succeeded", "failed", "stopped")
 ACTIVE_STATUSES = ("pending", "running")
@@ -170,7 +170,7 @@ _SCHEMA_V8 = "ALTER TABLE steps ADD COLUMN train_s REAL"
 # Future schema changes: add {N: "ALTER TABLE ..."} here and bump SCHEMA_VERSION.
 _MIGRATIONS: dict[int, str] = {
     1: _SCHEMA_V1, 2: _SCHEMA_V2, 3: _SCHEMA_V3, 4: _SCHEMA_V4, 5: _SCHEMA_V5, 6: _SCHEMA_V6, 7: _SCHEMA_V7,
-    8: _SCHEMA_V8,
+    8: _SCHEMA_V8, 9: "ALTER TABLE jobs ADD COLUMN launch_options TEXT",  # v9: JobRow.launch_options
 }
 
 _INSERT_EVENT = "INSERT INTO events (job_id, instance_id, type, detail, clock, wall) VALUES (?, ?, ?, ?, ?, ?)"
@@ -244,6 +244,7 @@ class JobRow:
     synced_at: float | None = None  # when this store last copied the node controller's records
     uid: str | None = None  # unique across stores: what its instances are tagged with (None: before v5)
     controller_start: str | None = None  # the controller process's start (rlboost/cli/pids.py)
+    launch_options: str | None = None  # launch flags for `--resume` (rlboost/cli/launch_options.py; None: before v9)
 
     @property
     def active(self) -> bool:
@@ -313,6 +314,7 @@ _JOB_FIELDS = {
     "controller_url",
     "synced_at",
     "controller_start",
+    "launch_options",
 }
 # what a copy of a node controller's job row takes from it (identity and the link to it stay local)
 _COPIED_JOB_FIELDS = _JOB_FIELDS - {"controller_pid", "controller_start", "controller_url", "synced_at"}

@@ -28,9 +28,26 @@ def checkpointed_steps(run_dir: Path) -> int | None:
     return max(done, default=None)
 
 
-def resume_message(done: int, checkpointed: int | None) -> str:
-    """What `launch --resume` says about where the trainer continues."""
+def resume_message(done: int) -> str:
+    """What `launch --resume` says before it reattaches: whether a step runs again depends on whether
+    the trainer is still running, which only the reattach finds out (relaunch_message, carry_on_message)."""
+    return f"{done} step(s) done"
+
+
+def relaunch_message(done: int, checkpointed: int | None) -> str:
+    """What a resumed controller says when it relaunches the trainer from its last checkpoint."""
     if checkpointed is None:
-        return f"{done} step(s) done; the trainer continues after its last checkpoint"
-    again = f" (steps {checkpointed + 1}-{done} run again)" if done > checkpointed else ""
-    return f"{done} step(s) done; the trainer continues at step {checkpointed + 1}{again}"
+        return "the trainer is relaunched: it continues after its last checkpoint (on its own disk)"
+    first = checkpointed + 1
+    if done <= checkpointed:
+        again = ""
+    elif done == first:
+        again = f" (step {first} runs again)"
+    else:
+        again = f" (steps {first}-{done} run again)"
+    return f"the trainer continues at step {first}{again}, relaunched from its last checkpoint"
+
+
+def carry_on_message(trainer_id: str) -> str:
+    """What a resumed controller says when the trainer outlived the controller before it."""
+    return f"trainer {trainer_id} is still running: it carries on where it is, no step runs again"

@@ -106,6 +106,8 @@ class Env:
     # ---- tests and benchmarks only (rlboost never sets them) -------------------------------------------
     WAIT_ENGINES: Final = "RLBOOST_WAIT_ENGINES"  # -> trainer: start a step once N remote engines hold its weights
     WAIT_ENGINES_S: Final = "RLBOOST_WAIT_ENGINES_S"  # -> trainer: how long it waits for them (default 300)
+    # -> controller: stop for good at this pause point (rlboost/cli/pause_points.py), for a test to kill it there
+    TEST_PAUSE_AT: Final = "RLBOOST_TEST_PAUSE_AT"
 
 
 def env_names() -> frozenset[str]:

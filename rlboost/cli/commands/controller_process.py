@@ -12,6 +12,7 @@ from typing import Annotated
 import typer
 
 from rlboost.cli.controller_run import ControllerRun, job_offers, run_controller, spot_market
+from rlboost.cli.launch_options import LaunchOptions
 from rlboost.cli.output import console, fail
 from rlboost.cli.pids import controller_identity
 from rlboost.cli.state import StateStore, job_run_dir, rlboost_home
@@ -35,7 +36,9 @@ def run_detached_controller(
     store = StateStore()
     job = store.job_by_id(job_id)
     run_dir = job_run_dir(job)
-    store.update_job(job_id, **controller_identity())
+    # the options too: a trainer node's store is the one the launching machine copies the job's row from
+    options = LaunchOptions(record_rollouts=record_rollouts).model_dump_json()
+    store.update_job(job_id, **controller_identity(), launch_options=options)
     console.print(f"controller pid {os.getpid()} for job {job.name} (id {job_id})", highlight=False)
     try:  # launch checked all of this a moment ago; a failure now still must not leave the job 'pending'
         spec = load_spec(run_dir / "spec.yaml")

@@ -34,11 +34,12 @@ from rlboost.cli.job_envs import (
     write_secret_envs,
 )
 from rlboost.cli.jobs_ref import resolve_job
+from rlboost.cli.launch_options import LaunchOptions, resume_options
 from rlboost.cli.launch_plan import print_plan, spent_before
 from rlboost.cli.output import console, err, examples, fail
 from rlboost.cli.pids import controller_identity
 from rlboost.cli.state import JobExistsError, JobRow, StateStore, UnknownJobError, job_run_dir, rlboost_home
-from rlboost.cli.step_numbers import checkpointed_steps, resume_message
+from rlboost.cli.step_numbers import resume_message
 from rlboost.contracts.spec import JobSpec, SpecError, load_spec, spec_to_yaml
 from rlboost.contracts.spec.text_limits import env_size_problem
 from rlboost.contracts.wording import spot_workers
@@ -278,7 +279,9 @@ def launch(
             f"watch it with `rlboost status {job.id}`, stop it with `rlboost down {job.id}`, "
             "or give the new job another name"
         )
-    store.update_job(job_id, **controller_identity())  # at once: `rlboost gc` tells live from dead by it
+    # at once: `rlboost gc` tells live from dead by it; `launch --resume` reapplies the options
+    options = LaunchOptions(record_rollouts=record_rollouts).model_dump_json()
+    store.update_job(job_id, **controller_identity(), launch_options=options)
     run_dir = rlboost_home() / "jobs" / f"{spec.name}-{job_id}"
     run_dir.mkdir(parents=True, mode=0o700)
     (run_dir / "spec.yaml").write_text(saved)
@@ -366,7 +369,8 @@ def _follow_node_job(store: StateStore, job_id: int) -> None:
 
 
 def _resume(ref: str, record_rollouts: bool, detach: bool = False, yes: bool = False) -> None:
-    """`launch --resume ID|NAME|FILE`: the same job id, run dir, token and ledger; a new controller."""
+    """`launch --resume ID|NAME|FILE`: the same job id, run dir, token, ledger and launch options; a
+    new controller."""
     from rlboost.cli.pids import controller_alive
 
     name = ref
@@ -394,6 +398,10 @@ def _resume(ref: str, record_rollouts: bool, detach: bool = False, yes: bool = F
     missing = missing_values(spec, read_secret_envs(run_dir))
     if missing:  # its --env values were kept in the run dir; without them the nodes would start wrong
         fail(f"job {name!r} cannot be resumed: {SECRET_ENVS_FILE} in {run_dir} lacks a value\n" + "\n".join(missing), 2)
+    options = resume_options(job, record_rollouts)
+    record_rollouts = options.record_rollouts
+    if job.launch_options is None:  # recorded before options were kept: from now on they are
+        store.update_job(job.id, launch_options=options.model_dump_json())
     if spec.controller == "trainer":
         _resume_on_node(store, job, token, record_rollouts, detach, lambda: _confirm_resume(spec, job.id, yes))
         return
@@ -404,7 +412,8 @@ def _resume(ref: str, record_rollouts: bool, detach: bool = False, yes: bool = F
     store.update_job(job.id, **controller_identity())
     console.print(
         f"[bold]rlboost[/] resuming job [cyan]{spec.name}[/] (id {job.id}): "
-        + resume_message(job.step or 0, checkpointed_steps(run_dir))
+        + resume_message(job.step or 0)
+        + (" (recording rollouts, as launched)" if record_rollouts else "")
     )
     if detach:
         start_detached(store, job.id, run_dir, resume=True, record_rollouts=record_rollouts)
@@ -424,7 +433,7 @@ def _resume_on_node(
 ) -> None:
     """A node-controlled job whose controller died: start a new one on the node, on the node's records
     (`confirm_spending` asks first, once the job is known not to run)."""
-    from rlboost.cli.node_client import controller_reachable, node_run_dir, sync
+    from rlboost.cli.node_client import controller_reachable, sync
     from rlboost.cli.node_host import trainer_node
 
     if job.remote and controller_reachable(job):
@@ -435,7 +444,7 @@ def _resume_on_node(
     trainer_node(job).stop_controller()  # one that hangs without answering must not race the new one
     console.print(
         f"[bold]rlboost[/] resuming job [cyan]{escape(job.name)}[/] (id {job.id}) on its trainer node: "
-        + escape(resume_message(job.step or 0, checkpointed_steps(node_run_dir(job))))
+        + escape(resume_message(job.step or 0))
     )
     _start_on_node(store, job.id, token, resume=True, record_rollouts=record_rollouts, detach=detach)
 

@@ -28,6 +28,7 @@ from rlboost.cli.ledger import spent_dollars
 from rlboost.cli.metrics_log import METRICS_FILE, MetricsLog
 from rlboost.cli.metrics_sinks import open_sinks
 from rlboost.cli.node_extras import node_setup_env
+from rlboost.cli.pids import controller_tag
 from rlboost.cli.progress import JobProgress
 from rlboost.cli.state import InstanceRow, StateStore, UnknownInstanceError
 from rlboost.cli.step_numbers import shown
@@ -78,7 +79,9 @@ class Controller:
         # ids are global in the store; the job id keeps a reused job name from clashing
         self.prefix = f"{self.spec.name}-{self.job_id}"
         # what every instance is tagged with and listed by: the job's uid, never its (reused) name
-        self.owner = Owner(self.spec.name, self.job_id, self.store.job_by_id(self.job_id).uid, self.store.store_id)
+        self.owner = Owner(
+            self.spec.name, self.job_id, self.store.job_by_id(self.job_id).uid, self.store.store_id, controller_tag()
+        )  # tagged with this controller: another store's `gc --all-stores` sees it run
         self.touched_at = 0.0
         self.trainer_id = f"{self.prefix}-trainer"
         self.trainer_url: str | None = None

@@ -198,7 +198,7 @@ def test_an_unwritable_store_is_opened_read_only(tmp_path, monkeypatch):
     from rlboost.cli import state
 
     _a_job_ended(tmp_path)
-    monkeypatch.setattr(state, "_writable", lambda path: False)
+    monkeypatch.setattr(state, "writable", lambda path: False)
     store = StateStore(tmp_path / "state.db")
     assert store.read_only and [j.name for j in store.list_jobs()] == ["ro-job"]
     with pytest.raises(sqlite3.OperationalError, match="readonly"):

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import sqlite3
 import threading
 import time
@@ -27,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from rlboost.cli.step_metrics import StepMetrics, StepRow, step_columns, step_fields
+from rlboost.cli.store_files import highest_run_id, open_db, writable
 from rlboost.contracts.env_names import Env
 from rlboost.providers.base import InstanceState, LaunchRequest
 
@@ -170,13 +170,7 @@ _SCHEMA_V8 = "ALTER TABLE steps ADD COLUMN train_s REAL"
 
 # Future schema changes: add {N: "ALTER TABLE ..."} here and bump SCHEMA_VERSION.
 _MIGRATIONS: dict[int, str] = {
-    1: _SCHEMA_V1,
-    2: _SCHEMA_V2,
-    3: _SCHEMA_V3,
-    4: _SCHEMA_V4,
-    5: _SCHEMA_V5,
-    6: _SCHEMA_V6,
-    7: _SCHEMA_V7,
+    1: _SCHEMA_V1, 2: _SCHEMA_V2, 3: _SCHEMA_V3, 4: _SCHEMA_V4, 5: _SCHEMA_V5, 6: _SCHEMA_V6, 7: _SCHEMA_V7,
     8: _SCHEMA_V8,
 }
 
@@ -325,60 +319,6 @@ _JOB_FIELDS = {
 _COPIED_JOB_FIELDS = _JOB_FIELDS - {"controller_pid", "controller_start", "controller_url", "synced_at"}
 
 
-def _private_file(path: Path) -> None:
-    """Create `path` as 0600 before SQLite opens it (SQLite gives -wal/-shm the same mode).
-
-    An existing file is never opened here: closing *any* descriptor of a file releases every POSIX
-    lock this process holds on it, so an open-and-close beside a live connection would silently drop
-    that connection's SQLite locks and let another process corrupt the database (SQLite's "How To
-    Corrupt" §2.2). O_EXCL makes creation the only case that opens a descriptor, and a file that did
-    not exist cannot be locked by anyone yet.
-    """
-    try:
-        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
-    except FileExistsError:
-        pass
-    else:
-        os.close(fd)
-    os.chmod(path, 0o600)
-
-
-def _writable(path: Path) -> bool:
-    """May this process write the store: its directory (SQLite makes -wal and -shm beside it) and the
-    file? `os.access` says no on a read-only file system, to root too."""
-    if not os.access(path.parent, os.W_OK):
-        return False
-    return not path.exists() or os.access(path, os.W_OK)
-
-
-def _connect(where: str, *, uri: bool = False) -> sqlite3.Connection:
-    return sqlite3.connect(where, uri=uri, timeout=30.0, isolation_level=None, check_same_thread=False)
-
-
-def _connect_read_only(path: Path) -> sqlite3.Connection:
-    """The store opened for reading only (`status`, `logs`, `cost-report` on a home rlboost may not
-    write). A WAL store closed cleanly has no -shm file, which a read-only open needs made unless the
-    file is taken as unchanging (`immutable`): nothing can change it where nobody may write."""
-    uri = f"{path.resolve().as_uri()}?mode=ro"
-    db = _connect(uri, uri=True)
-    try:
-        db.execute("SELECT COUNT(*) FROM sqlite_master").fetchone()
-    except sqlite3.OperationalError:
-        db.close()
-        db = _connect(f"{uri}&immutable=1", uri=True)
-    return db
-
-
-def _quick_check(db: sqlite3.Connection) -> None:
-    """Raise the damage SQLite's own cheap check finds (pages cut off, broken b-trees): a store cut
-    short reads as fine until a command reaches a lost page, and loses what it writes there."""
-    rows = [str(r[0]) for r in db.execute("PRAGMA quick_check(3)").fetchall() if r[0] != "ok"]
-    # one line: a row may hold several ("*** in database main ***" first)
-    problems = [ln.strip() for r in rows for ln in r.splitlines() if ln.strip() and not ln.startswith("***")]
-    if rows:
-        raise sqlite3.DatabaseError("; ".join(["database disk image is malformed", *problems[:2]]))
-
-
 class StateStore:
     def __init__(self, path: Path | None = None, *, now: Callable[[], float] = time.time) -> None:
         if path is None:
@@ -391,20 +331,10 @@ class StateStore:
         self._now = now
         self._lock = threading.RLock()
         # where nothing may be written, read-only commands still read (writing ones fail at their first write)
-        self.read_only = not _writable(path)
-        if not self.read_only:
-            _private_file(path)
+        self.read_only = not writable(path)
         try:
-            self._db = _connect_read_only(path) if self.read_only else _connect(str(path))
-            self._db.row_factory = sqlite3.Row
-            _quick_check(self._db)
-            if self.read_only:
-                self._check_schema()
-            else:
-                self._db.execute("PRAGMA journal_mode=WAL")
-                self._db.execute("PRAGMA foreign_keys=ON")
-                self._db.execute("PRAGMA synchronous=NORMAL")
-                self._migrate()
+            self._db = open_db(path, read_only=self.read_only)
+            self._check_schema() if self.read_only else self._migrate()
         except sqlite3.DatabaseError as e:
             raise StateError(f"{path}: cannot open the state database ({e})") from None
 
@@ -515,7 +445,7 @@ class StateStore:
         store deleted or emptied beside old runs never hands out an id whose directory is there."""
         seq = db.execute("SELECT seq FROM sqlite_sequence WHERE name = 'jobs'").fetchone()
         top = db.execute("SELECT COALESCE(MAX(id), 0) FROM jobs").fetchone()[0]
-        return max(seq[0] if seq else 0, top, _highest_run_id(self.path.parent / "jobs")) + 1
+        return max(seq[0] if seq else 0, top, highest_run_id(self.path.parent / "jobs")) + 1
 
     def get_job(self, name: str) -> JobRow:
         """The newest job with this name."""
@@ -696,10 +626,8 @@ class StateStore:
         """One finished training step. Re-recording a step (after a restart) replaces it."""
         row = {**step_columns(m), "job_id": job_id, "wall": self._now()}
         with self._tx() as db:
-            db.execute(
-                f"INSERT OR REPLACE INTO steps ({', '.join(row)}) VALUES ({', '.join('?' * len(row))})",
-                tuple(row.values()),
-            )
+            db.execute(f"INSERT OR REPLACE INTO steps ({', '.join(row)}) VALUES ({', '.join('?' * len(row))})",
+                       tuple(row.values()))
 
     def steps(self, job_id: int) -> list[StepRow]:
         rows = self._query("SELECT * FROM steps WHERE job_id = ? ORDER BY step", (job_id,))
@@ -750,18 +678,6 @@ class StateStore:
                     cols = ", ".join(d)
                     db.execute(f"INSERT INTO {table} ({cols}) VALUES ({', '.join('?' * len(d))})", tuple(d.values()))
         return True
-
-
-_RUN_ID = re.compile(r"-(\d+)$")
-
-
-def _highest_run_id(jobs_dir: Path) -> int:
-    """The highest job id a run directory in `jobs_dir` (`NAME-ID`) carries (0: none)."""
-    try:
-        names = os.listdir(jobs_dir)
-    except OSError:
-        return 0
-    return max((int(m.group(1)) for n in names if (m := _RUN_ID.search(n))), default=0)
 
 
 def _written_by(db: sqlite3.Connection) -> str | None:

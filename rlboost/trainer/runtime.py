@@ -27,7 +27,6 @@ from aiohttp import web
 from rlboost.contracts import tls
 from rlboost.contracts.env_names import Env
 from rlboost.contracts.provider_kinds import provider_kind
-from rlboost.contracts.rewards import RewardBudgetExceeded
 from rlboost.contracts.sampling import request_id
 from rlboost.contracts.spec import JobSpec
 from rlboost.contracts.status import TrainerStatus
@@ -40,6 +39,7 @@ from rlboost.rollout.policies.tail_batching import TailBatcher, step_prompts
 from rlboost.trainer import checkpoint, distributed
 from rlboost.trainer.enrolment import WorkerEnrolment, job_secret_env
 from rlboost.trainer.evaluation import Evaluator, describe
+from rlboost.trainer.job_end import ends_the_job
 from rlboost.trainer.learner import Sample, make_learner
 from rlboost.trainer.recorder import RolloutRecorder, metrics_text, step_line, write_atomic
 from rlboost.trainer.server import build_app
@@ -670,10 +670,12 @@ async def main_async(
             await training
         except asyncio.CancelledError:
             return 143
-        except RewardBudgetExceeded as e:
+        except Exception as e:
             # not a crash to relaunch from a checkpoint: the controller reads this phase and fails the job
-            rt.phase, rt.error = "failed", str(e)
-            print(f"error: {e}", flush=True)
+            if (why := ends_the_job(e)) is None:
+                raise
+            rt.phase, rt.error = "failed", why
+            print(f"error: {why}", flush=True)
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(rt.shutdown_requested.wait(), timeout=linger_s)
             return 1

@@ -144,7 +144,8 @@ def test_a_full_disk_at_a_checkpoint_ends_the_job_as_disk_full_at_once(tmp_path,
     job ends `failed: disk full` with its instances terminated, never relaunching the trainer (it used
     to be taken for a lost trainer: relaunched from step 1 until max_restarts)."""
     name = "ckpt-full"
-    jf = job_file(tmp_path, name)
+    # the trainer's own engine alone: no spot worker to be preempted before the first checkpoint
+    jf = job_file(tmp_path, name, max_workers=0)
     job = yaml.safe_load(jf.read_text())
     job["trainer"]["checkpoint_every"] = 2
     jf.write_text(yaml.safe_dump(job))

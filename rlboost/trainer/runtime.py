@@ -142,7 +142,7 @@ class TrainerRuntime:
         c = self.coord
         last = self.history[-1] if self.history else None
         doc = {
-            "phase": self.phase,
+            "phase": "failed" if self.error else self.phase,  # a verdict stands while the rest winds down
             "error": self.error,
             "step": self.step,
             "steps": self.spec.algorithm.steps,
@@ -301,6 +301,9 @@ class TrainerRuntime:
                     every = self.spec.trainer.checkpoint_every
                     if ro.step + 1 == algo.steps or (every and (ro.step + 1) % every == 0):
                         await self.checkpoint()
+            except Exception as e:  # the verdict is served at once: stopping generation can take long
+                self.error = ends_the_job(e)
+                raise
             finally:
                 generating.cancel()
                 await asyncio.gather(generating, return_exceptions=True)

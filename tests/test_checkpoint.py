@@ -48,3 +48,41 @@ def test_a_write_that_fails_leaves_no_temp_file_and_the_previous_checkpoint(tmp_
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt-00000001.pt"]
     ck = checkpoint.load_latest(tmp_path)
     assert ck is not None and ck.next_step == 1
+
+
+def _torch_on_a_full_disk(obj, f, *args, **kwargs):
+    """torch.save on a full disk: its own RuntimeError, raised while handling the OSError (as measured
+    on a full tmpfs: "[enforce fail at inline_container.cc:672] . unexpected pos ...")."""
+    f.write(b"PK\x03\x04")
+    try:
+        raise OSError(errno.ENOSPC, "No space left on device")
+    except OSError:
+        raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 768 vs 662")  # noqa: B904
+
+
+def test_a_full_disk_under_torch_save_is_raised_as_the_full_disk_it_is(tmp_path, monkeypatch):
+    monkeypatch.setattr(checkpoint.torch, "save", _torch_on_a_full_disk)
+    with pytest.raises(OSError) as e:
+        checkpoint.save(tmp_path, 3, {"w": torch.zeros(4)})
+    assert e.value.errno == errno.ENOSPC and e.value.filename == str(tmp_path / "ckpt-00000003.pt")
+    assert list(tmp_path.iterdir()) == []  # no half-written temp file
+
+
+@pytest.mark.parametrize(
+    "err, ends",
+    [
+        (OSError(errno.ENOSPC, "No space left on device", "/run/ckpt-00000003.pt"), True),
+        (OSError(errno.EDQUOT, "Disk quota exceeded"), True),
+        (ValueError("a bug"), False),
+        (OSError(errno.ECONNRESET, "reset"), False),
+    ],
+)
+def test_a_full_disk_anywhere_in_the_trainer_ends_the_job_a_crash_relaunches_it(err, ends):
+    """The trainer's verdict the controller reads (phase failed): a full disk ends the job as disk full
+    at once (a relaunch would fill it again); a crash is left to relaunch the trainer."""
+    from rlboost.trainer.job_end import ends_the_job
+
+    why = ends_the_job(err)
+    assert (why is not None) == ends
+    if ends:
+        assert why.startswith("disk full on the trainer") and "launch --resume" in why, why

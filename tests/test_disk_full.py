@@ -19,6 +19,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+import yaml
 
 from rlboost.cli.disk import RESERVE_FILE
 from rlboost.cli.state import StateStore
@@ -134,3 +135,33 @@ def test_a_full_disk_fails_the_job_cleanly_and_every_command_says_so_in_one_line
     with StateStore(small_disk.home / "state.db") as store:
         assert store.job_by_id(1).status == "failed" and store.instances(1) == insts
     assert not rlboost_pids(f"RLBOOST_INSTANCE_ID={name}-1-")
+
+
+@pytest.mark.faults  # a real job to its first checkpoint: ~15 s
+def test_a_full_disk_at_a_checkpoint_ends_the_job_as_disk_full_at_once(tmp_path, home):
+    """A checkpoint larger than the room left: the trainer's write meets ENOSPC (torch.save's own error
+    over it, injected: tests/disk_full_hook), while the small writes of the controller still fit. The
+    job ends `failed: disk full` with its instances terminated, never relaunching the trainer (it used
+    to be taken for a lost trainer: relaunched from step 1 until max_restarts)."""
+    name = "ckpt-full"
+    # the trainer's own engine alone: no spot worker to be preempted before the first checkpoint
+    jf = job_file(tmp_path, name, max_workers=0)
+    job = yaml.safe_load(jf.read_text())
+    job["trainer"]["checkpoint_every"] = 2
+    jf.write_text(yaml.safe_dump(job))
+    hook = {
+        "RLBOOST_TEST_CHECKPOINT_FULL": "1",
+        "PYTHONPATH": os.pathsep.join(filter(None, (str(HOOK), os.environ.get("PYTHONPATH")))),
+    }
+    done = run_cli("launch", str(jf), home=home, env=hook, timeout=240)
+    said = done.stdout + done.stderr
+    assert done.returncode == 1 and "Traceback" not in said, said
+    assert f"job {name} failed: disk full on the trainer" in said, said
+    with StateStore(home / "state.db") as store:
+        row = store.job_by_id(1)
+        assert row.status == "failed" and (row.error or "").startswith("disk full on the trainer"), row.error
+        assert [e.detail for e in store.events(1) if e.type == "trainer-lost"] == []
+        insts = store.instances(1)
+        assert [i.id for i in insts if i.role == "trainer"] == [f"{name}-1-trainer"]  # never relaunched
+        assert [(i.id, i.state) for i in insts if not i.terminal or i.ended_clock is None] == []
+    wait_for(lambda: not rlboost_pids(f"RLBOOST_INSTANCE_ID={name}-1-"), "every process of the job to exit", 60)

@@ -6,6 +6,7 @@ Against moto (EC2 emulated in-process) with the real AwsProvider and the real `r
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 import time
@@ -15,7 +16,7 @@ import pytest
 import yaml
 
 from rlboost.cli import reconcile
-from rlboost.cli.pids import controller_alive, controller_identity, process_start
+from rlboost.cli.pids import controller_alive, controller_identity, controller_tag, process_start
 from rlboost.cli.state import StateStore
 from rlboost.providers.aws import AwsProvider
 from rlboost.providers.base import InstanceKind, InstanceState, LaunchRequest, Owner, Role
@@ -49,10 +50,19 @@ def _job(store: StateStore, status: str, *, alive: bool) -> int:
     return jid
 
 
-def _launch(world, tmp: Path, store: StateStore, job_id: int, role: Role = Role.TRAINER, n: int = 1) -> str:
-    """Launch one instance of the job through the real provider, recorded first as the controller does."""
+def _launch(
+    world,
+    tmp: Path,
+    store: StateStore,
+    job_id: int,
+    role: Role = Role.TRAINER,
+    n: int = 1,
+    controller: str | None = None,
+) -> str:
+    """Launch one instance of the job through the real provider, recorded first as the controller does
+    (`controller`: the controller tag it carries, as a controller's launch tags it)."""
     job = store.job_by_id(job_id)
-    owner = reconcile.owner_of(store, job)
+    owner = dataclasses.replace(reconcile.owner_of(store, job), controller=controller)
     iid = f"{NAME}-{job_id}-trainer" if role is Role.TRAINER else f"{NAME}-{job_id}-w{n:03d}"
     req = LaunchRequest(
         instance_id=iid,
@@ -130,6 +140,70 @@ def test_another_stores_instances_are_listed_and_left_alone_unless_all_stores(wo
 
     assert _state(world, their_trainer) in ("shutting-down", "terminated")
     assert [r.terminated for r in res.foreign_ended] == [[their_trainer]]
+
+
+def test_all_stores_keeps_another_stores_job_whose_controller_runs(world, tmp_path, home, capsys):
+    """Two other stores on this machine: one job's controller runs (this very process), the other's
+    exited. `gc --all-stores` ends only the dead one's instances and says why it kept the others."""
+    from rlboost.cli.commands.gc import report_gc
+
+    mine = StateStore(tmp_path / "me" / "state.db")
+    live_store = StateStore(tmp_path / "live" / "state.db")
+    dead_store = StateStore(tmp_path / "dead" / "state.db")
+    live = _job(live_store, "running", alive=True)
+    live_ids = [
+        _launch(world, tmp_path, live_store, live, controller=controller_tag()),
+        # launched by its controller before a resume: the job is judged whole, by its live controller
+        _launch(world, tmp_path, live_store, live, Role.WORKER, controller=_exited_controller_tag()),
+    ]
+    _job(dead_store, "stopped", alive=False)  # so that its instance names differ from the live store's
+    dead = _job(dead_store, "running", alive=False)
+    dead_trainer = _launch(world, tmp_path, dead_store, dead, controller=_exited_controller_tag())
+    _job(mine, "stopped", alive=False)  # this store used the same cloud and region
+
+    res = reconcile.gc(mine, wait_s=5, all_stores=True)
+
+    assert all(_state(world, i) in ("pending", "running") for i in live_ids), "ended a job whose controller runs"
+    assert _state(world, dead_trainer) in ("shutting-down", "terminated")
+    assert [r.terminated for r in res.foreign_ended] == [[dead_trainer]]
+    assert sorted(k.foreign.instance.instance_id for k in res.foreign_kept) == sorted(live_ids)
+    report_gc(res)
+    out = " ".join(capsys.readouterr().out.split())  # as wrapped to the console's width
+    for iid in live_ids:
+        assert f"kept {iid}" in out and "is running on this machine" in out
+
+
+def test_all_stores_keeps_a_job_whose_controller_is_on_another_machine_or_its_trainer_node():
+    """A controller tag of another machine cannot be checked from here: kept, never taken for dead."""
+    from rlboost.providers.base import NODE_CONTROLLER, Tagged
+
+    other = Tagged("j-1-trainer", "j", "u1", "s1", "0123456789ab-0123456789ab-42-1000")
+    node = Tagged("k-1-trainer", "k", "u2", "s2", NODE_CONTROLLER)
+    legacy = Tagged("l-1-trainer", "l", "u3", "s3")  # an rlboost that tagged no controller: nothing to go by
+    ended, kept = reconcile.split_alive([other, node, legacy])
+    assert ended == [legacy]
+    assert [(t.instance_id, "another machine" in why or "trainer node" in why) for t, why in kept] == [
+        ("j-1-trainer", True),
+        ("k-1-trainer", True),
+    ]
+
+
+def test_gc_all_stores_off_a_terminal_refuses_without_yes(home):
+    from tests.conftest import run_cli
+
+    out = run_cli("gc", "--all-stores", home=home)
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert "stdin is not a terminal" in out.stderr and "--yes" in out.stderr and "Traceback" not in out.stderr
+    assert "terminated" not in out.stdout and "no orphans" not in out.stdout  # refused before any sweep
+
+
+def _exited_controller_tag() -> str:
+    """The controller tag of a process that has exited (a dead controller on this machine)."""
+    p = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+    tag = controller_tag(p.pid)
+    p.communicate(b"")
+    assert tag is not None
+    return tag
 
 
 def test_a_job_recorded_before_uids_is_matched_by_name_and_store_job_id(world, tmp_path, home):

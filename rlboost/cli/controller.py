@@ -27,6 +27,7 @@ from rlboost.cli.ledger import spent_dollars
 from rlboost.cli.metrics_log import METRICS_FILE, MetricsLog
 from rlboost.cli.metrics_sinks import open_sinks
 from rlboost.cli.pause_points import TRAINER_ENROLLED, TRAINER_ENROLLING, TRAINER_LAUNCHED, pause_point
+from rlboost.cli.pids import controller_tag
 from rlboost.cli.progress import JobProgress
 from rlboost.cli.state import InstanceRow, StateStore, UnknownInstanceError
 from rlboost.cli.step_numbers import carry_on_message, checkpointed_steps, relaunch_message, shown
@@ -40,15 +41,7 @@ from rlboost.contracts.status import TrainerStatus
 from rlboost.contracts.step_record import StepRecord
 from rlboost.contracts.tls import client_context, https_url
 from rlboost.contracts.wording import spot_workers
-from rlboost.providers.base import (
-    CapacityError,
-    InstanceState,
-    LaunchRequest,
-    Owner,
-    Provider,
-    ProviderError,
-    Role,
-)
+from rlboost.providers.base import CapacityError, InstanceState, LaunchRequest, Owner, Provider, ProviderError, Role
 from rlboost.providers.pricing import Offer
 from rlboost.rollout.policies.fleet import StepSample, surplus
 from rlboost.rollout.policies.reconcile import BACKOFF_CAP_S, CandidateBackoff, reconcile_fleet
@@ -76,8 +69,10 @@ class Controller:
     def __post_init__(self) -> None:
         # ids are global in the store; the job id keeps a reused job name from clashing
         self.prefix = f"{self.spec.name}-{self.job_id}"
-        # what every instance is tagged with and listed by: the job's uid, never its (reused) name
-        self.owner = Owner(self.spec.name, self.job_id, self.store.job_by_id(self.job_id).uid, self.store.store_id)
+        # every instance's tags: the job's uid (never its reused name) and this controller (for another
+        # store's `gc --all-stores`)
+        uid = self.store.job_by_id(self.job_id).uid
+        self.owner = Owner(self.spec.name, self.job_id, uid, self.store.store_id, controller_tag())
         self.touched_at = 0.0
         self.trainer_id = f"{self.prefix}-trainer"
         self.trainer_url: str | None = None

@@ -15,21 +15,21 @@ import os
 import sqlite3
 from pathlib import Path
 
+from rlboost.contracts.disk_full import full_disk_error
+
 RESERVE_FILE = ".disk-reserve"
 # Room for the last records: a write appends ~4 pages (16 KiB) to the store's WAL; one per instance
 # closed and event added, with margin for a large fleet.
 RESERVE_BYTES = 1024 * 1024
 
-_FULL_ERRNOS = {errno.ENOSPC, errno.EDQUOT}
-
 
 def disk_full(e: BaseException | None) -> bool:
     """Is `e` (or an error it was raised from, or while handling) a full disk or an exceeded quota?"""
+    if full_disk_error(e) is not None:
+        return True
     seen: set[int] = set()
     while e is not None and id(e) not in seen:
         seen.add(id(e))
-        if isinstance(e, OSError) and e.errno in _FULL_ERRNOS:
-            return True
         if isinstance(e, sqlite3.OperationalError) and (
             getattr(e, "sqlite_errorcode", None) == getattr(sqlite3, "SQLITE_FULL", 13)
             or "database or disk is full" in str(e)

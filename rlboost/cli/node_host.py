@@ -149,7 +149,7 @@ class SkyTrainerNode:
         from rlboost.cli.node_extras import node_setup_env
         from rlboost.contracts.spec import parse_spec
         from rlboost.providers import price_lookup
-        from rlboost.providers.base import CapacityError, Owner, ProviderError, Role
+        from rlboost.providers.base import NODE_CONTROLLER, CapacityError, Owner, ProviderError, Role
         from rlboost.providers.pricing import PricingError, trainer_offer
 
         spec = parse_spec(yaml.safe_load(spec_yaml), source=f"job {self.job.name}")
@@ -164,7 +164,7 @@ class SkyTrainerNode:
             **node_setup_env(spec, Role.TRAINER),  # the trainer runs on this node
         }
         # the node's controller hands the job's variables and files on to its trainer and workers
-        owner = Owner(self.job.name, self.job.id, self.job.uid)
+        owner = Owner(self.job.name, self.job.id, self.job.uid, controller=NODE_CONTROLLER)
         req = trainer_request(offer, self.instance_id, owner, env, [], node_files(spec, *envs))
         try:
             url = self.provider.start_node(req, job_id=self.job.id, resume=resume)

@@ -8,7 +8,8 @@ store; `gc` does it for every job whose controller is gone (proven dead: its pid
 start, rlboost/cli/pids.py). An instance is only ever matched by uid (by name and store job id for
 a job recorded before uids), never by job name: a job name is reused, in this store and in another
 sharing the cloud account. Instances of other stores are listed and left alone, unless
-`gc --all-stores` asks for them.
+`gc --all-stores` asks for them; even then a job whose controller may still run (its instances'
+controller tag, rlboost/cli/pids.py controller_tag) is kept, and said why.
 """
 
 from __future__ import annotations
@@ -24,10 +25,19 @@ from typing import TYPE_CHECKING
 import yaml
 
 from rlboost.cli.node_client import controller_reachable, node_run_dir
-from rlboost.cli.pids import controller_alive
+from rlboost.cli.pids import controller_alive, tagged_controller_alive
 from rlboost.cli.state import JobRow, StateStore, UnknownInstanceError, job_run_dir
 from rlboost.contracts.provider_kinds import provider_kind
-from rlboost.providers.base import JOB_TAG, STORE_TAG, UID_TAG, InstanceState, Owner, Provider, Tagged
+from rlboost.providers.base import (
+    JOB_TAG,
+    NODE_CONTROLLER,
+    STORE_TAG,
+    UID_TAG,
+    InstanceState,
+    Owner,
+    Provider,
+    Tagged,
+)
 
 if TYPE_CHECKING:
     from rlboost.contracts.spec import JobSpec
@@ -52,11 +62,20 @@ class Foreign:
     instance: Tagged
 
 
+@dataclass(frozen=True)
+class Kept:
+    """Another store's instance `gc --all-stores` left running: its job shows a sign of life."""
+
+    foreign: Foreign
+    why: str
+
+
 @dataclass
 class GcResult:
     jobs: list[Reconciled] = field(default_factory=list)
     foreign: list[Foreign] = field(default_factory=list)  # left alone (without --all-stores)
     foreign_ended: list[Reconciled] = field(default_factory=list)  # --all-stores: terminated
+    foreign_kept: list[Kept] = field(default_factory=list)  # --all-stores: alive, left running
 
     @property
     def clean(self) -> bool:
@@ -339,11 +358,45 @@ def _gc_listed(
                 leftovers.add(job.id)
         out.foreign.extend(Foreign(rep.provider, t) for t in foreign)
         if all_stores:
-            out.foreign_ended.extend(_end_foreign(store, rep, foreign, wait_s))
+            ended, kept = split_alive(foreign)
+            out.foreign_kept.extend(Kept(Foreign(rep.provider, t), why) for t, why in kept)
+            out.foreign_ended.extend(_end_foreign(store, rep, ended, wait_s))
     for job_id in sorted(leftovers):
         res = _reconcile_job(store, store.job_by_id(job_id), wait_s)
         if res.terminated or res.unconfirmed or res.error:
             out.jobs.append(res)
+
+
+def split_alive(foreign: list[Tagged]) -> tuple[list[Tagged], list[tuple[Tagged, str]]]:
+    """Other stores' instances: those whose job shows no sign of life (to end), and those kept with
+    why. A job is judged as a whole: one instance launched by a live controller keeps them all (a
+    resumed controller adopts what its dead predecessor launched)."""
+    jobs: dict[object, list[Tagged]] = {}
+    for t in foreign:
+        o = _owner_from_tags(t)
+        jobs.setdefault(o.uid or (o.name, o.job_id, o.store), []).append(t)
+    ended: list[Tagged] = []
+    kept: list[tuple[Tagged, str]] = []
+    for group in jobs.values():
+        why = next((w for w in map(sign_of_life, group) if w), None)
+        if why is None:
+            ended.extend(group)
+        else:
+            kept.extend((t, why) for t in group)
+    return ended, kept
+
+
+def sign_of_life(t: Tagged) -> str | None:
+    """Why another store's instance may belong to a job that still runs (None: no sign of it). An
+    instance launched before rlboost tagged its controller carries nothing to go by."""
+    if not t.controller:
+        return None
+    if t.controller == NODE_CONTROLLER:
+        return "its controller runs on its trainer node, which cannot be asked from here; `rlboost down` in its store"
+    alive = tagged_controller_alive(t.controller)
+    if alive is None:
+        return "its controller ran on another machine, where it may still run; run `rlboost gc` there"
+    return f"its controller (pid {t.controller.split('-')[2]}) is running on this machine" if alive else None
 
 
 def _end_foreign(store: StateStore, rep: JobRow, foreign: list[Tagged], wait_s: float) -> list[Reconciled]:

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from rlboost.cli.step_metrics import StepMetrics, StepRow, step_columns, step_fields
+from rlboost.cli.store_files import highest_run_id, open_db, writable
 from rlboost.contracts.env_names import Env
 from rlboost.providers.base import InstanceState, LaunchRequest
 
@@ -320,24 +321,6 @@ _JOB_FIELDS = {
 _COPIED_JOB_FIELDS = _JOB_FIELDS - {"controller_pid", "controller_start", "controller_url", "synced_at"}
 
 
-def _private_file(path: Path) -> None:
-    """Create `path` as 0600 before SQLite opens it (SQLite gives -wal/-shm the same mode).
-
-    An existing file is never opened here: closing *any* descriptor of a file releases every POSIX
-    lock this process holds on it, so an open-and-close beside a live connection would silently drop
-    that connection's SQLite locks and let another process corrupt the database (SQLite's "How To
-    Corrupt" §2.2). O_EXCL makes creation the only case that opens a descriptor, and a file that did
-    not exist cannot be locked by anyone yet.
-    """
-    try:
-        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
-    except FileExistsError:
-        pass
-    else:
-        os.close(fd)
-    os.chmod(path, 0o600)
-
-
 class StateStore:
     def __init__(self, path: Path | None = None, *, now: Callable[[], float] = time.time) -> None:
         if path is None:
@@ -349,14 +332,11 @@ class StateStore:
         self.path = path
         self._now = now
         self._lock = threading.RLock()
-        _private_file(path)
+        # where nothing may be written, read-only commands still read (writing ones fail at their first write)
+        self.read_only = not writable(path)
         try:
-            self._db = sqlite3.connect(str(path), timeout=30.0, isolation_level=None, check_same_thread=False)
-            self._db.row_factory = sqlite3.Row
-            self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.execute("PRAGMA foreign_keys=ON")
-            self._db.execute("PRAGMA synchronous=NORMAL")
-            self._migrate()
+            self._db = open_db(path, read_only=self.read_only)
+            self._check_schema() if self.read_only else self._migrate()
         except sqlite3.DatabaseError as e:
             raise StateError(f"{path}: cannot open the state database ({e})") from None
 
@@ -384,20 +364,33 @@ class StateStore:
         with self._lock:
             return self._db.execute(sql, args).fetchall()
 
+    def _newer(self, db: sqlite3.Connection, have: int) -> StateError:
+        by = _written_by(db)
+        return StateError(
+            f"{self.path} was written by {f'rlboost {by}' if by else 'a newer rlboost'} (store schema "
+            f"{have}; this rlboost {rlboost_version()} reads up to {SCHEMA_VERSION}): upgrade rlboost "
+            f"(pip install -U rlboost), or point RLBOOST_HOME at another directory"
+        )
+
+    def _check_schema(self) -> None:
+        """A read-only store is read as it is: of this schema, or refused (it cannot be migrated)."""
+        have = self._db.execute("PRAGMA user_version").fetchone()[0]
+        if have > SCHEMA_VERSION:
+            raise self._newer(self._db, have)
+        if have < SCHEMA_VERSION:
+            raise StateError(
+                f"{self.path} is of an older rlboost (store schema {have}, this one {SCHEMA_VERSION}) and cannot "
+                "be upgraded where it may not be written: run any rlboost command once with RLBOOST_HOME writable"
+            )
+
     def _migrate(self) -> None:
         with self._tx() as db:
             have = db.execute("PRAGMA user_version").fetchone()[0]
             if have > SCHEMA_VERSION:
-                by = _written_by(db)
-                raise StateError(
-                    f"{self.path} was written by {f'rlboost {by}' if by else 'a newer rlboost'} (store schema "
-                    f"{have}; this rlboost {rlboost_version()} reads up to {SCHEMA_VERSION}): upgrade rlboost "
-                    f"(pip install -U rlboost), or point RLBOOST_HOME at another directory"
-                )
+                raise self._newer(db, have)
             for v in range(have + 1, SCHEMA_VERSION + 1):
-                for stmt in _MIGRATIONS[v].split(";"):
-                    if stmt.strip():
-                        db.execute(stmt)
+                for stmt in filter(str.strip, _MIGRATIONS[v].split(";")):
+                    db.execute(stmt)
                 # PRAGMA cannot take parameters; v is an int from our own table.
                 db.execute(f"PRAGMA user_version = {int(v)}")
             if have < SCHEMA_VERSION:
@@ -439,7 +432,7 @@ class StateStore:
             cur = db.execute(
                 "INSERT INTO jobs (id, name, spec_yaml, provider, status, created_at, uid) "
                 "VALUES (?, ?, ?, ?, 'pending', ?, ?)",
-                (job_id, name, spec_yaml, provider, self._now(), uid or uuid.uuid4().hex),
+                (job_id or self._next_job_id(db), name, spec_yaml, provider, self._now(), uid or uuid.uuid4().hex),
             )
             job_id = int(cur.lastrowid or 0)
             db.execute(
@@ -447,6 +440,13 @@ class StateStore:
                 (job_id, self._now()),
             )
             return job_id
+
+    def _next_job_id(self, db: sqlite3.Connection) -> int:
+        """Past every id this store handed out and every run directory beside it (`jobs/NAME-ID`): a
+        store deleted or emptied beside old runs never hands out an id whose directory is there."""
+        seq = db.execute("SELECT seq FROM sqlite_sequence WHERE name = 'jobs'").fetchone()
+        top = db.execute("SELECT COALESCE(MAX(id), 0) FROM jobs").fetchone()[0]
+        return max(seq[0] if seq else 0, top, highest_run_id(self.path.parent / "jobs")) + 1
 
     def get_job(self, name: str) -> JobRow:
         """The newest job with this name."""

@@ -47,6 +47,10 @@ class InstanceState(str, enum.Enum):
 # The tags (AWS) / labels (GCP, SkyPilot) every instance carries. The job's uid decides ownership;
 # the name is for people reading a cloud console; the store says which rlboost state store launched it.
 JOB_TAG, UID_TAG, STORE_TAG = "rlboost-job", "rlboost-job-uid", "rlboost-store"
+# which process launched the instance (`<machine>-<boot>-<pid>-<start ticks>`, rlboost/cli/pids.py
+# controller_tag; NODE_CONTROLLER: the job's controller runs on its trainer node): `gc --all-stores`
+# keeps another store's job whose controller still runs
+CONTROLLER_TAG, NODE_CONTROLLER = "rlboost-controller", "trainer-node"
 INSTANCE_TAG, ROLE_TAG = "rlboost-instance", "rlboost-role"
 
 
@@ -73,6 +77,7 @@ class Owner:
     job_id: int
     uid: str | None = None
     store: str | None = None  # the state store that launched it: reported, not used to decide
+    controller: str | None = None  # the launching controller (CONTROLLER_TAG): a sign of life, never identity
 
     def tags(self, instance_id: str, role: Role) -> dict[str, str]:
         """The tags/labels an instance of this job carries (values fit GCP's label rules: the name
@@ -82,6 +87,8 @@ class Owner:
             out[UID_TAG] = self.uid
         if self.store:
             out[STORE_TAG] = self.store
+        if self.controller:
+            out[CONTROLLER_TAG] = self.controller
         return out
 
     def owns(self, instance_id: str, tags: Mapping[str, str]) -> bool:
@@ -103,10 +110,17 @@ class Tagged:
     job: str | None
     uid: str | None
     store: str | None
+    controller: str | None = None  # CONTROLLER_TAG: who launched it
 
     @classmethod
     def of(cls, instance_id: str, tags: Mapping[str, str]) -> Tagged:
-        return cls(instance_id, tags.get(JOB_TAG), tags.get(UID_TAG) or None, tags.get(STORE_TAG) or None)
+        return cls(
+            instance_id,
+            tags.get(JOB_TAG),
+            tags.get(UID_TAG) or None,
+            tags.get(STORE_TAG) or None,
+            tags.get(CONTROLLER_TAG) or None,
+        )
 
 
 @dataclass(frozen=True)

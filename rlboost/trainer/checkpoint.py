@@ -2,7 +2,9 @@
 
 A checkpoint taken after step k's update holds the model and optimizer, the next step (k+1), the
 prompt sampler's RNG state and the per-step history. Writes are atomic (temp file + rename, then
-fsync of the directory), so a kill at any moment leaves the previous checkpoint intact.
+fsync of the directory), so a kill at any moment leaves the previous checkpoint intact. A full disk
+is raised as the OSError(ENOSPC) it is, whatever torch wrapped it in: it ends the job
+(rlboost/trainer/runtime.py), where a crash would relaunch the trainer to fill the disk again.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+from rlboost.contracts.disk_full import full_disk_error
 
 _NAME = re.compile(r"^ckpt-(\d{8})\.pt$")
 
@@ -36,8 +40,11 @@ def save(directory: Path, next_step: int, payload: dict[str, Any], keep: int = 2
             os.fsync(f.fileno())
         os.chmod(tmp, 0o600)
         os.replace(tmp, final)
-    except BaseException:  # a full disk, a signal: a half-written checkpoint only takes room
+    except BaseException as e:  # a full disk, a signal: a half-written checkpoint only takes room
         tmp.unlink(missing_ok=True)
+        full = full_disk_error(e)
+        if full is not None and full is not e:  # torch.save's own error over it: said as the full disk it is
+            raise OSError(full.errno, full.strerror, str(final)) from e
         raise
     dfd = os.open(directory, os.O_RDONLY)
     try:

@@ -27,7 +27,6 @@ from aiohttp import web
 from rlboost.contracts import tls
 from rlboost.contracts.env_names import Env
 from rlboost.contracts.provider_kinds import provider_kind
-from rlboost.contracts.rewards import RewardBudgetExceeded
 from rlboost.contracts.sampling import request_id
 from rlboost.contracts.spec import JobSpec
 from rlboost.contracts.status import TrainerStatus
@@ -41,6 +40,7 @@ from rlboost.trainer import checkpoint, distributed
 from rlboost.trainer.enrolment import WorkerEnrolment, job_secret_env
 from rlboost.trainer.evaluation import Evaluator, describe
 from rlboost.trainer.http_serving import app_runner
+from rlboost.trainer.job_end import ends_the_job
 from rlboost.trainer.learner import Sample, make_learner
 from rlboost.trainer.recorder import RolloutRecorder, metrics_text, step_line, write_atomic
 from rlboost.trainer.server import build_app
@@ -143,7 +143,7 @@ class TrainerRuntime:
         c = self.coord
         last = self.history[-1] if self.history else None
         doc = {
-            "phase": self.phase,
+            "phase": "failed" if self.error else self.phase,  # a verdict stands while the rest winds down
             "error": self.error,
             "step": self.step,
             "steps": self.spec.algorithm.steps,
@@ -304,6 +304,9 @@ class TrainerRuntime:
                     every = self.spec.trainer.checkpoint_every
                     if ro.step + 1 == algo.steps or (every and (ro.step + 1) % every == 0):
                         await self.checkpoint()
+            except Exception as e:  # the verdict is served at once: stopping generation can take long
+                self.error = ends_the_job(e)
+                raise
             finally:
                 generating.cancel()
                 await asyncio.gather(generating, return_exceptions=True)
@@ -673,10 +676,12 @@ async def main_async(
             await training
         except asyncio.CancelledError:
             return 143
-        except RewardBudgetExceeded as e:
+        except Exception as e:
             # not a crash to relaunch from a checkpoint: the controller reads this phase and fails the job
-            rt.phase, rt.error = "failed", str(e)
-            print(f"error: {e}", flush=True)
+            if (why := ends_the_job(e)) is None:
+                raise
+            rt.phase, rt.error = "failed", why
+            print(f"error: {why}", flush=True)
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(rt.shutdown_requested.wait(), timeout=linger_s)
             return 1

@@ -4,7 +4,8 @@ injected into the rlboost processes that have this directory on PYTHONPATH (test
 Once the file named by RLBOOST_TEST_DISK_FULL exists, the disk is "full" for as long as a job's disk
 reserve (rlboost/cli/disk.py) is still there, as it would be: every state-store write fails as SQLite
 fails on a full disk, and so do metrics.jsonl appends and new reserves. Deleting the reserve is what
-makes room, as on a real disk.
+makes room, as on a real disk. With RLBOOST_TEST_CHECKPOINT_FULL set, only the trainer's checkpoint
+writes fail, as torch.save fails on a full disk (a checkpoint larger than the room left).
 """
 
 from __future__ import annotations
@@ -56,5 +57,21 @@ def _install() -> None:
     disk.reserve_room = full_reserve
 
 
+def _install_checkpoint_full() -> None:
+    """The trainer's checkpoint writes meet a full disk as torch.save meets one: its own error, raised
+    while handling the OSError (RLBOOST_TEST_CHECKPOINT_FULL; nothing else of the job is full)."""
+    import torch
+
+    def full_save(obj, f, *args, **kwargs):  # type: ignore[no-untyped-def]
+        try:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        except OSError:
+            raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 768 vs 662") from None
+
+    torch.save = full_save
+
+
 if _TRIGGER and "rlboost.cli.main" in getattr(sys, "orig_argv", []):  # the CLI only, not its nodes
     _install()
+if os.environ.get("RLBOOST_TEST_CHECKPOINT_FULL") and "rlboost.trainer" in getattr(sys, "orig_argv", []):
+    _install_checkpoint_full()

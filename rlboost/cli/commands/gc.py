@@ -30,14 +30,16 @@ def gc(
             "--all-stores",
             help="also terminate rlboost instances of OTHER state stores (other machines, other "
             "RLBOOST_HOMEs, colleagues on the same cloud account) in the clouds and regions this "
-            "store's jobs used; without it they are listed and left alone",
+            "store's jobs used, after asking (-y/--yes: do not ask); a job whose controller may still "
+            "run is kept and said why; without it they are listed and left alone",
         ),
     ] = False,
     yes: Yes = False,
 ) -> None:
     """Find and terminate orphans: instances of this store's jobs whose controller is gone (crashed,
     killed) that a provider still lists under the job's id, or that the state store still calls live.
-    Instances of other stores are listed, never touched unless --all-stores. `--older-than 7d` also
+    Instances of other stores are listed, never touched unless --all-stores (asked first; a job whose
+    controller may still run is kept all the same). `--older-than 7d` also
     removes ended jobs older than that, after asking (-y/--yes: do not ask)."""
     from rlboost.cli.housekeeping import NotRemovable, ended_before, parse_age, remove_job
 
@@ -46,6 +48,15 @@ def gc(
     except ValueError as e:
         fail(f"--older-than: {e}", 2)
     store = StateStore()
+    if all_stores:  # another store's job is someone's: never ended unasked
+        confirm(
+            [
+                "rlboost instances of OTHER state stores in the clouds this store's jobs used are terminated, "
+                "except those of a job whose controller may still run"
+            ],
+            "terminate other stores' instances?",
+            yes=yes,
+        )
     if age is not None:  # asked before the sweep: a refusal changes nothing
         confirm(
             [f"ended jobs older than {older_than} are deleted (records and run directories), after the orphan sweep"],
@@ -81,6 +92,13 @@ def run_gc(store: StateStore, wait: float = 600.0, *, all_stores: bool = False) 
 def report_gc(results: GcResult) -> None:
     if not results.jobs and not results.foreign:
         console.print("no orphans: every recorded instance is accounted for")
+    for k in results.foreign_kept:
+        t = k.foreign.instance
+        console.print(
+            f"kept {t.instance_id} of another store's job {t.job or '?'} (store {t.store or '?'}): {k.why}",
+            markup=False,
+            highlight=False,
+        )
     for r in [*results.jobs, *results.foreign_ended]:
         if r.error:
             err.print(f"[bold red]error:[/] job {escape(r.job)}: {escape(r.error)}", highlight=False)
@@ -90,6 +108,7 @@ def report_gc(results: GcResult) -> None:
             line += f"; NOT confirmed gone: {', '.join(r.unconfirmed)} (run `rlboost gc` again)"
         console.print(line, markup=False)
     ended = {i for r in results.foreign_ended for i in r.terminated}
+    ended |= {k.foreign.instance.instance_id for k in results.foreign_kept}  # said above
     left = [f for f in results.foreign if f.instance.instance_id not in ended]
     if left:
         console.print(

@@ -13,6 +13,7 @@ import os
 import signal
 import threading
 import time
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -43,6 +44,9 @@ class BusyWorkerKiller(threading.Thread):
         self.home, self.job, self.kills, self.min_gap_s, self.start_step = home, job, kills, min_gap_s, start_step
         self.killed: list[str] = []
         self.stop = threading.Event()
+        # why each try that killed nothing ended (a failed fixture says it): not frozen, not a ready worker
+        # or never settled, finished what it held, out of slices
+        self.misses: Counter[str] = Counter()
 
     def _endpoint(self) -> tuple[str, str] | None:
         db = self.home / "state.db"
@@ -77,20 +81,24 @@ class BusyWorkerKiller(threading.Thread):
         moment a poll happens to see partials is rare, the slices make it."""
         pids = instance_pids(worker_id)
         if not pids or not signal_groups(pids, signal.SIGSTOP):
+            self.misses["not frozen"] += 1
             return False
         try:
             for slice_no in range(12):
                 w = self._settled(url, token, worker_id)
                 if w is None:
+                    self.misses["not ready or never settled"] += 1
                     return False
                 if w["partial"] > 0:
                     signal_groups(pids, signal.SIGKILL)
                     return True
                 if w["active"] <= 0:
+                    self.misses["held nothing left"] += 1
                     return False  # finished (or moved) all it held: another worker, another moment
                 signal_groups(pids, signal.SIGCONT)
                 time.sleep(0.005 * 2 ** min(slice_no, 6))
                 signal_groups(pids, signal.SIGSTOP)
+            self.misses["out of slices"] += 1
             return False
         finally:
             signal_groups(pids, signal.SIGCONT)  # a no-op on a killed group

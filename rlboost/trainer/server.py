@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hmac
 import json
+import logging
 from collections.abc import Awaitable, Callable, Mapping
 
 from aiohttp import web
@@ -18,6 +19,7 @@ from rlboost.weights.publisher import WeightPublisher, add_routes
 from rlboost.weights.serving import whole_number
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+log = logging.getLogger("rlboost.trainer.server")
 
 
 def _error(status: int, message: str) -> web.Response:
@@ -73,11 +75,17 @@ def build_app(
     if enrol is not None:
         app.router.add_post(WORKER_ROUTE, enrol)
 
+    asked = [-1, -1]  # the counts the last poll carried
+
     async def get_status(request: web.Request) -> web.Response:
         try:
             since = [_count(request.query, k) for k in ("since", "evals_since")]
         except ValueError as e:
             return _error(400, str(e))
+        # the access log has no query strings: how far a controller's polls are, once each change
+        if "since" in request.query and since != asked:
+            log.info("status polled since step record %d, evaluation %d", *since)
+            asked[:] = since
         return web.Response(text=json.dumps(status(*since)), content_type="application/json")
 
     async def post_shutdown(_: web.Request) -> web.Response:

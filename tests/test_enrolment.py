@@ -181,6 +181,14 @@ class Node:
         self.url = endpoint.read_text()
         self.fingerprint = tls.fingerprint_of(run_dir / "tls" / "trainer-cert.pem")
 
+    def wait_for_delivery(self, timeout_s: float = 30) -> E.Grant:
+        """What the node was delivered, once it has been (it takes it after the enrolling call returns)."""
+        deadline = time.monotonic() + timeout_s
+        while (got := self.delivered()) is None:
+            assert time.monotonic() < deadline, "nothing delivered to the node"
+            time.sleep(0.02)
+        return got
+
     def delivered(self) -> E.Grant | None:
         return self.task.result() if self.task.done() else None
 
@@ -215,11 +223,7 @@ def test_a_trainer_node_is_pinned_then_given_the_token(tmp_path):
         ctl.attempt(node.url)
         assert ctl.done and ctl.pin == pin_file(tmp_path / "ctl", "job-1-trainer")
         assert tls.fingerprint_of(ctl.pin) == node.fingerprint  # what the controller and its workers pin
-        deadline = time.monotonic() + 30
-        while node.delivered() is None:
-            assert time.monotonic() < deadline
-            time.sleep(0.02)
-        assert node.delivered() == _grant()
+        assert node.wait_for_delivery() == _grant()
     finally:
         node.close()
 
@@ -286,11 +290,7 @@ def test_a_man_in_the_middle_with_another_certificate_gets_no_token(tmp_path):
         assert not ctl.sent and not ctl.pin_path.exists() and node.delivered() is None
         ctl.attempt(node.url)  # the real node, directly: enrolled
         assert ctl.done
-        deadline = time.monotonic() + 30
-        while node.delivered() is None:
-            assert time.monotonic() < deadline
-            time.sleep(0.02)
-        assert node.delivered() == _grant()
+        assert node.wait_for_delivery() == _grant()
     finally:
         mitm.close()
         node.close()
@@ -321,11 +321,7 @@ def test_a_resumed_controller_completes_the_enrolment_a_dead_one_began(tmp_path)
         assert resumed is not None and resumed.commitment == begun.commitment
         resumed.attempt(node.url)
         assert resumed.done
-        deadline = time.monotonic() + 30
-        while node.delivered() is None:
-            assert time.monotonic() < deadline
-            time.sleep(0.02)
-        assert node.delivered() == _grant()
+        assert node.wait_for_delivery() == _grant()
         TrainerEnrolment.forget(run_dir, "job-1-trainer")  # serving: the key is dropped
         assert not kept.exists() and TrainerEnrolment.resumed(_grant(), run_dir, "job-1-trainer") is None
     finally:

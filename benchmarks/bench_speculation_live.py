@@ -133,13 +133,14 @@ def main() -> None:
     ap.add_argument("--tasks", default="reverse,add")
     ap.add_argument("--temperature", type=float, default=1.0, help="algorithm.temperature (sampling)")
     ap.add_argument("--timeout", type=float, default=1800)
-    ap.add_argument("--smoke", action="store_true", help="the smallest size: 1 run, 2 steps, short responses")
+    ap.add_argument("--smoke", action="store_true", help="the smallest size: 1 run, 2 steps, short responses, one task")
     ap.add_argument("--no-predict", action="store_true", help="skip the simulator's prediction of the ratios")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
     if args.smoke:
         args.runs, args.steps, args.prompts, args.group_size, args.max_new_tokens = 1, 2, 2, 4, 16
         args.warm_start_steps = 5
+        args.tasks = args.tasks.split(",")[0]  # every method and the replays: a second task adds only time
     summary: dict = {}
     for task in args.tasks.split(","):
         runs: dict[str, list[dict]] = {m: [] for m in METHODS}

@@ -8,9 +8,11 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from filelock import FileLock
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared"
@@ -69,6 +71,23 @@ def run_cli(
 
 def run_json(*args: str, home: Path) -> dict:
     return json.loads(run_cli(*args, "--json", home=home, check=True).stdout)
+
+
+def built_once_per_run(tmp_path_factory, worker_id: str, name: str, build: Callable[[Path], None]) -> Path:
+    """A directory `build` fills once per test run, whichever xdist worker asks first; the others wait on
+    its lock and reuse it. For a deterministic artefact several workers need (a fault-free reference job):
+    a module fixture is built once per worker that runs one of its module's tests, and --dist loadgroup
+    hands one file's tests to several."""
+    base = tmp_path_factory.getbasetemp()
+    root = base if worker_id == "master" else base.parent  # under xdist: the run's pytest-N, shared
+    where, done = root / f"once-{name}", root / f"once-{name}.done"
+    with FileLock(str(root / f"once-{name}.lock")):
+        if not done.exists():
+            shutil.rmtree(where, ignore_errors=True)  # a build that failed part-way starts over
+            where.mkdir()
+            build(where)
+            done.touch()
+    return where
 
 
 # This session's temp root: every process a test starts has it in its environment (RLBOOST_HOME,

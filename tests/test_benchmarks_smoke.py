@@ -79,7 +79,6 @@ def cuda() -> bool:
     return torch.cuda.is_available()
 
 
-@pytest.mark.bench_smoke
 def case_id(case: Smoke) -> str:
     """bench_x.py, or bench_x.py:sub for a script's subcommand."""
     first = case.args.split()[0] if case.args else "-"

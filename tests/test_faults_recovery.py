@@ -37,7 +37,7 @@ from tests.chaos import (
     wait_until_created,
     wait_until_step,
 )
-from tests.conftest import rlboost_pids, run_cli
+from tests.conftest import built_once_per_run, rlboost_pids, run_cli
 from tests.test_local_job import check_rollouts, final_weights, load_rollouts, trainer_dir, write_job
 
 pytestmark = pytest.mark.faults
@@ -51,14 +51,17 @@ def job_yaml(tmp: Path, name: str, max_workers: int, checkpoint_every: int = 4) 
     return path
 
 
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory) -> dict:
-    """Final weights of the fault-free run (the trainer's own engine alone)."""
-    tmp = tmp_path_factory.mktemp("reference")
-    home = tmp / "home"
-    proc = run_cli("launch", str(job_yaml(tmp, "ref", max_workers=0)), "--record-rollouts", home=home, timeout=540)
+def run_reference(tmp: Path) -> None:
+    proc = run_cli("launch", str(job_yaml(tmp, "ref", max_workers=0)), "--record-rollouts", home=tmp / "home",
+                   timeout=540)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    return final_weights(home, "ref")
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory, worker_id) -> dict:
+    """Final weights of the fault-free run (the trainer's own engine alone): one run for all workers."""
+    tmp = built_once_per_run(tmp_path_factory, worker_id, "faults-reference", run_reference)
+    return final_weights(tmp / "home", "ref")
 
 
 def assert_clean_finish(home: Path, name: str, reference: dict) -> int:

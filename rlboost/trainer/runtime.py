@@ -229,9 +229,13 @@ class TrainerRuntime:
                 preexec_fn=child_dies_with_parent,
             )
 
-    async def publish(self, version: int) -> None:
+    async def publish(self, version: int, *, trained: bool = False) -> None:
         """Stage a new version; the engines hear of it now, or, if a step is generating (with an older
-        version, under algorithm.max_staleness), when the next step begins: a step has one version."""
+        version, under algorithm.max_staleness), when the next step begins: a step has one version.
+        `trained`: a step's update made it, so that step stops counting as untrained where the version is
+        staged, in one go, as the simulator pops the step and publishes: the generating side polls, and
+        between the two it saw no untrained step and the old version and began the next step on it
+        (without a remote engine k = 1 then generated off-policy what k = 0 generates on-policy)."""
         tensors = self.learner.state_dict()
         if self.publisher.latest is None:  # once: what each version costs to move
             size = sum(t.numel() * t.element_size() for t in tensors.values())
@@ -241,6 +245,8 @@ class TrainerRuntime:
         # (the manifest route waits for them).
         await asyncio.to_thread(self.publisher.stage, version, tensors)
         self.staged = version
+        if trained:
+            self.untrained -= 1
         self._progress.set()
         if not self.generating or (self.coord is not None and self.coord.cfg.swap_in_flight):
             await self._announce(version)  # in flight: the generating steps continue on it
@@ -532,8 +538,7 @@ class TrainerRuntime:
             else:
                 metrics = await asyncio.to_thread(self.learner.train_step, samples)
             t_pub = time.monotonic()
-            self.untrained -= 1  # before the version is staged, which wakes the generating side
-            await self.publish(ro.step + 1)
+            await self.publish(ro.step + 1, trained=True)
             rec = self._step_record(ro, responses, samples, metrics, feeder)
             rec.publish_s = round(time.monotonic() - t_pub, 3)  # the weight sync's share on the trainer
             rec.broadcast = self.transport.last  # the last version weights.transport carried

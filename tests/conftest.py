@@ -14,6 +14,13 @@ from pathlib import Path
 import pytest
 from filelock import FileLock
 
+from tests.longest_first import (  # noqa: F401  hooks: xdist hands out the longest work first
+    pytest_addoption,
+    pytest_collection_modifyitems,
+    pytest_runtest_logreport,
+    store_durations,
+)
+
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared"
 
@@ -124,6 +131,7 @@ _WORKER_FAULTS: list[dict] = []
 
 
 def pytest_sessionfinish(session) -> None:
+    store_durations(session)
     workeroutput = getattr(session.config, "workeroutput", None)
     if workeroutput is not None:
         from dataclasses import asdict
